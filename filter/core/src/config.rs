@@ -1,0 +1,500 @@
+//! The one JSON configuration document shared by the Envoy filter and the simulator.
+//!
+//! Parsing is two steps, as in linkerd and pingora: serde reads a [`RawConfig`] (unknown
+//! fields rejected, every field defaulted), then `TryFrom` validates it into a [`Config`]
+//! whose fields are private and known-good. Every rejection names the field and the fix.
+
+use std::collections::BTreeSet;
+use std::fmt;
+
+use serde::Deserialize;
+
+use crate::types::EndpointId;
+
+/// Which scoring policy picks the endpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyKind {
+    /// Predicted time to first token, in milliseconds (the default).
+    Cost,
+    /// Queue / KV / prefix scorers normalised to [0, 1] and weighted.
+    Weighted,
+    LeastRequest,
+    RoundRobin,
+    Random,
+}
+
+/// How Envoy reaches the pool: decides what the filter must enforce.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClusterShape {
+    /// `override_host` LB policy: only hosts in the cluster can be chosen.
+    OverrideHost,
+    /// `ORIGINAL_DST` with `use_http_header`: any address is reachable, so the pool must be declared.
+    OriginalDst,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawConfig {
+    pub endpoints: Vec<String>,
+    pub cluster_shape: ClusterShape,
+    pub policy: PolicyKind,
+    pub fallbacks: usize,
+    pub seed: u64,
+    pub max_body_bytes: usize,
+    pub tenant_header: String,
+    pub priority_header: String,
+    pub debug_headers: bool,
+    pub hashing: RawHashing,
+    pub scrape: RawScrape,
+    pub health: RawHealth,
+    pub cost: RawCost,
+    pub weighted: RawWeighted,
+    pub overload: RawOverload,
+    pub index: RawIndex,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawHashing {
+    pub block_bytes: usize,
+    pub max_blocks: usize,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawScrape {
+    pub cluster: String,
+    pub path: String,
+    pub interval_ms: u64,
+    pub timeout_ms: u64,
+    pub max_bytes: usize,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawHealth {
+    pub unhealthy_after_failures: u32,
+    pub healthy_after_successes: u32,
+    pub stale_after_ms: u64,
+    pub passive_failures_to_eject: u32,
+    pub eject_ms: u64,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawCost {
+    pub prefill_tokens_per_s: f64,
+    pub decode_ms_per_running: f64,
+    pub kv_pressure_threshold: f64,
+    pub kv_pressure_ms: f64,
+    pub cold_tolerance: f64,
+    pub default_prompt_tokens: u64,
+    pub work_weight: f64,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawWeighted {
+    pub queue: f64,
+    pub kv: f64,
+    pub prefix: f64,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawOverload {
+    pub queue_limit: u64,
+    pub kv_limit: f64,
+    pub retry_after_s: u64,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawIndex {
+    pub max_memory_bytes: usize,
+    pub default_capacity_tokens: u64,
+}
+
+impl Default for RawConfig {
+    fn default() -> Self {
+        Self {
+            endpoints: Vec::new(),
+            cluster_shape: ClusterShape::OverrideHost,
+            policy: PolicyKind::Cost,
+            fallbacks: 2,
+            seed: 0,
+            max_body_bytes: 4 << 20,
+            tenant_header: "x-kvroute-tenant".into(),
+            priority_header: "x-kvroute-priority".into(),
+            debug_headers: false,
+            hashing: RawHashing::default(),
+            scrape: RawScrape::default(),
+            health: RawHealth::default(),
+            cost: RawCost::default(),
+            weighted: RawWeighted::default(),
+            overload: RawOverload::default(),
+            index: RawIndex::default(),
+        }
+    }
+}
+
+impl Default for RawHashing {
+    fn default() -> Self {
+        // 256 bytes is about 64 tokens at the 4-bytes-per-token estimate; 512 blocks cover
+        // a 128 KiB (about 32k-token) prefix.
+        Self {
+            block_bytes: 256,
+            max_blocks: 512,
+        }
+    }
+}
+
+impl Default for RawScrape {
+    fn default() -> Self {
+        Self {
+            cluster: "vllm_pool".into(),
+            path: "/metrics".into(),
+            interval_ms: 200,
+            timeout_ms: 150,
+            max_bytes: 1 << 20,
+        }
+    }
+}
+
+impl Default for RawHealth {
+    fn default() -> Self {
+        Self {
+            unhealthy_after_failures: 2,
+            healthy_after_successes: 1,
+            stale_after_ms: 1000,
+            passive_failures_to_eject: 3,
+            eject_ms: 5000,
+        }
+    }
+}
+
+impl Default for RawCost {
+    fn default() -> Self {
+        // Llama-3-8B on one H100 prefills about 38k tokens/s (DESIGN §6); 20k is a cautious
+        // fleet-wide default that still ranks endpoints correctly when they share hardware.
+        Self {
+            prefill_tokens_per_s: 20_000.0,
+            decode_ms_per_running: 0.1,
+            kv_pressure_threshold: 0.8,
+            kv_pressure_ms: 200.0,
+            cold_tolerance: 0.1,
+            default_prompt_tokens: 512,
+            work_weight: 1.0,
+        }
+    }
+}
+
+impl Default for RawWeighted {
+    fn default() -> Self {
+        // The Gateway API Inference Extension's defaults: queue 2, kv-cache 2, prefix 3.
+        Self {
+            queue: 2.0,
+            kv: 2.0,
+            prefix: 3.0,
+        }
+    }
+}
+
+impl Default for RawOverload {
+    fn default() -> Self {
+        Self {
+            queue_limit: 128,
+            kv_limit: 0.95,
+            retry_after_s: 1,
+        }
+    }
+}
+
+impl Default for RawIndex {
+    fn default() -> Self {
+        Self {
+            max_memory_bytes: 64 << 20,
+            default_capacity_tokens: 400_000,
+        }
+    }
+}
+
+/// A rejected configuration: the field, what was wrong, and what to do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    pub field: &'static str,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid kvroute config: {}: {}", self.field, self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+fn reject(field: &'static str, message: impl Into<String>) -> ConfigError {
+    ConfigError {
+        field,
+        message: message.into(),
+    }
+}
+
+/// A validated configuration. Construct with [`Config::from_json`] or `TryFrom<RawConfig>`.
+#[derive(Clone, Debug)]
+pub struct Config {
+    raw: RawConfig,
+    endpoints: Vec<EndpointId>,
+}
+
+impl Config {
+    /// Parses and validates the JSON document; an empty document means all defaults.
+    pub fn from_json(bytes: &[u8]) -> Result<Config, ConfigError> {
+        let text = std::str::from_utf8(bytes).map_err(|_| reject("(document)", "is not UTF-8"))?;
+        if text.trim().is_empty() {
+            return Config::try_from(RawConfig::default());
+        }
+        let raw: RawConfig = serde_json::from_str(text)
+            .map_err(|e| reject("(document)", format!("{e}; see filter/core/README.md for the fields")))?;
+        Config::try_from(raw)
+    }
+
+    pub fn endpoints(&self) -> &[EndpointId] {
+        &self.endpoints
+    }
+    pub fn cluster_shape(&self) -> ClusterShape {
+        self.raw.cluster_shape
+    }
+    pub fn policy(&self) -> PolicyKind {
+        self.raw.policy
+    }
+    pub fn fallbacks(&self) -> usize {
+        self.raw.fallbacks
+    }
+    pub fn seed(&self) -> u64 {
+        self.raw.seed
+    }
+    pub fn max_body_bytes(&self) -> usize {
+        self.raw.max_body_bytes
+    }
+    pub fn tenant_header(&self) -> &str {
+        &self.raw.tenant_header
+    }
+    pub fn priority_header(&self) -> &str {
+        &self.raw.priority_header
+    }
+    pub fn debug_headers(&self) -> bool {
+        self.raw.debug_headers
+    }
+    pub fn hashing(&self) -> &RawHashing {
+        &self.raw.hashing
+    }
+    pub fn scrape(&self) -> &RawScrape {
+        &self.raw.scrape
+    }
+    pub fn health(&self) -> &RawHealth {
+        &self.raw.health
+    }
+    pub fn cost(&self) -> &RawCost {
+        &self.raw.cost
+    }
+    pub fn weighted(&self) -> &RawWeighted {
+        &self.raw.weighted
+    }
+    pub fn overload(&self) -> &RawOverload {
+        &self.raw.overload
+    }
+    pub fn index(&self) -> &RawIndex {
+        &self.raw.index
+    }
+
+    /// A copy with another policy: the simulator runs several policies on one config.
+    pub fn with_policy(&self, policy: PolicyKind) -> Config {
+        let mut copy = self.clone();
+        copy.raw.policy = policy;
+        copy
+    }
+}
+
+impl TryFrom<RawConfig> for Config {
+    type Error = ConfigError;
+
+    fn try_from(raw: RawConfig) -> Result<Config, ConfigError> {
+        let endpoints = validate_endpoints(&raw)?;
+        validate_hashing(&raw.hashing)?;
+        validate_scrape(&raw.scrape)?;
+        validate_health(&raw.health, &raw.scrape)?;
+        validate_scoring(&raw)?;
+        if raw.max_body_bytes < 1024 {
+            return Err(reject(
+                "max_body_bytes",
+                format!("({}) must be at least 1024", raw.max_body_bytes),
+            ));
+        }
+        if raw.tenant_header.is_empty() || raw.priority_header.is_empty() {
+            return Err(reject("tenant_header/priority_header", "must not be empty"));
+        }
+        if raw.fallbacks > 16 {
+            return Err(reject("fallbacks", format!("({}) must be at most 16", raw.fallbacks)));
+        }
+        Ok(Config { raw, endpoints })
+    }
+}
+
+fn validate_endpoints(raw: &RawConfig) -> Result<Vec<EndpointId>, ConfigError> {
+    if raw.cluster_shape == ClusterShape::OriginalDst && raw.endpoints.is_empty() {
+        return Err(reject(
+            "endpoints",
+            "must list the pool when cluster_shape is original_dst: that cluster reaches any address the header names",
+        ));
+    }
+    let mut seen = BTreeSet::new();
+    for address in &raw.endpoints {
+        let Some((host, port)) = address.rsplit_once(':') else {
+            return Err(reject(
+                "endpoints",
+                format!("{address:?} must be host:port, e.g. 10.0.0.7:8000"),
+            ));
+        };
+        if host.is_empty() || port.parse::<u16>().map_or(true, |p| p == 0) {
+            return Err(reject(
+                "endpoints",
+                format!("{address:?} must be host:port with a port in 1-65535"),
+            ));
+        }
+        if address.contains(',') || address.chars().any(char::is_whitespace) {
+            return Err(reject(
+                "endpoints",
+                format!("{address:?} must not contain commas or spaces"),
+            ));
+        }
+        if !seen.insert(address.as_str()) {
+            return Err(reject("endpoints", format!("{address:?} is listed twice")));
+        }
+    }
+    Ok(raw.endpoints.iter().map(EndpointId::new).collect())
+}
+
+fn validate_hashing(h: &RawHashing) -> Result<(), ConfigError> {
+    if !(16..=65_536).contains(&h.block_bytes) {
+        return Err(reject(
+            "hashing.block_bytes",
+            format!("({}) must be in 16..=65536", h.block_bytes),
+        ));
+    }
+    if !(1..=16_384).contains(&h.max_blocks) {
+        return Err(reject(
+            "hashing.max_blocks",
+            format!("({}) must be in 1..=16384", h.max_blocks),
+        ));
+    }
+    Ok(())
+}
+
+fn validate_scrape(s: &RawScrape) -> Result<(), ConfigError> {
+    if s.interval_ms < 10 {
+        return Err(reject(
+            "scrape.interval_ms",
+            format!("({}) must be at least 10", s.interval_ms),
+        ));
+    }
+    if s.timeout_ms == 0 || s.timeout_ms >= s.interval_ms {
+        return Err(reject(
+            "scrape.timeout_ms",
+            format!(
+                "({}) must be above 0 and below scrape.interval_ms ({})",
+                s.timeout_ms, s.interval_ms
+            ),
+        ));
+    }
+    if !s.path.starts_with('/') {
+        return Err(reject("scrape.path", format!("({:?}) must start with '/'", s.path)));
+    }
+    if s.cluster.is_empty() {
+        return Err(reject("scrape.cluster", "must name the Envoy cluster of the vLLM pool"));
+    }
+    if s.max_bytes < 4096 {
+        return Err(reject(
+            "scrape.max_bytes",
+            format!("({}) must be at least 4096", s.max_bytes),
+        ));
+    }
+    Ok(())
+}
+
+fn validate_health(h: &RawHealth, s: &RawScrape) -> Result<(), ConfigError> {
+    if h.unhealthy_after_failures == 0 || h.healthy_after_successes == 0 || h.passive_failures_to_eject == 0 {
+        return Err(reject("health", "failure and success thresholds must be at least 1"));
+    }
+    if h.stale_after_ms <= s.interval_ms {
+        return Err(reject(
+            "health.stale_after_ms",
+            format!(
+                "({}) must be above scrape.interval_ms ({}) or every snapshot is stale",
+                h.stale_after_ms, s.interval_ms
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn validate_scoring(raw: &RawConfig) -> Result<(), ConfigError> {
+    let c = &raw.cost;
+    if !(c.prefill_tokens_per_s.is_finite() && c.prefill_tokens_per_s > 0.0) {
+        return Err(reject("cost.prefill_tokens_per_s", "must be a positive number"));
+    }
+    for (field, v) in [
+        ("cost.decode_ms_per_running", c.decode_ms_per_running),
+        ("cost.kv_pressure_ms", c.kv_pressure_ms),
+        ("cost.work_weight", c.work_weight),
+    ] {
+        if !(v.is_finite() && v >= 0.0) {
+            return Err(reject(field, format!("({v}) must be a non-negative number")));
+        }
+    }
+    if !(0.0..1.0).contains(&c.kv_pressure_threshold) {
+        return Err(reject(
+            "cost.kv_pressure_threshold",
+            format!("({}) must be in [0, 1)", c.kv_pressure_threshold),
+        ));
+    }
+    if !(0.0..=1.0).contains(&c.cold_tolerance) {
+        return Err(reject(
+            "cost.cold_tolerance",
+            format!("({}) must be in [0, 1]", c.cold_tolerance),
+        ));
+    }
+    let w = &raw.weighted;
+    if [w.queue, w.kv, w.prefix].iter().any(|v| !(v.is_finite() && *v >= 0.0)) || w.queue + w.kv + w.prefix <= 0.0 {
+        return Err(reject(
+            "weighted",
+            "queue, kv and prefix must be non-negative and not all zero",
+        ));
+    }
+    let o = &raw.overload;
+    if !(o.kv_limit > 0.0 && o.kv_limit <= 1.0) {
+        return Err(reject(
+            "overload.kv_limit",
+            format!("({}) must be in (0, 1]", o.kv_limit),
+        ));
+    }
+    if o.queue_limit == 0 {
+        return Err(reject("overload.queue_limit", "must be at least 1"));
+    }
+    if raw.index.max_memory_bytes < 64 * 1024 {
+        return Err(reject(
+            "index.max_memory_bytes",
+            format!("({}) must be at least 65536", raw.index.max_memory_bytes),
+        ));
+    }
+    if raw.index.default_capacity_tokens == 0 {
+        return Err(reject("index.default_capacity_tokens", "must be at least 1"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

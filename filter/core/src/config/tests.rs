@@ -1,0 +1,88 @@
+use super::*;
+
+fn parse(json: &str) -> Result<Config, ConfigError> {
+    Config::from_json(json.as_bytes())
+}
+
+#[test]
+fn empty_document_gives_defaults() {
+    let config = parse("").unwrap();
+    assert_eq!(config.policy(), PolicyKind::Cost);
+    assert_eq!(config.hashing().block_bytes, 256);
+    assert_eq!(config.scrape().interval_ms, 200);
+    assert_eq!(config.weighted().prefix, 3.0);
+}
+
+#[test]
+fn unknown_field_is_rejected_with_its_name() {
+    let err = parse(r#"{"polcy": "cost"}"#).unwrap_err();
+    assert!(err.to_string().contains("polcy"), "{err}");
+}
+
+#[test]
+fn timeout_not_below_interval_names_both_values() {
+    let err = parse(r#"{"scrape": {"interval_ms": 200, "timeout_ms": 500}}"#).unwrap_err();
+    assert_eq!(err.field, "scrape.timeout_ms");
+    assert!(err.message.contains("500") && err.message.contains("200"), "{err}");
+}
+
+#[test]
+fn original_dst_without_a_pool_is_rejected() {
+    let err = parse(r#"{"cluster_shape": "original_dst"}"#).unwrap_err();
+    assert_eq!(err.field, "endpoints");
+}
+
+#[test]
+fn malformed_and_duplicate_endpoints_are_rejected() {
+    assert_eq!(parse(r#"{"endpoints": ["10.0.0.1"]}"#).unwrap_err().field, "endpoints");
+    assert_eq!(
+        parse(r#"{"endpoints": ["10.0.0.1:0"]}"#).unwrap_err().field,
+        "endpoints"
+    );
+    assert_eq!(parse(r#"{"endpoints": ["a:1,b:2"]}"#).unwrap_err().field, "endpoints");
+    assert_eq!(
+        parse(r#"{"endpoints": ["a:1", "a:1"]}"#).unwrap_err().field,
+        "endpoints"
+    );
+    assert_eq!(
+        parse(r#"{"endpoints": ["a:1", "[::1]:8000"]}"#)
+            .unwrap()
+            .endpoints()
+            .len(),
+        2
+    );
+}
+
+#[test]
+fn out_of_range_numbers_are_rejected() {
+    assert_eq!(
+        parse(r#"{"hashing": {"block_bytes": 4}}"#).unwrap_err().field,
+        "hashing.block_bytes"
+    );
+    assert_eq!(
+        parse(r#"{"cost": {"prefill_tokens_per_s": 0}}"#).unwrap_err().field,
+        "cost.prefill_tokens_per_s"
+    );
+    assert_eq!(
+        parse(r#"{"overload": {"kv_limit": 1.5}}"#).unwrap_err().field,
+        "overload.kv_limit"
+    );
+    assert_eq!(
+        parse(r#"{"weighted": {"queue": 0, "kv": 0, "prefix": 0}}"#)
+            .unwrap_err()
+            .field,
+        "weighted"
+    );
+    assert_eq!(
+        parse(r#"{"health": {"stale_after_ms": 100}}"#).unwrap_err().field,
+        "health.stale_after_ms"
+    );
+}
+
+#[test]
+fn wrong_types_and_non_json_are_rejected() {
+    assert!(parse(r#"{"policy": "fastest"}"#).is_err());
+    assert!(parse(r#"{"fallbacks": "two"}"#).is_err());
+    assert!(parse("not json").is_err());
+    assert!(Config::from_json(&[0xff, 0xfe]).is_err());
+}

@@ -1,0 +1,106 @@
+//! What `route()` returns: the endpoints to try in order, why, and the score of every
+//! endpoint, so a decision explains itself in logs, debug headers and tests.
+
+use std::fmt;
+
+use crate::types::{Cost, EndpointId, Tokens};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The best endpoint already holds part of the prompt's prefix.
+    PrefixHit,
+    /// No endpoint holds the prefix: picked by load (rendezvous among near-equal ones).
+    Cold,
+    /// Picked without metrics (least gateway in-flight), or nothing could be picked.
+    Fallback(FallbackReason),
+    /// Every endpoint is overloaded and the request is sheddable: answer 429.
+    Shed { retry_after_s: u64 },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FallbackReason {
+    /// No endpoint has fresh metrics: ordered by the gateway's own in-flight counts.
+    NoMetrics,
+    /// No endpoint may serve (all unhealthy, ejected or absent): `endpoints` is empty.
+    NoEndpoints,
+}
+
+impl Outcome {
+    /// A short label for stats and the `x-kvroute-reason` debug header.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Outcome::PrefixHit => "prefix_hit",
+            Outcome::Cold => "cold",
+            Outcome::Fallback(FallbackReason::NoMetrics) => "fallback_no_metrics",
+            Outcome::Fallback(FallbackReason::NoEndpoints) => "fallback_no_endpoints",
+            Outcome::Shed { .. } => "shed",
+        }
+    }
+}
+
+/// Why an endpoint was not a candidate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FilterReason {
+    Unhealthy,
+    Ejected,
+    NoMetrics,
+    Stale,
+    ModelNotServed,
+    DoesNotFit,
+    /// Past `overload.queue_limit` or `overload.kv_limit` while others were not.
+    Overloaded,
+}
+
+impl fmt::Display for FilterReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            FilterReason::Unhealthy => "unhealthy",
+            FilterReason::Ejected => "ejected",
+            FilterReason::NoMetrics => "no_metrics",
+            FilterReason::Stale => "stale_metrics",
+            FilterReason::ModelNotServed => "model_not_served",
+            FilterReason::DoesNotFit => "does_not_fit",
+            FilterReason::Overloaded => "overloaded",
+        })
+    }
+}
+
+/// One endpoint's line in the breakdown. For `cost`, `prefill_ms + decode_ms + kv_ms = cost`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EndpointScore {
+    pub endpoint: EndpointId,
+    pub matched_blocks: u32,
+    pub uncached_tokens: Tokens,
+    pub prefill_ms: f64,
+    pub decode_ms: f64,
+    pub kv_ms: f64,
+    pub cost: Cost,
+    pub filtered: Option<FilterReason>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    /// Best first, then fallbacks; empty when nothing may serve or the request is shed.
+    pub endpoints: Vec<EndpointId>,
+    pub outcome: Outcome,
+    /// The chosen endpoint's matched prefix blocks (0 when none chosen).
+    pub matched_blocks: u32,
+    pub breakdown: Vec<EndpointScore>,
+}
+
+impl Decision {
+    pub fn best(&self) -> Option<&EndpointId> {
+        self.endpoints.first()
+    }
+
+    /// The value of `x-gateway-destination-endpoint`: `best,next,…`.
+    pub fn header_value(&self) -> Option<String> {
+        (!self.endpoints.is_empty()).then(|| {
+            self.endpoints
+                .iter()
+                .map(EndpointId::as_str)
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+    }
+}

@@ -1,0 +1,162 @@
+//! The endpoint table: one row per vLLM server the router may pick, with its latest metrics,
+//! their age, its health, and the gateway's own accounting of what it sent there since.
+//!
+//! Rows keep a stable `slot` (a small integer) for their lifetime so the prefix index can
+//! refer to endpoints compactly; a departed endpoint's slot is reused only after its index
+//! entries were purged.
+
+use crate::health::Health;
+use crate::metrics::VllmMetrics;
+use crate::types::{EndpointId, Millis, Tokens};
+
+pub type Slot = u16;
+
+#[derive(Clone, Debug)]
+pub struct Endpoint {
+    pub id: EndpointId,
+    pub slot: Slot,
+    pub metrics: Option<VllmMetrics>,
+    pub scraped_at: Option<Millis>,
+    pub health: Health,
+    /// Requests the gateway sent here that have not completed.
+    pub inflight: u32,
+    /// Counts bumped by each new scrape, so accounting can tell "before" from "after".
+    pub epoch: u64,
+    /// Requests and uncached prompt tokens sent since the last scrape: the load the
+    /// metrics cannot show yet.
+    pub sent_since_scrape: u32,
+    pub sent_tokens_since_scrape: Tokens,
+}
+
+impl Endpoint {
+    fn new(id: EndpointId, slot: Slot) -> Self {
+        Self {
+            id,
+            slot,
+            metrics: None,
+            scraped_at: None,
+            health: Health::default(),
+            inflight: 0,
+            epoch: 0,
+            sent_since_scrape: 0,
+            sent_tokens_since_scrape: Tokens(0),
+        }
+    }
+
+    /// Metrics no older than `stale_after_ms`, if any.
+    pub fn fresh_metrics(&self, now: Millis, stale_after_ms: u64) -> Option<&VllmMetrics> {
+        let at = self.scraped_at?;
+        (now.since(at) <= stale_after_ms)
+            .then_some(self.metrics.as_ref())
+            .flatten()
+    }
+}
+
+/// Endpoints sorted by id, which is also the deterministic tie-break order.
+#[derive(Clone, Debug, Default)]
+pub struct EndpointTable {
+    rows: Vec<Endpoint>,
+    free_slots: Vec<Slot>,
+    next_slot: Slot,
+}
+
+/// What changed when the membership was replaced.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MembershipChange {
+    pub added: Vec<EndpointId>,
+    pub removed: Vec<(EndpointId, Slot)>,
+}
+
+impl EndpointTable {
+    pub fn rows(&self) -> &[Endpoint] {
+        &self.rows
+    }
+
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    pub fn get(&self, id: &EndpointId) -> Option<&Endpoint> {
+        self.rows.binary_search_by(|e| e.id.cmp(id)).ok().map(|i| &self.rows[i])
+    }
+
+    pub fn get_mut(&mut self, id: &EndpointId) -> Option<&mut Endpoint> {
+        self.rows
+            .binary_search_by(|e| e.id.cmp(id))
+            .ok()
+            .map(|i| &mut self.rows[i])
+    }
+
+    /// Makes the membership exactly `ids` (duplicates ignored); keeps the state of endpoints
+    /// that stay. At most `Slot::MAX` endpoints are kept; the rest are ignored.
+    pub fn replace(&mut self, ids: &[EndpointId]) -> MembershipChange {
+        let mut wanted: Vec<&EndpointId> = ids.iter().collect();
+        wanted.sort();
+        wanted.dedup();
+        wanted.truncate(usize::from(Slot::MAX));
+        let mut change = MembershipChange::default();
+        let old = std::mem::take(&mut self.rows);
+        for row in old {
+            if wanted.binary_search(&&row.id).is_ok() {
+                self.rows.push(row);
+            } else {
+                self.free_slots.push(row.slot);
+                change.removed.push((row.id, row.slot));
+            }
+        }
+        for id in wanted {
+            if self.get(id).is_none() {
+                let slot = self.free_slots.pop().unwrap_or_else(|| {
+                    self.next_slot += 1;
+                    self.next_slot - 1
+                });
+                self.rows.push(Endpoint::new(id.clone(), slot));
+                self.rows.sort_by(|a, b| a.id.cmp(&b.id));
+                change.added.push(id.clone());
+            }
+        }
+        change
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(names: &[&str]) -> Vec<EndpointId> {
+        names.iter().map(|n| EndpointId::new(*n)).collect()
+    }
+
+    #[test]
+    fn replace_keeps_state_of_staying_endpoints_and_reuses_freed_slots() {
+        let mut t = EndpointTable::default();
+        t.replace(&ids(&["b:1", "a:1"]));
+        assert_eq!(
+            t.rows().iter().map(|e| e.id.as_str()).collect::<Vec<_>>(),
+            ["a:1", "b:1"]
+        );
+        t.get_mut(&EndpointId::new("a:1")).unwrap().inflight = 5;
+        let freed = t.get(&EndpointId::new("b:1")).unwrap().slot;
+        let change = t.replace(&ids(&["a:1", "c:1", "a:1"]));
+        assert_eq!(change.removed, vec![(EndpointId::new("b:1"), freed)]);
+        assert_eq!(change.added, ids(&["c:1"]));
+        assert_eq!(t.get(&EndpointId::new("a:1")).unwrap().inflight, 5);
+        assert_eq!(t.get(&EndpointId::new("c:1")).unwrap().slot, freed);
+    }
+
+    #[test]
+    fn metrics_older_than_the_limit_are_not_fresh() {
+        let mut t = EndpointTable::default();
+        t.replace(&ids(&["a:1"]));
+        let e = t.get_mut(&EndpointId::new("a:1")).unwrap();
+        assert!(e.fresh_metrics(Millis(0), 100).is_none());
+        e.metrics = Some(VllmMetrics::default());
+        e.scraped_at = Some(Millis(1000));
+        assert!(e.fresh_metrics(Millis(1100), 100).is_some());
+        assert!(e.fresh_metrics(Millis(1101), 100).is_none());
+    }
+}

@@ -1,0 +1,191 @@
+//! The prefix index: which endpoint probably holds which prefix blocks.
+//!
+//! Blocks are recorded when a request is routed (so a burst of siblings lands together
+//! before any feedback exists) and aged out per endpoint in LRU order. Each endpoint's
+//! capacity comes from its real KV size (`num_gpu_blocks × block_size`, converted to our
+//! blocks); the sum of capacities is scaled down to fit one global memory budget, so the
+//! index never holds more than `max_memory_bytes / ENTRY_BYTES` (endpoint, block) entries.
+//!
+//! A request's blocks are touched last-to-first, so its first block is the most recently
+//! used and its tail is evicted first, as vLLM frees a finished request's blocks tail-first.
+//! The LRU is a queue with lazy deletion: a touch appends a new (block, tick) pair and stale
+//! pairs are skipped when popped; the queue is compacted when it doubles.
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
+
+use crate::endpoint::Slot;
+use crate::types::BlockHash;
+
+/// A conservative estimate of the bytes one (endpoint, block) entry costs across the holder
+/// map, the endpoint's map and its LRU queue (including lazily deleted queue entries).
+pub const ENTRY_BYTES: usize = 128;
+
+/// Block hashes are already uniform SHA-256 bits: hashing them again is wasted work, and
+/// an identity hasher keeps iteration independent of any per-process random seed.
+#[derive(Default, Clone, Copy)]
+pub struct IdentityHasher(u64);
+
+impl Hasher for IdentityHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 << 8) | u64::from(*b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+type BlockMap<V> = HashMap<BlockHash, V, BuildHasherDefault<IdentityHasher>>;
+
+#[derive(Clone, Debug, Default)]
+struct SlotLru {
+    ticks: BlockMap<u64>,
+    queue: VecDeque<(BlockHash, u64)>,
+    /// Entries this endpoint may keep (its KV size, scaled to the global budget).
+    capacity: usize,
+    /// Its KV size in our blocks, before scaling.
+    wanted: usize,
+}
+
+#[derive(Clone, Debug)]
+pub struct PrefixIndex {
+    holders: BlockMap<Vec<Slot>>,
+    slots: Vec<SlotLru>,
+    budget_entries: usize,
+    tick: u64,
+}
+
+impl PrefixIndex {
+    pub fn new(max_memory_bytes: usize) -> Self {
+        Self {
+            holders: BlockMap::default(),
+            slots: Vec::new(),
+            budget_entries: (max_memory_bytes / ENTRY_BYTES).max(1),
+            tick: 0,
+        }
+    }
+
+    /// Entries held now, across all endpoints.
+    pub fn entries(&self) -> usize {
+        self.slots.iter().map(|s| s.ticks.len()).sum()
+    }
+
+    pub fn budget_entries(&self) -> usize {
+        self.budget_entries
+    }
+
+    pub fn capacity(&self, slot: Slot) -> usize {
+        self.slots.get(usize::from(slot)).map_or(0, |s| s.capacity)
+    }
+
+    /// Sets how many of our blocks `slot` can hold (0 for a slot being removed), then
+    /// rescales every capacity to the budget and evicts what no longer fits.
+    pub fn set_capacity(&mut self, slot: Slot, blocks: usize) {
+        let i = usize::from(slot);
+        if self.slots.len() <= i {
+            self.slots.resize_with(i + 1, SlotLru::default);
+        }
+        if self.slots[i].wanted == blocks {
+            return;
+        }
+        self.slots[i].wanted = blocks;
+        let total: usize = self.slots.iter().map(|s| s.wanted).sum();
+        for s in 0..self.slots.len() {
+            let wanted = self.slots[s].wanted;
+            self.slots[s].capacity = if total <= self.budget_entries {
+                wanted
+            } else {
+                // Proportional share, rounded down, so the sum never exceeds the budget.
+                ((wanted as u128 * self.budget_entries as u128) / total as u128) as usize
+            };
+            self.evict_to_capacity(s);
+        }
+    }
+
+    /// Forgets everything `slot` held and its capacity.
+    pub fn remove(&mut self, slot: Slot) {
+        let i = usize::from(slot);
+        let Some(lru) = self.slots.get_mut(i) else { return };
+        let blocks: Vec<BlockHash> = lru.ticks.keys().copied().collect();
+        *lru = SlotLru::default();
+        for block in blocks {
+            self.drop_holder(block, slot);
+        }
+        self.set_capacity(slot, 0);
+    }
+
+    /// Records that `slot` now holds `blocks` (a request's chained prefix blocks, in order).
+    pub fn record(&mut self, slot: Slot, blocks: &[BlockHash]) {
+        let i = usize::from(slot);
+        if self.slots.get(i).is_none_or(|s| s.capacity == 0) {
+            return;
+        }
+        for block in blocks.iter().rev() {
+            self.tick += 1;
+            let tick = self.tick;
+            let lru = &mut self.slots[i];
+            if lru.ticks.insert(*block, tick).is_none() {
+                self.holders.entry(*block).or_default().push(slot);
+            }
+            lru.queue.push_back((*block, tick));
+        }
+        self.evict_to_capacity(i);
+    }
+
+    /// For each slot, how many leading blocks of `blocks` it holds, written to `out[slot]`
+    /// (which the caller sizes and zeroes). Stops at the first block no one holds.
+    pub fn matches(&self, blocks: &[BlockHash], out: &mut [u32]) {
+        let Some(first) = blocks.first().and_then(|b| self.holders.get(b)) else {
+            return;
+        };
+        let mut alive: Vec<Slot> = first.clone();
+        for (depth, block) in blocks.iter().enumerate() {
+            if depth > 0 {
+                let Some(holders) = self.holders.get(block) else { break };
+                alive.retain(|s| holders.contains(s));
+            }
+            if alive.is_empty() {
+                break;
+            }
+            for s in &alive {
+                if let Some(slot_out) = out.get_mut(usize::from(*s)) {
+                    *slot_out = depth as u32 + 1;
+                }
+            }
+        }
+    }
+
+    fn evict_to_capacity(&mut self, i: usize) {
+        while self.slots[i].ticks.len() > self.slots[i].capacity {
+            let Some((block, tick)) = self.slots[i].queue.pop_front() else {
+                break;
+            };
+            if self.slots[i].ticks.get(&block) == Some(&tick) {
+                self.slots[i].ticks.remove(&block);
+                self.drop_holder(block, i as Slot);
+            }
+        }
+        let lru = &mut self.slots[i];
+        if lru.queue.len() > 2 * lru.ticks.len() + 64 {
+            let ticks = &lru.ticks;
+            lru.queue.retain(|(b, t)| ticks.get(b) == Some(t));
+        }
+    }
+
+    fn drop_holder(&mut self, block: BlockHash, slot: Slot) {
+        if let Some(h) = self.holders.get_mut(&block) {
+            h.retain(|s| *s != slot);
+            if h.is_empty() {
+                self.holders.remove(&block);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

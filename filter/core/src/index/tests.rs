@@ -1,0 +1,83 @@
+use super::*;
+
+fn b(n: u64) -> BlockHash {
+    BlockHash(n)
+}
+
+fn matches(index: &PrefixIndex, blocks: &[BlockHash], slots: usize) -> Vec<u32> {
+    let mut out = vec![0; slots];
+    index.matches(blocks, &mut out);
+    out
+}
+
+#[test]
+fn matches_count_leading_blocks_per_endpoint() {
+    let mut idx = PrefixIndex::new(1 << 20);
+    idx.set_capacity(0, 100);
+    idx.set_capacity(1, 100);
+    idx.record(0, &[b(1), b(2), b(3)]);
+    idx.record(1, &[b(1), b(9)]);
+    assert_eq!(matches(&idx, &[b(1), b(2), b(3), b(4)], 2), vec![3, 1]);
+    assert_eq!(
+        matches(&idx, &[b(5), b(2)], 2),
+        vec![0, 0],
+        "a miss on the first block ends the match"
+    );
+}
+
+#[test]
+fn the_tail_of_a_request_is_evicted_before_its_head() {
+    let mut idx = PrefixIndex::new(1 << 20);
+    idx.set_capacity(0, 3);
+    idx.record(0, &[b(1), b(2), b(3)]);
+    idx.record(0, &[b(7)]);
+    assert_eq!(matches(&idx, &[b(1), b(2), b(3)], 1), vec![2]);
+    assert_eq!(matches(&idx, &[b(7)], 1), vec![1]);
+}
+
+#[test]
+fn retouching_a_block_protects_it_from_eviction() {
+    let mut idx = PrefixIndex::new(1 << 20);
+    idx.set_capacity(0, 2);
+    idx.record(0, &[b(1)]);
+    idx.record(0, &[b(2)]);
+    idx.record(0, &[b(1)]);
+    idx.record(0, &[b(3)]);
+    assert_eq!(matches(&idx, &[b(1)], 1), vec![1]);
+    assert_eq!(matches(&idx, &[b(2)], 1), vec![0]);
+}
+
+#[test]
+fn capacities_are_scaled_to_the_global_budget() {
+    let mut idx = PrefixIndex::new(ENTRY_BYTES * 100);
+    idx.set_capacity(0, 150);
+    idx.set_capacity(1, 50);
+    assert_eq!((idx.capacity(0), idx.capacity(1)), (75, 25));
+    let blocks: Vec<BlockHash> = (0..500).map(b).collect();
+    idx.record(0, &blocks);
+    idx.record(1, &blocks);
+    assert_eq!(idx.entries(), 100);
+}
+
+#[test]
+fn removing_an_endpoint_forgets_its_blocks_only() {
+    let mut idx = PrefixIndex::new(1 << 20);
+    idx.set_capacity(0, 10);
+    idx.set_capacity(1, 10);
+    idx.record(0, &[b(1)]);
+    idx.record(1, &[b(1)]);
+    idx.remove(0);
+    assert_eq!(matches(&idx, &[b(1)], 2), vec![0, 1]);
+    assert_eq!(idx.entries(), 1);
+    idx.set_capacity(0, 10);
+    assert_eq!(matches(&idx, &[b(1)], 2), vec![0, 1], "a reused slot starts empty");
+}
+
+#[test]
+fn a_zero_capacity_endpoint_records_nothing() {
+    let mut idx = PrefixIndex::new(1 << 20);
+    idx.record(3, &[b(1)]);
+    idx.set_capacity(0, 0);
+    idx.record(0, &[b(1)]);
+    assert_eq!(idx.entries(), 0);
+}

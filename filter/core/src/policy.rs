@@ -1,0 +1,145 @@
+//! Scoring policies. Every policy maps a candidate to a [`Cost`] where lower wins, so one
+//! selection routine (in `router`) serves them all.
+//!
+//! - `cost` (default): predicted time to first token in ms, in the spirit of NVIDIA Dynamo's
+//!   KV router (prefill blocks − overlap + decode load) but in one physical unit:
+//!   `prefill = (queued prefill tokens + (1 + work_weight) × this request's uncached
+//!   tokens) / prefill rate`,
+//!   `decode = running sequences × per-sequence step cost`, plus a KV-pressure term that
+//!   grows quadratically past `kv_pressure_threshold`. Queued prefill tokens are the
+//!   scraped waiting requests times the gateway's running mean of uncached tokens per
+//!   request, plus the uncached tokens sent since the scrape. The `work_weight` share
+//!   charges the prefill this request adds to the fleet, which delays the requests after
+//!   it: without it a greedy TTFT estimate sees no difference between joining a sibling
+//!   that is still prefilling the same prefix and recomputing that prefix elsewhere.
+//! - `weighted`: the Gateway API Inference Extension's shape: queue (min-max normalised),
+//!   KV (1 − usage) and prefix (matched fraction) scorers in [0, 1], weighted 2/2/3.
+//! - `least_request`, `round_robin`, `random` (seeded): the classic baselines.
+
+use crate::config::{Config, PolicyKind};
+use crate::endpoint::Endpoint;
+use crate::metrics::VllmMetrics;
+use crate::types::{BlockHash, Cost, EndpointId, Tokens};
+
+/// A candidate endpoint that passed the hard filters.
+pub struct Candidate<'a> {
+    pub endpoint: &'a Endpoint,
+    pub metrics: &'a VllmMetrics,
+    pub matched_blocks: u32,
+    pub uncached: Tokens,
+}
+
+impl Candidate<'_> {
+    /// Waiting requests as the scrape saw them plus those sent since.
+    fn queued_requests(&self) -> f64 {
+        self.metrics.waiting as f64 + f64::from(self.endpoint.sent_since_scrape)
+    }
+}
+
+/// Per-request facts a policy may use beyond the candidate itself.
+pub struct ScoreContext {
+    pub total_blocks: usize,
+    pub mean_uncached_tokens: f64,
+    pub rotation: u64,
+    pub seed: u64,
+}
+
+/// A policy's score split into its terms (all zero but `cost` for non-`cost` policies).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Terms {
+    pub prefill_ms: f64,
+    pub decode_ms: f64,
+    pub kv_ms: f64,
+    pub cost: Cost,
+}
+
+/// Scores `cands` (sorted by endpoint id) under the configured policy.
+pub fn score(config: &Config, cands: &[Candidate], ctx: &ScoreContext) -> Vec<Terms> {
+    match config.policy() {
+        PolicyKind::Cost => cands.iter().map(|c| predicted_ttft(config, c, ctx)).collect(),
+        PolicyKind::Weighted => weighted(config, cands, ctx),
+        PolicyKind::LeastRequest => cands
+            .iter()
+            .map(|c| only(c.metrics.running as f64 + c.queued_requests()))
+            .collect(),
+        PolicyKind::RoundRobin => {
+            let n = cands.len().max(1) as u64;
+            (0..cands.len() as u64)
+                .map(|i| only(((i + n - ctx.rotation % n) % n) as f64))
+                .collect()
+        }
+        PolicyKind::Random => cands
+            .iter()
+            .map(|c| only(mix(ctx.seed ^ mix(ctx.rotation) ^ str_hash(c.endpoint.id.as_str())) as f64))
+            .collect(),
+    }
+}
+
+fn only(cost: f64) -> Terms {
+    Terms {
+        cost: Cost(cost),
+        ..Terms::default()
+    }
+}
+
+/// Predicted TTFT in ms. Non-decreasing in waiting, running, KV usage and sent load.
+pub fn predicted_ttft(config: &Config, c: &Candidate, ctx: &ScoreContext) -> Terms {
+    let p = config.cost();
+    let queued_tokens =
+        c.metrics.waiting as f64 * ctx.mean_uncached_tokens + c.endpoint.sent_tokens_since_scrape.0 as f64;
+    let own = (1.0 + p.work_weight) * c.uncached.0 as f64;
+    let prefill_ms = (queued_tokens + own) * 1000.0 / p.prefill_tokens_per_s;
+    let running = c.metrics.running as f64 + f64::from(c.endpoint.sent_since_scrape);
+    let decode_ms = running * p.decode_ms_per_running;
+    let over = ((c.metrics.kv_usage - p.kv_pressure_threshold) / (1.0 - p.kv_pressure_threshold)).max(0.0);
+    let kv_ms = p.kv_pressure_ms * over * over;
+    Terms {
+        prefill_ms,
+        decode_ms,
+        kv_ms,
+        cost: Cost(prefill_ms + decode_ms + kv_ms),
+    }
+}
+
+fn weighted(config: &Config, cands: &[Candidate], ctx: &ScoreContext) -> Vec<Terms> {
+    let w = config.weighted();
+    let queues: Vec<f64> = cands.iter().map(Candidate::queued_requests).collect();
+    let (lo, hi) = queues
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(lo, hi), q| (lo.min(*q), hi.max(*q)));
+    cands
+        .iter()
+        .zip(&queues)
+        .map(|(c, q)| {
+            let queue = if hi > lo { (hi - q) / (hi - lo) } else { 1.0 };
+            let kv = 1.0 - c.metrics.kv_usage.clamp(0.0, 1.0);
+            let prefix = if ctx.total_blocks == 0 {
+                0.0
+            } else {
+                f64::from(c.matched_blocks) / ctx.total_blocks as f64
+            };
+            only(-(w.queue * queue + w.kv * kv + w.prefix * prefix))
+        })
+        .collect()
+}
+
+/// Rendezvous (highest-random-weight) hashing of a prefix's first block onto an endpoint:
+/// every gateway worker and replica computes the same owner with no shared state.
+pub fn rendezvous_weight(first_block: BlockHash, endpoint: &EndpointId) -> u64 {
+    mix(first_block.0 ^ str_hash(endpoint.as_str()))
+}
+
+/// FNV-1a: stable across builds and platforms, unlike std's hasher.
+fn str_hash(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+/// SplitMix64's finaliser: a cheap, well-mixed 64-bit permutation.
+pub fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}

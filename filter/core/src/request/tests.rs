@@ -1,0 +1,132 @@
+use super::*;
+
+fn chat(body: &str) -> Result<ParsedRequest, RequestError> {
+    parse(ApiKind::Chat, body.as_bytes())
+}
+
+fn completion(body: &str) -> Result<ParsedRequest, RequestError> {
+    parse(ApiKind::Completions, body.as_bytes())
+}
+
+#[test]
+fn chat_string_and_part_contents_give_the_same_canonical_text() {
+    let plain = chat(r#"{"model":"m","messages":[{"role":"user","content":"hello world"}]}"#).unwrap();
+    let parts = chat(
+        r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hello "},{"type":"text","text":"world"}]}]}"#,
+    )
+    .unwrap();
+    assert_eq!(plain.canonical, parts.canonical);
+    assert_eq!(plain.canonical, b"user\x1fhello world\x1e");
+    assert_eq!(plain.prompt_tokens, Tokens(5 + 4)); // 17 bytes -> 5 tokens, + 4 per message
+}
+
+#[test]
+fn tools_come_first_with_sorted_keys_whatever_the_client_order() {
+    let a = chat(r#"{"model":"m","tools":[{"type":"function","function":{"name":"f"}}],"messages":[{"role":"user","content":"x"}]}"#)
+        .unwrap();
+    let b = chat(r#"{"model":"m","tools":[{"function":{"name":"f"},  "type":"function"}],"messages":[{"role":"user","content":"x"}]}"#)
+        .unwrap();
+    assert_eq!(a.canonical, b.canonical);
+    assert!(a
+        .canonical
+        .starts_with(br#"[{"function":{"name":"f"},"type":"function"}]"#));
+}
+
+#[test]
+fn image_parts_are_part_of_the_prefix() {
+    let one =
+        chat(r#"{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"a"}}]}]}"#)
+            .unwrap();
+    let two =
+        chat(r#"{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"b"}}]}]}"#)
+            .unwrap();
+    assert_ne!(one.canonical, two.canonical);
+}
+
+#[test]
+fn sampling_fields_are_read() {
+    let r = chat(
+        r#"{"model":"llama","messages":[{"role":"system","content":null},{"role":"user","content":"q"}],
+            "max_tokens":10,"max_completion_tokens":20,"stream":true,"user":"u1","cache_salt":"s"}"#,
+    )
+    .unwrap();
+    assert_eq!(r.model, "llama");
+    assert_eq!(
+        r.max_tokens,
+        Some(20),
+        "max_completion_tokens wins over the legacy max_tokens"
+    );
+    assert!(r.stream);
+    assert_eq!(r.user.as_deref(), Some("u1"));
+    assert_eq!(r.cache_salt.as_deref(), Some("s"));
+}
+
+#[test]
+fn completion_prompt_forms() {
+    let s = completion(r#"{"model":"m","prompt":"abcdefgh"}"#).unwrap();
+    assert_eq!((s.canonical.as_slice(), s.prompt_tokens), (&b"abcdefgh"[..], Tokens(2)));
+    let batch = completion(r#"{"model":"m","prompt":["abcd","efghijkl"]}"#).unwrap();
+    assert_eq!(
+        (batch.canonical.as_slice(), batch.prompt_tokens),
+        (&b"abcd"[..], Tokens(3))
+    );
+    let ids = completion(r#"{"model":"m","prompt":[1,2,258]}"#).unwrap();
+    assert_eq!(ids.canonical, vec![1, 0, 0, 0, 2, 0, 0, 0, 2, 1, 0, 0]);
+    assert_eq!(ids.prompt_tokens, Tokens(3));
+    let id_batch = completion(r#"{"model":"m","prompt":[[1,2],[3,4,5]]}"#).unwrap();
+    assert_eq!(id_batch.prompt_tokens, Tokens(5));
+}
+
+#[test]
+fn malformed_bodies_say_what_is_wrong() {
+    assert!(matches!(chat("{"), Err(RequestError::Malformed(_))));
+    assert!(matches!(chat("[]"), Err(RequestError::Malformed(_))));
+    assert_eq!(chat(r#"{"messages":[]}"#), Err(RequestError::MissingField("model")));
+    assert_eq!(chat(r#"{"model":"m"}"#), Err(RequestError::MissingField("messages")));
+    assert!(matches!(
+        chat(r#"{"model":"m","messages":[]}"#),
+        Err(RequestError::InvalidField { field: "messages", .. })
+    ));
+    assert!(matches!(
+        chat(r#"{"model":"m","messages":[{"role":"user","content":5}]}"#),
+        Err(RequestError::InvalidField { .. })
+    ));
+    assert!(matches!(
+        completion(r#"{"model":"m","prompt":5}"#),
+        Err(RequestError::InvalidField { .. })
+    ));
+    assert!(matches!(
+        completion(r#"{"model":"m","prompt":[-1]}"#),
+        Err(RequestError::InvalidField { .. })
+    ));
+    assert!(matches!(
+        completion(r#"{"model":"m","prompt":["a", 1]}"#),
+        Err(RequestError::InvalidField { .. })
+    ));
+    assert!(matches!(
+        completion(r#"{"model":7,"prompt":"a"}"#),
+        Err(RequestError::Malformed(_))
+    ));
+    assert!(matches!(
+        parse(ApiKind::Chat, &[b'"', 0xff, b'"']),
+        Err(RequestError::Malformed(_))
+    ));
+}
+
+#[test]
+fn deeply_nested_json_is_an_error_not_a_crash() {
+    let deep = format!(
+        r#"{{"model":"m","messages":[{{"role":"user","content":"x"}}],"tools":{}{}}}"#,
+        "[".repeat(10_000),
+        "]".repeat(10_000)
+    );
+    assert!(matches!(chat(&deep), Err(RequestError::Malformed(_))));
+}
+
+#[test]
+fn paths_select_the_api() {
+    assert_eq!(ApiKind::from_path("/v1/chat/completions"), Some(ApiKind::Chat));
+    assert_eq!(ApiKind::from_path("/v1/completions?x=1"), Some(ApiKind::Completions));
+    assert_eq!(ApiKind::from_path("/v1/models"), None);
+    assert_eq!(ApiKind::from_path("/v1/chat/completions/extra"), None);
+}

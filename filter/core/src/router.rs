@@ -1,0 +1,436 @@
+//! The router: pure decisions over explicit state, changed only through named events.
+//!
+//! `route(&self, request, now)` reads the endpoint table and the prefix index and returns a
+//! [`Decision`]; it changes nothing. What happened next is reported by the caller:
+//! `on_routed` (the decision was used), `on_completed` (the response ended, however),
+//! `on_metrics` / `on_scrape_failed` (a scrape result), `on_endpoints` (membership).
+//! The filter, the simulator's replay and its live mode all drive the same events.
+
+use std::collections::BTreeMap;
+
+use crate::config::{Config, PolicyKind};
+use crate::decision::{Decision, EndpointScore, FallbackReason, FilterReason, Outcome};
+use crate::endpoint::{Endpoint, EndpointTable};
+use crate::hashing::PrefixHasher;
+use crate::health::{Flip, HealthState};
+use crate::index::PrefixIndex;
+use crate::metrics::VllmMetrics;
+use crate::policy::{self, Candidate, ScoreContext};
+use crate::request::{ParsedRequest, BYTES_PER_TOKEN};
+use crate::types::{BlockHash, Cost, EndpointId, Millis, Tokens};
+
+/// Requests tracked in flight at most; the oldest is released past it (lost completions
+/// must not leak memory or pin load on an endpoint forever).
+pub const MAX_INFLIGHT: usize = 65_536;
+
+/// What routing needs from one request, already hashed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RouteRequest {
+    pub model: String,
+    pub blocks: Vec<BlockHash>,
+    pub prompt_tokens: Tokens,
+    pub max_tokens: Option<u64>,
+    /// From the priority header: a negative priority may be shed under overload.
+    pub sheddable: bool,
+}
+
+/// How a routed request ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Completion {
+    /// The upstream that actually answered, when the proxy knows it (retries may move it).
+    pub served_by: Option<EndpointId>,
+    /// HTTP status; 0 when no response arrived (reset, connect failure, timeout).
+    pub status: u16,
+    /// `usage.prompt_tokens_details.cached_tokens`, when the response carried it.
+    pub cached_tokens: Option<u64>,
+}
+
+/// Counters for stats and for checking the index's predictions against vLLM's reports.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RouterStats {
+    pub routed: u64,
+    pub completed: u64,
+    /// Prompt tokens the index predicted cached, over requests whose response reported.
+    pub predicted_cached_tokens: u64,
+    /// Cached tokens vLLM reported for the same requests.
+    pub reported_cached_tokens: u64,
+    pub reported_prompt_tokens: u64,
+}
+
+#[derive(Clone, Debug)]
+struct Inflight {
+    endpoint: EndpointId,
+    epoch: u64,
+    blocks: Vec<BlockHash>,
+    prompt_tokens: Tokens,
+    uncached: Tokens,
+}
+
+#[derive(Clone, Debug)]
+pub struct Router {
+    config: Config,
+    hasher: PrefixHasher,
+    table: EndpointTable,
+    index: PrefixIndex,
+    inflight: BTreeMap<u64, Inflight>,
+    rotation: u64,
+    mean_uncached: f64,
+    stats: RouterStats,
+}
+
+impl Router {
+    pub fn new(config: Config) -> Router {
+        let hasher = PrefixHasher::new(config.hashing().block_bytes, config.hashing().max_blocks);
+        let index = PrefixIndex::new(config.index().max_memory_bytes);
+        let mean_uncached = config.cost().default_prompt_tokens as f64;
+        let mut router = Router {
+            config,
+            hasher,
+            table: EndpointTable::default(),
+            index,
+            inflight: BTreeMap::new(),
+            rotation: 0,
+            mean_uncached,
+            stats: RouterStats::default(),
+        };
+        let endpoints = router.config.endpoints().to_vec();
+        router.on_endpoints(&endpoints);
+        router
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+    pub fn endpoints(&self) -> &[Endpoint] {
+        self.table.rows()
+    }
+    pub fn index(&self) -> &PrefixIndex {
+        &self.index
+    }
+    pub fn stats(&self) -> &RouterStats {
+        &self.stats
+    }
+    pub fn inflight_requests(&self) -> usize {
+        self.inflight.len()
+    }
+
+    /// Hashes a parsed body into a routing request for `tenant`.
+    pub fn request(&self, parsed: &ParsedRequest, tenant: &str, sheddable: bool) -> RouteRequest {
+        let salt = parsed.cache_salt.as_deref().unwrap_or("");
+        RouteRequest {
+            model: parsed.model.clone(),
+            blocks: self.hasher.hash(&parsed.model, tenant, salt, &parsed.canonical),
+            prompt_tokens: parsed.prompt_tokens,
+            max_tokens: parsed.max_tokens,
+            sheddable,
+        }
+    }
+
+    fn tokens_per_block(&self) -> u64 {
+        (self.config.hashing().block_bytes as u64 / BYTES_PER_TOKEN).max(1)
+    }
+
+    /// Picks endpoints for `req`. Pure: the same state, request and `now` give the same decision.
+    pub fn route(&self, req: &RouteRequest, now: Millis) -> Decision {
+        let rows = self.table.rows();
+        let slots = rows.iter().map(|e| usize::from(e.slot) + 1).max().unwrap_or(0);
+        let mut matched = vec![0u32; slots];
+        self.index.matches(&req.blocks, &mut matched);
+        let stale_after = self.config.health().stale_after_ms;
+        let model_known = rows
+            .iter()
+            .filter_map(|e| e.fresh_metrics(now, stale_after))
+            .any(|m| m.models.iter().any(|name| *name == req.model));
+
+        let mut breakdown = Vec::with_capacity(rows.len());
+        let mut cands: Vec<(usize, Candidate)> = Vec::with_capacity(rows.len());
+        for e in rows {
+            let m = matched.get(usize::from(e.slot)).copied().unwrap_or(0);
+            let cached = Tokens((u64::from(m) * self.tokens_per_block()).min(req.prompt_tokens.0));
+            let uncached = req.prompt_tokens.saturating_sub(cached);
+            let fresh = e.fresh_metrics(now, stale_after);
+            let filtered = self.filter(e, fresh, req, model_known, now);
+            if let (None, Some(metrics)) = (filtered, fresh) {
+                cands.push((
+                    breakdown.len(),
+                    Candidate {
+                        endpoint: e,
+                        metrics,
+                        matched_blocks: m,
+                        uncached,
+                    },
+                ));
+            }
+            breakdown.push(EndpointScore {
+                endpoint: e.id.clone(),
+                matched_blocks: m,
+                uncached_tokens: uncached,
+                prefill_ms: 0.0,
+                decode_ms: 0.0,
+                kv_ms: 0.0,
+                cost: Cost(f64::NAN),
+                filtered,
+            });
+        }
+        if cands.is_empty() {
+            return self.fallback(breakdown);
+        }
+        let overload = self.config.overload();
+        let over = |c: &Candidate| c.metrics.waiting >= overload.queue_limit || c.metrics.kv_usage >= overload.kv_limit;
+        if cands.iter().all(|(_, c)| over(c)) {
+            if req.sheddable {
+                let outcome = Outcome::Shed {
+                    retry_after_s: overload.retry_after_s,
+                };
+                return Decision {
+                    endpoints: Vec::new(),
+                    outcome,
+                    matched_blocks: 0,
+                    breakdown,
+                };
+            }
+        } else {
+            for (row, _) in cands.iter().filter(|(_, c)| over(c)) {
+                breakdown[*row].filtered = Some(FilterReason::Overloaded);
+            }
+            cands.retain(|(_, c)| !over(c));
+        }
+
+        let ctx = ScoreContext {
+            total_blocks: req.blocks.len(),
+            mean_uncached_tokens: self.mean_uncached,
+            rotation: self.rotation,
+            seed: self.config.seed(),
+        };
+        let just_cands: Vec<Candidate> = cands.iter().map(|(_, c)| Candidate { ..*c }).collect();
+        let terms = policy::score(&self.config, &just_cands, &ctx);
+        let mut order: Vec<usize> = (0..cands.len()).collect();
+        // Equal costs go to the longer prefix match, then (the sort is stable and candidates
+        // are in id order) to the lower endpoint id.
+        order.sort_by(|a, b| {
+            terms[*a]
+                .cost
+                .total_cmp(&terms[*b].cost)
+                .then(cands[*b].1.matched_blocks.cmp(&cands[*a].1.matched_blocks))
+        });
+        for (i, t) in terms.iter().enumerate() {
+            let row = &mut breakdown[cands[i].0];
+            (row.prefill_ms, row.decode_ms, row.kv_ms, row.cost) = (t.prefill_ms, t.decode_ms, t.kv_ms, t.cost);
+        }
+        if let Some(first) = req.blocks.first() {
+            self.prefer_rendezvous_owner(*first, &mut order, &just_cands, &terms);
+        }
+        let best = order[0];
+        let matched_blocks = just_cands[best].matched_blocks;
+        let endpoints = order
+            .iter()
+            .take(1 + self.config.fallbacks())
+            .map(|i| just_cands[*i].endpoint.id.clone())
+            .collect();
+        let outcome = if matched_blocks > 0 {
+            Outcome::PrefixHit
+        } else {
+            Outcome::Cold
+        };
+        Decision {
+            endpoints,
+            outcome,
+            matched_blocks,
+            breakdown,
+        }
+    }
+
+    fn filter(
+        &self,
+        e: &Endpoint,
+        fresh: Option<&VllmMetrics>,
+        req: &RouteRequest,
+        model_known: bool,
+        now: Millis,
+    ) -> Option<FilterReason> {
+        if e.health.state() == HealthState::Unhealthy {
+            return Some(FilterReason::Unhealthy);
+        }
+        if e.health.is_ejected(now) {
+            return Some(FilterReason::Ejected);
+        }
+        let Some(m) = fresh else {
+            return Some(if e.metrics.is_some() {
+                FilterReason::Stale
+            } else {
+                FilterReason::NoMetrics
+            });
+        };
+        // Filter by model only when some endpoint serves it as a base model: a name no one
+        // exports is probably a LoRA adapter, which metrics cannot place reliably.
+        if model_known && !m.models.is_empty() && !m.models.iter().any(|name| *name == req.model) {
+            return Some(FilterReason::ModelNotServed);
+        }
+        let needed = req.prompt_tokens.0.saturating_add(req.max_tokens.unwrap_or(0));
+        if m.capacity_tokens().is_some_and(|cap| needed > cap) {
+            return Some(FilterReason::DoesNotFit);
+        }
+        None
+    }
+
+    /// For a prefix no endpoint holds, moves the rendezvous owner of its first block to the
+    /// front when its cost is within `cold_tolerance` of the best, so independent workers
+    /// and gateway replicas send the same cold prefix to the same place.
+    fn prefer_rendezvous_owner(
+        &self,
+        first: BlockHash,
+        order: &mut [usize],
+        cands: &[Candidate],
+        terms: &[policy::Terms],
+    ) {
+        let affinity_policy = matches!(self.config.policy(), PolicyKind::Cost | PolicyKind::Weighted);
+        if !affinity_policy || cands.iter().any(|c| c.matched_blocks > 0) {
+            return;
+        }
+        let best = terms[order[0]].cost.0;
+        let limit = best + best.abs() * self.config.cost().cold_tolerance + 1e-9;
+        let near = order.iter().take_while(|i| terms[**i].cost.0 <= limit).count();
+        let owner = (0..near).max_by_key(|pos| policy::rendezvous_weight(first, &cands[order[*pos]].endpoint.id));
+        if let Some(pos) = owner {
+            order[..=pos].rotate_right(1);
+        }
+    }
+
+    /// No endpoint has fresh metrics: order those that may serve by the gateway's own
+    /// in-flight count (least-request), ties by id.
+    fn fallback(&self, breakdown: Vec<EndpointScore>) -> Decision {
+        let mut usable: Vec<&Endpoint> = self
+            .table
+            .rows()
+            .iter()
+            .zip(&breakdown)
+            .filter(|(_, s)| matches!(s.filtered, Some(FilterReason::NoMetrics | FilterReason::Stale)))
+            .map(|(e, _)| e)
+            .collect();
+        usable.sort_by_key(|e| e.inflight);
+        let endpoints: Vec<EndpointId> = usable
+            .iter()
+            .take(1 + self.config.fallbacks())
+            .map(|e| e.id.clone())
+            .collect();
+        let reason = if endpoints.is_empty() {
+            FallbackReason::NoEndpoints
+        } else {
+            FallbackReason::NoMetrics
+        };
+        Decision {
+            endpoints,
+            outcome: Outcome::Fallback(reason),
+            matched_blocks: 0,
+            breakdown,
+        }
+    }
+
+    /// The caller sent `request_id` per `decision` (to its best endpoint first).
+    pub fn on_routed(&mut self, request_id: u64, req: &RouteRequest, decision: &Decision, _now: Millis) {
+        let Some(best) = decision.best() else { return };
+        let uncached = decision
+            .breakdown
+            .iter()
+            .find(|s| s.endpoint == *best)
+            .map_or(req.prompt_tokens, |s| s.uncached_tokens);
+        let Some(e) = self.table.get_mut(best) else { return };
+        e.inflight = e.inflight.saturating_add(1);
+        e.sent_since_scrape = e.sent_since_scrape.saturating_add(1);
+        e.sent_tokens_since_scrape = e.sent_tokens_since_scrape.saturating_add(uncached);
+        let (slot, epoch) = (e.slot, e.epoch);
+        self.index.record(slot, &req.blocks);
+        self.rotation = self.rotation.wrapping_add(1);
+        self.mean_uncached = 0.9 * self.mean_uncached + 0.1 * uncached.0 as f64;
+        self.stats.routed += 1;
+        let record = Inflight {
+            endpoint: best.clone(),
+            epoch,
+            blocks: req.blocks.clone(),
+            prompt_tokens: req.prompt_tokens,
+            uncached,
+        };
+        if let Some(old) = self.inflight.insert(request_id, record) {
+            self.release(&old);
+        }
+        while self.inflight.len() > MAX_INFLIGHT {
+            if let Some((_, old)) = self.inflight.pop_first() {
+                self.release(&old);
+            }
+        }
+    }
+
+    /// `request_id` ended: success, error status, reset or local reply alike.
+    pub fn on_completed(&mut self, request_id: u64, done: &Completion, now: Millis) -> Option<Flip> {
+        let record = self.inflight.remove(&request_id)?;
+        self.release(&record);
+        self.stats.completed += 1;
+        let served = done.served_by.clone().unwrap_or_else(|| record.endpoint.clone());
+        if served != record.endpoint {
+            // A retry moved it: the prefix now lives where it was served.
+            if let Some(slot) = self.table.get(&served).map(|e| e.slot) {
+                self.index.record(slot, &record.blocks);
+            }
+        }
+        if let Some(cached) = done.cached_tokens {
+            self.stats.predicted_cached_tokens += record.prompt_tokens.saturating_sub(record.uncached).0;
+            self.stats.reported_cached_tokens += cached;
+            self.stats.reported_prompt_tokens += record.prompt_tokens.0;
+        }
+        let ok = done.status != 0 && done.status < 500;
+        let health = self.config.health().clone();
+        self.table.get_mut(&served)?.health.on_response(ok, now, &health)
+    }
+
+    fn release(&mut self, record: &Inflight) {
+        if let Some(e) = self.table.get_mut(&record.endpoint) {
+            e.inflight = e.inflight.saturating_sub(1);
+            if e.epoch == record.epoch {
+                e.sent_since_scrape = e.sent_since_scrape.saturating_sub(1);
+                e.sent_tokens_since_scrape = e.sent_tokens_since_scrape.saturating_sub(record.uncached);
+            }
+        }
+    }
+
+    /// A successful scrape of `id` taken at `scraped_at`.
+    pub fn on_metrics(&mut self, id: &EndpointId, metrics: VllmMetrics, scraped_at: Millis) -> Option<Flip> {
+        let tpb = self.tokens_per_block();
+        let default_capacity = self.config.index().default_capacity_tokens;
+        let health = self.config.health().clone();
+        let e = self.table.get_mut(id)?;
+        let capacity_blocks = metrics.capacity_tokens().unwrap_or(default_capacity) / tpb;
+        e.metrics = Some(metrics);
+        e.scraped_at = Some(scraped_at);
+        e.epoch += 1;
+        e.sent_since_scrape = 0;
+        e.sent_tokens_since_scrape = Tokens(0);
+        let (slot, flip) = (e.slot, e.health.on_scrape_ok(&health));
+        self.index
+            .set_capacity(slot, usize::try_from(capacity_blocks).unwrap_or(usize::MAX));
+        flip
+    }
+
+    /// A scrape of `id` failed (timeout, non-200, unparsable body).
+    pub fn on_scrape_failed(&mut self, id: &EndpointId, _now: Millis) -> Option<Flip> {
+        let health = self.config.health().clone();
+        self.table.get_mut(id)?.health.on_scrape_failed(&health)
+    }
+
+    /// The pool is now exactly `ids`: new endpoints start unknown, departed ones are forgotten.
+    pub fn on_endpoints(&mut self, ids: &[EndpointId]) {
+        let change = self.table.replace(ids);
+        for (_, slot) in &change.removed {
+            self.index.remove(*slot);
+        }
+        let default_blocks = self.config.index().default_capacity_tokens / self.tokens_per_block();
+        for id in &change.added {
+            if let Some(slot) = self.table.get(id).map(|e| e.slot) {
+                self.index
+                    .set_capacity(slot, usize::try_from(default_blocks).unwrap_or(usize::MAX));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

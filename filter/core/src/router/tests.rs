@@ -1,0 +1,364 @@
+use super::*;
+use crate::config::RawConfig;
+use crate::decision::FallbackReason;
+
+const T0: Millis = Millis(10_000);
+
+fn config_with(policy: PolicyKind, n: usize) -> Config {
+    let raw = RawConfig {
+        endpoints: (0..n).map(|i| format!("10.0.0.{i}:8000")).collect(),
+        policy,
+        ..RawConfig::default()
+    };
+    Config::try_from(raw).unwrap()
+}
+
+fn ep(i: usize) -> EndpointId {
+    EndpointId::new(format!("10.0.0.{i}:8000"))
+}
+
+fn load(running: u64, waiting: u64, kv: f64) -> VllmMetrics {
+    VllmMetrics {
+        kv_usage: kv,
+        running,
+        waiting,
+        block_size: Some(16),
+        num_gpu_blocks: Some(10_000),
+        models: vec!["m".into()],
+        engines: 1,
+        ..VllmMetrics::default()
+    }
+}
+
+fn router(policy: PolicyKind, loads: &[VllmMetrics]) -> Router {
+    let mut r = Router::new(config_with(policy, loads.len()));
+    for (i, m) in loads.iter().enumerate() {
+        r.on_metrics(&ep(i), m.clone(), T0);
+    }
+    r
+}
+
+fn req(prefix: u64, blocks: usize) -> RouteRequest {
+    RouteRequest {
+        model: "m".into(),
+        blocks: (0..blocks as u64).map(|i| BlockHash(prefix * 1000 + i)).collect(),
+        prompt_tokens: Tokens(blocks as u64 * 64 + 10),
+        max_tokens: Some(100),
+        sheddable: false,
+    }
+}
+
+fn idle(n: usize) -> Vec<VllmMetrics> {
+    vec![load(0, 0, 0.0); n]
+}
+
+#[test]
+fn cold_prefix_goes_to_least_loaded_endpoint() {
+    let r = router(PolicyKind::Cost, &[load(10, 8, 0.6), load(0, 0, 0.05), load(4, 2, 0.3)]);
+    let d = r.route(&req(1, 32), T0);
+    assert_eq!(d.best(), Some(&ep(1)));
+    assert_eq!(d.outcome, Outcome::Cold);
+    assert_eq!(d.endpoints.len(), 3, "best plus two fallbacks");
+    assert_eq!(d.endpoints[1], ep(2), "fallbacks are ordered by cost too");
+}
+
+#[test]
+fn shared_prefix_sticks_to_the_endpoint_that_holds_it() {
+    let mut r = router(PolicyKind::Cost, &idle(4));
+    let first = r.route(&req(7, 32), T0);
+    r.on_routed(1, &req(7, 32), &first, T0);
+    for id in 2..10 {
+        let d = r.route(&req(7, 32), T0);
+        assert_eq!(d.best(), first.best(), "request {id}");
+        assert_eq!(d.outcome, Outcome::PrefixHit);
+        assert_eq!(d.matched_blocks, 32);
+        r.on_routed(id, &req(7, 32), &d, T0);
+    }
+}
+
+#[test]
+fn distinct_prefixes_spread_over_the_fleet() {
+    let mut r = router(PolicyKind::Cost, &idle(4));
+    let mut used = std::collections::BTreeSet::new();
+    for p in 0..16 {
+        let d = r.route(&req(p, 32), T0);
+        used.insert(d.best().unwrap().clone());
+        r.on_routed(p, &req(p, 32), &d, T0);
+    }
+    assert_eq!(used.len(), 4);
+}
+
+#[test]
+fn a_swamped_prefix_holder_loses_to_an_idle_endpoint() {
+    let mut r = router(PolicyKind::Cost, &idle(2));
+    let d = r.route(&req(3, 32), T0);
+    r.on_routed(1, &req(3, 32), &d, T0);
+    let holder = d.best().unwrap().clone();
+    let other = if holder == ep(0) { ep(1) } else { ep(0) };
+    r.on_metrics(&holder, load(60, 40, 0.7), T0);
+    r.on_metrics(&other, load(0, 0, 0.0), T0);
+    let d = r.route(&req(3, 32), T0);
+    assert_eq!(d.best(), Some(&other));
+    let row = |id: &EndpointId| d.breakdown.iter().find(|s| s.endpoint == *id).unwrap().clone();
+    assert!(row(&holder).matched_blocks == 32 && row(&holder).cost.0 > row(&other).cost.0);
+}
+
+#[test]
+fn cost_rises_with_every_kind_of_load() {
+    let base = router(PolicyKind::Cost, &[load(2, 2, 0.5)])
+        .route(&req(1, 8), T0)
+        .breakdown[0]
+        .cost
+        .0;
+    for heavier in [load(3, 2, 0.5), load(2, 3, 0.5), load(2, 2, 0.95)] {
+        let c = router(PolicyKind::Cost, &[heavier.clone()])
+            .route(&req(1, 8), T0)
+            .breakdown[0]
+            .cost
+            .0;
+        assert!(c > base, "{heavier:?}: {c} <= {base}");
+    }
+}
+
+#[test]
+fn unhealthy_ejected_and_stale_endpoints_are_never_picked() {
+    let mut r = router(PolicyKind::Cost, &idle(4));
+    r.on_scrape_failed(&ep(0), T0);
+    r.on_scrape_failed(&ep(0), T0);
+    for _ in 0..3 {
+        r.on_routed(
+            99,
+            &req(1, 1),
+            &Decision {
+                endpoints: vec![ep(1)],
+                outcome: Outcome::Cold,
+                matched_blocks: 0,
+                breakdown: vec![],
+            },
+            T0,
+        );
+        r.on_completed(
+            99,
+            &Completion {
+                served_by: Some(ep(1)),
+                status: 503,
+                cached_tokens: None,
+            },
+            T0,
+        );
+    }
+    let later = T0.plus(500);
+    r.on_metrics(&ep(3), load(0, 0, 0.0), later);
+    r.on_metrics(&ep(0), load(0, 0, 0.0), T0); // a success, but the failures flipped it already
+    let d = r.route(&req(1, 8), later);
+    let reasons: Vec<_> = d.breakdown.iter().map(|s| s.filtered).collect();
+    assert_eq!(reasons[1], Some(FilterReason::Ejected));
+    // stale_after_ms defaults to 1000: T0 metrics are still fresh at T0+500, stale at T0+1500.
+    let d = r.route(&req(1, 8), T0.plus(1500));
+    assert_eq!(d.endpoints, vec![ep(3)]);
+    assert_eq!(d.breakdown[2].filtered, Some(FilterReason::Stale));
+}
+
+#[test]
+fn without_metrics_the_least_busy_endpoint_by_gateway_count_is_the_fallback() {
+    let mut r = Router::new(config_with(PolicyKind::Cost, 3));
+    let d = r.route(&req(1, 8), T0);
+    assert_eq!(d.outcome, Outcome::Fallback(FallbackReason::NoMetrics));
+    r.on_routed(1, &req(1, 8), &d, T0);
+    let d2 = r.route(&req(1, 8), T0);
+    assert_ne!(d2.best(), d.best(), "the gateway's own in-flight count spreads load");
+}
+
+#[test]
+fn with_every_endpoint_down_nothing_is_chosen() {
+    let mut r = router(PolicyKind::Cost, &idle(2));
+    for i in 0..2 {
+        r.on_scrape_failed(&ep(i), T0);
+        r.on_scrape_failed(&ep(i), T0);
+    }
+    let d = r.route(&req(1, 8), T0);
+    assert_eq!(
+        (d.endpoints.len(), d.outcome),
+        (0, Outcome::Fallback(FallbackReason::NoEndpoints))
+    );
+    assert_eq!(d.header_value(), None);
+}
+
+#[test]
+fn overload_sheds_sheddable_requests_and_serves_the_rest_least_bad() {
+    let r = router(PolicyKind::Cost, &[load(100, 200, 0.99), load(100, 150, 0.97)]);
+    let mut shed = req(1, 8);
+    shed.sheddable = true;
+    assert_eq!(r.route(&shed, T0).outcome, Outcome::Shed { retry_after_s: 1 });
+    let d = r.route(&req(1, 8), T0);
+    assert_eq!(d.best(), Some(&ep(1)));
+}
+
+#[test]
+fn overloaded_endpoints_are_skipped_while_others_have_room() {
+    let r = router(PolicyKind::LeastRequest, &[load(0, 0, 0.96), load(50, 20, 0.5)]);
+    let d = r.route(&req(1, 8), T0);
+    assert_eq!(d.endpoints, vec![ep(1)]);
+    assert_eq!(d.breakdown[0].filtered, Some(FilterReason::Overloaded));
+}
+
+#[test]
+fn models_not_served_and_prompts_that_do_not_fit_are_filtered() {
+    let mut other = load(0, 0, 0.0);
+    other.models = vec!["other".into()];
+    let mut small = load(0, 0, 0.0);
+    small.num_gpu_blocks = Some(10);
+    let r = router(PolicyKind::Cost, &[other, small, load(5, 5, 0.5)]);
+    let d = r.route(&req(1, 8), T0);
+    assert_eq!(d.endpoints, vec![ep(2)]);
+    assert_eq!(d.breakdown[0].filtered, Some(FilterReason::ModelNotServed));
+    assert_eq!(d.breakdown[1].filtered, Some(FilterReason::DoesNotFit));
+    let mut lora = req(1, 8);
+    lora.model = "sql-lora".into();
+    assert_eq!(
+        r.route(&lora, T0).endpoints.len(),
+        2,
+        "an unknown name (a LoRA adapter) is not filtered by model"
+    );
+}
+
+#[test]
+fn route_is_pure() {
+    let r = router(PolicyKind::Cost, &idle(3));
+    let before = format!("{:?}", r);
+    let a = r.route(&req(1, 8), T0);
+    assert_eq!(a, r.route(&req(1, 8), T0));
+    assert_eq!(before, format!("{:?}", r));
+}
+
+#[test]
+fn round_robin_rotates_and_random_follows_its_seed() {
+    let mut r = router(PolicyKind::RoundRobin, &idle(3));
+    let mut picks = Vec::new();
+    for i in 0..6 {
+        let d = r.route(&req(i, 1), T0);
+        picks.push(d.best().unwrap().clone());
+        r.on_routed(i, &req(i, 1), &d, T0);
+    }
+    assert_eq!(picks, vec![ep(0), ep(1), ep(2), ep(0), ep(1), ep(2)]);
+    let run = |seed| {
+        let mut raw = RawConfig {
+            endpoints: (0..8).map(|i| format!("10.0.0.{i}:8000")).collect(),
+            policy: PolicyKind::Random,
+            ..RawConfig::default()
+        };
+        raw.seed = seed;
+        let mut r = Router::new(Config::try_from(raw).unwrap());
+        (0..8).for_each(|i| {
+            r.on_metrics(&ep(i), load(0, 0, 0.0), T0);
+        });
+        (0..20)
+            .map(|i| {
+                let d = r.route(&req(i, 1), T0);
+                r.on_routed(i, &req(i, 1), &d, T0);
+                d.best().unwrap().clone()
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(run(1), run(1));
+    assert_ne!(run(1), run(2));
+}
+
+#[test]
+fn weighted_policy_prefers_the_prefix_holder_at_equal_load() {
+    let mut r = router(PolicyKind::Weighted, &idle(3));
+    let d = r.route(&req(5, 16), T0);
+    r.on_routed(1, &req(5, 16), &d, T0);
+    let again = r.route(&req(5, 16), T0);
+    assert_eq!(again.best(), d.best());
+    assert_eq!(again.outcome, Outcome::PrefixHit);
+}
+
+#[test]
+fn independent_routers_agree_on_the_owner_of_a_cold_prefix() {
+    let a = router(PolicyKind::Cost, &idle(8));
+    let mut b = router(PolicyKind::Cost, &idle(8));
+    // b has routed unrelated traffic; its rotation and index differ from a's.
+    let other = b.route(&req(99, 4), T0);
+    b.on_routed(1, &req(99, 4), &other, T0);
+    b.on_metrics(other.best().unwrap(), load(0, 0, 0.0), T0);
+    let owners: Vec<_> = (0..20)
+        .map(|p| {
+            (
+                a.route(&req(p, 8), T0).best().cloned(),
+                b.route(&req(p, 8), T0).best().cloned(),
+            )
+        })
+        .collect();
+    assert!(owners.iter().all(|(x, y)| x == y), "{owners:?}");
+    let distinct: std::collections::BTreeSet<_> = owners.iter().map(|(x, _)| x.clone()).collect();
+    assert!(distinct.len() >= 4, "rendezvous spreads prefixes: {distinct:?}");
+}
+
+#[test]
+fn completion_releases_accounting_and_a_retry_moves_the_prefix() {
+    let mut r = router(PolicyKind::Cost, &idle(2));
+    let d = r.route(&req(4, 16), T0);
+    r.on_routed(7, &req(4, 16), &d, T0);
+    let best = d.best().unwrap().clone();
+    let other = if best == ep(0) { ep(1) } else { ep(0) };
+    assert_eq!(r.endpoints().iter().find(|e| e.id == best).unwrap().inflight, 1);
+    r.on_completed(
+        7,
+        &Completion {
+            served_by: Some(other.clone()),
+            status: 200,
+            cached_tokens: Some(0),
+        },
+        T0,
+    );
+    assert!(r
+        .endpoints()
+        .iter()
+        .all(|e| e.inflight == 0 && e.sent_since_scrape == 0));
+    assert_eq!(
+        r.route(&req(4, 16), T0)
+            .breakdown
+            .iter()
+            .find(|s| s.endpoint == other)
+            .unwrap()
+            .matched_blocks,
+        16
+    );
+    assert_eq!(r.stats().reported_prompt_tokens, req(4, 16).prompt_tokens.0);
+    assert_eq!(
+        r.on_completed(
+            7,
+            &Completion {
+                served_by: None,
+                status: 200,
+                cached_tokens: None
+            },
+            T0
+        ),
+        None,
+        "a second completion is ignored"
+    );
+}
+
+#[test]
+fn departed_endpoints_are_forgotten_and_never_chosen() {
+    let mut r = router(PolicyKind::Cost, &idle(3));
+    let d = r.route(&req(1, 8), T0);
+    r.on_routed(1, &req(1, 8), &d, T0);
+    let keep: Vec<EndpointId> = (0..3).map(ep).filter(|e| Some(e) != d.best()).collect();
+    r.on_endpoints(&keep);
+    let d2 = r.route(&req(1, 8), T0);
+    assert!(d2.endpoints.iter().all(|e| keep.contains(e)));
+    assert_eq!(d2.outcome, Outcome::Cold);
+    assert_eq!(r.index().entries(), 0);
+}
+
+#[test]
+fn header_value_lists_best_then_fallbacks() {
+    let r = router(PolicyKind::Cost, &[load(0, 0, 0.0), load(1, 0, 0.1)]);
+    assert_eq!(
+        r.route(&req(1, 0), T0).header_value().as_deref(),
+        Some("10.0.0.0:8000,10.0.0.1:8000")
+    );
+}
