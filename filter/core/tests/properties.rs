@@ -1,0 +1,217 @@
+//! Invariants that must hold under any sequence of events.
+
+use kvroute_core::config::RawIndex;
+use kvroute_core::health::HealthState;
+use kvroute_core::index::ENTRY_BYTES;
+use kvroute_core::{
+    BlockHash, Completion, Config, EndpointId, Millis, PolicyKind, PrefixHasher, RawConfig, RouteRequest, Router,
+    Tokens, VllmMetrics,
+};
+use proptest::prelude::*;
+
+#[derive(Clone, Debug)]
+enum Event {
+    Metrics {
+        ep: usize,
+        running: u64,
+        waiting: u64,
+        kv: f64,
+        blocks: u64,
+    },
+    ScrapeFailed {
+        ep: usize,
+    },
+    Route {
+        prefix: u64,
+        len: usize,
+        sheddable: bool,
+    },
+    Complete {
+        back: usize,
+        status: u16,
+    },
+    Membership {
+        mask: u8,
+    },
+    Tick {
+        ms: u64,
+    },
+}
+
+fn event() -> impl Strategy<Value = Event> {
+    prop_oneof![
+        (0..8usize, 0..300u64, 0..300u64, 0.0..=1.0f64, 1..5000u64).prop_map(|(ep, running, waiting, kv, blocks)| {
+            Event::Metrics {
+                ep,
+                running,
+                waiting,
+                kv,
+                blocks,
+            }
+        }),
+        (0..8usize).prop_map(|ep| Event::ScrapeFailed { ep }),
+        (0..20u64, 0..200usize, any::<bool>()).prop_map(|(prefix, len, sheddable)| Event::Route {
+            prefix,
+            len,
+            sheddable
+        }),
+        (0..10usize, prop::sample::select(vec![0u16, 200, 429, 500, 503]))
+            .prop_map(|(back, status)| Event::Complete { back, status }),
+        any::<u8>().prop_map(|mask| Event::Membership { mask }),
+        (0..2000u64).prop_map(|ms| Event::Tick { ms }),
+    ]
+}
+
+fn id(i: usize) -> EndpointId {
+    EndpointId::new(format!("10.1.0.{i}:8000"))
+}
+
+fn router(policy: PolicyKind, budget: usize) -> Router {
+    let raw = RawConfig {
+        endpoints: (0..8).map(|i| id(i).to_string()).collect(),
+        policy,
+        index: RawIndex {
+            max_memory_bytes: budget,
+            default_capacity_tokens: 100_000,
+        },
+        ..RawConfig::default()
+    };
+    Router::new(Config::try_from(raw).unwrap())
+}
+
+fn request(prefix: u64, len: usize, sheddable: bool) -> RouteRequest {
+    RouteRequest {
+        model: "m".into(),
+        blocks: (0..len as u64)
+            .map(|i| BlockHash(prefix.wrapping_mul(1_000_003) ^ i))
+            .collect(),
+        prompt_tokens: Tokens(len as u64 * 64),
+        max_tokens: Some(16),
+        sheddable,
+    }
+}
+
+fn metrics(running: u64, waiting: u64, kv: f64, blocks: u64) -> VllmMetrics {
+    VllmMetrics {
+        kv_usage: kv,
+        running,
+        waiting,
+        block_size: Some(16),
+        num_gpu_blocks: Some(blocks),
+        models: vec!["m".into()],
+        engines: 1,
+        ..VllmMetrics::default()
+    }
+}
+
+fn policies() -> impl Strategy<Value = PolicyKind> {
+    prop::sample::select(vec![
+        PolicyKind::Cost,
+        PolicyKind::Weighted,
+        PolicyKind::LeastRequest,
+        PolicyKind::RoundRobin,
+        PolicyKind::Random,
+    ])
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn never_routes_to_an_unhealthy_ejected_or_absent_endpoint(
+        policy in policies(),
+        events in prop::collection::vec(event(), 1..120),
+    ) {
+        let mut r = router(policy, 1 << 20);
+        let mut now = Millis(1_000);
+        let mut routed: Vec<u64> = Vec::new();
+        let mut next_id = 0u64;
+        for e in events {
+            match e {
+                Event::Metrics { ep, running, waiting, kv, blocks } => { r.on_metrics(&id(ep), metrics(running, waiting, kv, blocks), now); }
+                Event::ScrapeFailed { ep } => { r.on_scrape_failed(&id(ep), now); }
+                Event::Complete { back, status } => {
+                    if let Some(req_id) = routed.len().checked_sub(back + 1).map(|i| routed.remove(i)) {
+                        r.on_completed(req_id, &Completion { served_by: None, status, cached_tokens: None }, now);
+                    }
+                }
+                Event::Membership { mask } => {
+                    let members: Vec<EndpointId> = (0..8).filter(|i| mask & (1 << i) != 0).map(id).collect();
+                    r.on_endpoints(&members);
+                }
+                Event::Tick { ms } => now = now.plus(ms),
+                Event::Route { prefix, len, sheddable } => {
+                    let req = request(prefix, len, sheddable);
+                    let d = r.route(&req, now);
+                    for chosen in &d.endpoints {
+                        let row = r.endpoints().iter().find(|e| &e.id == chosen);
+                        prop_assert!(row.is_some(), "{chosen} is not a member");
+                        let row = row.unwrap();
+                        prop_assert!(row.health.state() != HealthState::Unhealthy, "{chosen} is unhealthy");
+                        prop_assert!(!row.health.is_ejected(now), "{chosen} is ejected");
+                    }
+                    let unique: std::collections::BTreeSet<_> = d.endpoints.iter().collect();
+                    prop_assert_eq!(unique.len(), d.endpoints.len(), "an endpoint is listed twice");
+                    r.on_routed(next_id, &req, &d, now);
+                    routed.push(next_id);
+                    next_id += 1;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn memory_budget_holds_under_any_sequence_of_events(
+        events in prop::collection::vec(event(), 1..200),
+        budget_kib in 64usize..256,
+    ) {
+        let budget = budget_kib * 1024;
+        let mut r = router(PolicyKind::Cost, budget);
+        let mut now = Millis(0);
+        for (n, e) in events.into_iter().enumerate() {
+            match e {
+                Event::Metrics { ep, running, waiting, kv, blocks } => { r.on_metrics(&id(ep), metrics(running, waiting, kv, blocks), now); }
+                Event::Membership { mask } => r.on_endpoints(&(0..8).filter(|i| mask & (1 << i) != 0).map(id).collect::<Vec<_>>()),
+                Event::Route { prefix, len, .. } => {
+                    let req = request(prefix + n as u64, len, false);
+                    let d = r.route(&req, now);
+                    r.on_routed(n as u64, &req, &d, now);
+                }
+                Event::Tick { ms } => now = now.plus(ms),
+                _ => {}
+            }
+            prop_assert!(r.index().entries() * ENTRY_BYTES <= budget, "{} entries over a {budget} byte budget", r.index().entries());
+        }
+    }
+
+    #[test]
+    fn cost_never_falls_as_load_rises(
+        running in 0..500u64, waiting in 0..500u64, kv in 0.0..0.94f64,
+        d_running in 0..50u64, d_waiting in 0..50u64, d_kv in 0.0..0.05f64,
+        len in 0..100usize,
+    ) {
+        let cost = |m: VllmMetrics| {
+            let mut r = Router::new(Config::try_from(RawConfig { endpoints: vec!["a:1".into()], ..RawConfig::default() }).unwrap());
+            r.on_metrics(&EndpointId::new("a:1"), m, Millis(0));
+            r.route(&request(1, len, false), Millis(0)).breakdown[0].cost.0
+        };
+        let light = cost(metrics(running, waiting, kv, 10_000));
+        let heavy = cost(metrics(running + d_running, waiting + d_waiting, kv + d_kv, 10_000));
+        prop_assert!(heavy >= light, "{heavy} < {light}");
+    }
+
+    #[test]
+    fn hashing_is_prefix_stable(
+        head in prop::collection::vec(any::<u8>(), 0..2000),
+        tail in prop::collection::vec(any::<u8>(), 0..2000),
+        block in 16usize..300,
+    ) {
+        let h = PrefixHasher::new(block, 10_000);
+        let short = h.hash("m", "t", "", &head);
+        let mut joined = head.clone();
+        joined.extend_from_slice(&tail);
+        let long = h.hash("m", "t", "", &joined);
+        prop_assert_eq!(short.len(), head.len() / block);
+        prop_assert_eq!(&long[..short.len()], &short[..]);
+    }
+}
