@@ -1,1 +1,102 @@
-fn main() {}
+//! route() including prefix hashing, on 8 / 64 / 256 endpoints × 1k / 8k / 32k-token prompts.
+//!
+//! Each router has fresh metrics on every endpoint and an index warmed by 512 earlier
+//! requests of 64 prefix groups, and the measured prompt's group is already held by one
+//! endpoint, so the index walk is a real partial hit. Also: JSON parsing of the same bodies.
+
+#![allow(clippy::expect_used)] // a bench whose setup fails should stop loudly
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use kvroute_core::request::{parse, ApiKind};
+use kvroute_core::{Config, EndpointId, Millis, RawConfig, Router, Tokens, VllmMetrics};
+use std::hint::black_box;
+
+const NOW: Millis = Millis(1_000);
+
+fn body(group: usize, tokens: usize, question: usize) -> String {
+    // 4 bytes per token; the shared part is the group's system prompt, then a question.
+    let system: String = format!("group {group:04} system prompt text. ").repeat(tokens * 4 / 31 + 1);
+    let system = &system[..tokens * 4 - 64];
+    format!(
+        r#"{{"model":"m","max_tokens":128,"messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"question number {question:040}"}}]}}"#
+    )
+}
+
+fn router(endpoints: usize) -> Router {
+    let raw = RawConfig {
+        endpoints: (0..endpoints)
+            .map(|i| format!("10.2.{}.{}:8000", i / 250, i % 250))
+            .collect(),
+        ..RawConfig::default()
+    };
+    let mut r = Router::new(Config::try_from(raw).expect("valid config"));
+    let ids: Vec<EndpointId> = r.endpoints().iter().map(|e| e.id.clone()).collect();
+    for (i, id) in ids.iter().enumerate() {
+        let m = VllmMetrics {
+            kv_usage: (i % 10) as f64 / 12.0,
+            running: (i % 7) as u64 * 4,
+            waiting: (i % 5) as u64,
+            block_size: Some(16),
+            num_gpu_blocks: Some(29_205),
+            models: vec!["m".into()],
+            engines: 1,
+            ..VllmMetrics::default()
+        };
+        r.on_metrics(id, m, NOW);
+    }
+    for n in 0..512 {
+        let parsed = parse(ApiKind::Chat, body(n % 64, 2048, n).as_bytes()).expect("valid body");
+        let req = r.request(&parsed, "", false);
+        let d = r.route(&req, NOW);
+        r.on_routed(n as u64, &req, &d, NOW);
+    }
+    r
+}
+
+fn bench_route(c: &mut Criterion) {
+    let mut group = c.benchmark_group("route_with_hashing");
+    for endpoints in [8, 64, 256] {
+        let mut r = router(endpoints);
+        for tokens in [1024, 8192, 32768] {
+            // Seed the measured group's prefix on one endpoint.
+            let seed = parse(ApiKind::Chat, body(7, tokens, 1).as_bytes()).expect("valid body");
+            let seed_req = r.request(&seed, "", false);
+            let d = r.route(&seed_req, NOW);
+            r.on_routed(10_000 + tokens as u64, &seed_req, &d, NOW);
+            let parsed = parse(ApiKind::Chat, body(7, tokens, 2).as_bytes()).expect("valid body");
+            group.throughput(Throughput::Elements(1));
+            group.bench_with_input(
+                BenchmarkId::new(format!("{endpoints}ep"), format!("{tokens}tok")),
+                &parsed,
+                |b, p| {
+                    b.iter(|| {
+                        let req = r.request(black_box(p), "", false);
+                        black_box(r.route(&req, NOW))
+                    })
+                },
+            );
+        }
+    }
+    group.finish();
+}
+
+fn bench_parse(c: &mut Criterion) {
+    let mut group = c.benchmark_group("parse_body");
+    for tokens in [1024, 8192, 32768] {
+        let b = body(1, tokens, 1);
+        group.throughput(Throughput::Bytes(b.len() as u64));
+        group.bench_with_input(BenchmarkId::from_parameter(format!("{tokens}tok")), &b, |bench, b| {
+            bench.iter(|| {
+                black_box(
+                    parse(ApiKind::Chat, black_box(b.as_bytes()))
+                        .map(|p| p.prompt_tokens)
+                        .unwrap_or(Tokens(0)),
+                )
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_route, bench_parse);
+criterion_main!(benches);

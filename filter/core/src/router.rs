@@ -140,7 +140,7 @@ impl Router {
         let model_known = rows
             .iter()
             .filter_map(|e| e.fresh_metrics(now, stale_after))
-            .any(|m| m.models.iter().any(|name| *name == req.model));
+            .any(|m| m.models.contains(&req.model));
 
         let mut breakdown = Vec::with_capacity(rows.len());
         let mut cands: Vec<(usize, Candidate)> = Vec::with_capacity(rows.len());
@@ -263,7 +263,7 @@ impl Router {
         };
         // Filter by model only when some endpoint serves it as a base model: a name no one
         // exports is probably a LoRA adapter, which metrics cannot place reliably.
-        if model_known && !m.models.is_empty() && !m.models.iter().any(|name| *name == req.model) {
+        if model_known && !m.models.is_empty() && !m.models.contains(&req.model) {
             return Some(FilterReason::ModelNotServed);
         }
         let needed = req.prompt_tokens.0.saturating_add(req.max_tokens.unwrap_or(0));

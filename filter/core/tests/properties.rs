@@ -1,5 +1,7 @@
 //! Invariants that must hold under any sequence of events.
 
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] functions
+
 use kvroute_core::config::RawIndex;
 use kvroute_core::health::HealthState;
 use kvroute_core::index::ENTRY_BYTES;

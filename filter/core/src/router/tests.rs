@@ -111,7 +111,7 @@ fn cost_rises_with_every_kind_of_load() {
         .cost
         .0;
     for heavier in [load(3, 2, 0.5), load(2, 3, 0.5), load(2, 2, 0.95)] {
-        let c = router(PolicyKind::Cost, &[heavier.clone()])
+        let c = router(PolicyKind::Cost, std::slice::from_ref(&heavier))
             .route(&req(1, 8), T0)
             .breakdown[0]
             .cost

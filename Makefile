@@ -1,0 +1,64 @@
+# kvroute: the two commands a new user runs are `make run` and `make test`.
+# Every target installs what it needs that is missing (see `setup`).
+
+SHELL := /bin/bash
+CARGO ?= cargo
+WASM_BINDGEN_VERSION := $(shell sed -n '/^name = "wasm-bindgen"$$/{n;s/^version = "\(.*\)"$$/\1/p;}' Cargo.lock)
+CARGO_BIN := $(or $(CARGO_HOME),$(HOME)/.cargo)/bin
+export PATH := $(CARGO_BIN):$(PATH)
+
+.PHONY: all setup setup-rust setup-wasm-bindgen build test test-native test-wasm check-core-deps lint bench run fmt
+
+all: build
+
+## setup: rustup targets and wasm-bindgen-cli at the Cargo.lock version (skipped when present)
+setup: setup-rust setup-wasm-bindgen
+
+setup-rust:
+	@rustup target list --installed | grep -qx wasm32-wasip1 || rustup target add wasm32-wasip1
+	@rustup target list --installed | grep -qx wasm32-unknown-unknown || rustup target add wasm32-unknown-unknown
+
+setup-wasm-bindgen:
+	@if [ -z "$(WASM_BINDGEN_VERSION)" ]; then echo "no wasm-bindgen in Cargo.lock"; exit 1; fi
+	@if wasm-bindgen-test-runner --version 2>/dev/null | grep -q " $(WASM_BINDGEN_VERSION)$$"; then \
+		echo "wasm-bindgen-test-runner $(WASM_BINDGEN_VERSION) already installed"; \
+	else \
+		echo "installing wasm-bindgen-cli $(WASM_BINDGEN_VERSION) (about 4 minutes)"; \
+		$(CARGO) install wasm-bindgen-cli --version "$(WASM_BINDGEN_VERSION)" --force; \
+	fi
+
+## build: everything, release mode
+build: setup-rust
+	$(CARGO) build --workspace --release
+
+## test: lint, the dependency rule of the core, native tests, the core under wasm32 on node
+test: lint check-core-deps test-native test-wasm
+
+test-native:
+	$(CARGO) test --workspace
+
+test-wasm: setup
+	$(CARGO) test -p kvroute-wasm-tests --target wasm32-unknown-unknown --test core_on_wasm
+
+## check-core-deps: kvroute-core must not depend on proxy-wasm, an async runtime or a clock crate
+check-core-deps:
+	@deps=$$($(CARGO) tree -p kvroute-core -e normal --prefix none --target all | sed 's/ .*//' | sort -u); \
+	bad=$$(echo "$$deps" | grep -E '^(proxy-wasm|tokio|async-std|smol|mio|chrono|time|quanta|getrandom|rand)$$' || true); \
+	if [ -n "$$bad" ]; then echo "kvroute-core must stay pure, but depends on: $$bad"; exit 1; fi; \
+	echo "kvroute-core dependencies are pure: $$(echo $$deps | tr '\n' ' ')"
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+fmt:
+	$(CARGO) fmt --all
+
+## bench: criterion benches of the routing hot path
+bench:
+	$(CARGO) bench -p kvroute-core --bench route
+
+run:
+	@echo "make run (simulated vLLM fleet + Envoy + kvroute vs round-robin) is not built yet:"
+	@echo "it lands with the filter (issue 3), the simulator (issue 4) and the demo (issue 5)."
+	@echo "Meanwhile: make test, make bench."
