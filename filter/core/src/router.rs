@@ -416,6 +416,11 @@ impl Router {
         self.table.get_mut(id)?.health.on_scrape_failed(&health)
     }
 
+    /// Active health decided elsewhere (see `Health::set_active`).
+    pub fn on_active_health(&mut self, id: &EndpointId, healthy: bool) -> Option<Flip> {
+        self.table.get_mut(id)?.health.set_active(healthy)
+    }
+
     /// The pool is now exactly `ids`: new endpoints start unknown, departed ones are forgotten.
     pub fn on_endpoints(&mut self, ids: &[EndpointId]) {
         let change = self.table.replace(ids);

@@ -1,0 +1,93 @@
+//! Host calls wrapped in functions that return `Result`, so no SDK convenience can unwrap
+//! on our behalf. Every caller treats an error as "fail open": let Envoy balance.
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use kvroute_core::Millis;
+use proxy_wasm::hostcalls;
+use proxy_wasm::types::{BufferType, LogLevel, MapType, MetricType, Status};
+
+pub type HostResult<T> = Result<T, Status>;
+
+/// Host time in milliseconds since the epoch (the one clock the filter reads).
+pub fn now() -> Millis {
+    hostcalls::get_current_time()
+        .ok()
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map_or(Millis(0), |d| Millis(d.as_millis() as u64))
+}
+
+pub fn log(level: LogLevel, message: &str) {
+    let _ = hostcalls::log(level, message);
+}
+
+pub fn request_header(name: &str) -> HostResult<Option<String>> {
+    hostcalls::get_map_value(MapType::HttpRequestHeaders, name)
+}
+
+pub fn set_request_header(name: &str, value: Option<&str>) -> HostResult<()> {
+    hostcalls::set_map_value(MapType::HttpRequestHeaders, name, value)
+}
+
+pub fn response_header(name: &str) -> HostResult<Option<String>> {
+    hostcalls::get_map_value(MapType::HttpResponseHeaders, name)
+}
+
+pub fn add_response_header(name: &str, value: &str) -> HostResult<()> {
+    hostcalls::add_map_value(MapType::HttpResponseHeaders, name, value)
+}
+
+pub fn call_response_header(name: &str) -> HostResult<Option<String>> {
+    hostcalls::get_map_value(MapType::HttpCallResponseHeaders, name)
+}
+
+pub fn buffer(kind: BufferType, start: usize, len: usize) -> HostResult<Vec<u8>> {
+    hostcalls::get_buffer(kind, start, len).map(Option::unwrap_or_default)
+}
+
+pub fn property(path: &[&str]) -> HostResult<Option<Vec<u8>>> {
+    hostcalls::get_property(path.to_vec())
+}
+
+pub fn property_string(path: &[&str]) -> Option<String> {
+    property(path).ok().flatten().and_then(|b| String::from_utf8(b).ok())
+}
+
+pub fn send_local_response(status: u32, headers: Vec<(&str, &str)>, body: &[u8]) -> HostResult<()> {
+    hostcalls::send_http_response(status, headers, Some(body))
+}
+
+pub fn dispatch_get(cluster: &str, authority: &str, path: &str, route_to: &str, timeout_ms: u64) -> HostResult<u32> {
+    let headers = vec![
+        (":method", "GET"),
+        (":path", path),
+        (":authority", authority),
+        (":scheme", "http"),
+        (crate::DESTINATION_HEADER, route_to),
+    ];
+    hostcalls::dispatch_http_call(cluster, headers, None, vec![], Duration::from_millis(timeout_ms))
+}
+
+pub fn set_tick_period_ms(ms: u64) -> HostResult<()> {
+    hostcalls::set_tick_period(Duration::from_millis(ms))
+}
+
+pub fn shared_data(key: &str) -> HostResult<Option<Vec<u8>>> {
+    hostcalls::get_shared_data(key).map(|(data, _)| data)
+}
+
+pub fn set_shared_data(key: &str, value: &[u8]) -> HostResult<()> {
+    hostcalls::set_shared_data(key, Some(value), None)
+}
+
+pub fn define_metric(kind: MetricType, name: &str) -> HostResult<u32> {
+    hostcalls::define_metric(kind, name)
+}
+
+pub fn increment_metric(id: u32, by: i64) -> HostResult<()> {
+    hostcalls::increment_metric(id, by)
+}
+
+pub fn record_metric(id: u32, value: u64) -> HostResult<()> {
+    hostcalls::record_metric(id, value)
+}

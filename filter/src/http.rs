@@ -1,0 +1,257 @@
+//! The HTTP context: strips client-sent routing headers, buffers inference bodies, asks the
+//! router, sets `x-gateway-destination-endpoint`, and reports how the request ended.
+//!
+//! Every failure of its own (a host call, a body it cannot parse, a busy router) ends in
+//! `Continue` without a destination header, so Envoy's fallback policy balances the request.
+//! The header is only ever set while the request headers are still paused.
+
+use std::rc::Rc;
+
+use kvroute_core::request::{parse, ApiKind};
+use kvroute_core::response::cached_tokens;
+use kvroute_core::{Completion, Outcome};
+use proxy_wasm::traits::{Context, HttpContext};
+use proxy_wasm::types::{Action, BufferType, LogLevel};
+
+use crate::host;
+use crate::worker::Shared;
+use crate::DESTINATION_HEADER;
+
+/// Bytes of the response kept to find `usage.prompt_tokens_details.cached_tokens`.
+const TAIL_BYTES: usize = 4096;
+
+#[derive(Debug, PartialEq)]
+enum Phase {
+    PassThrough,
+    Buffering(ApiKind),
+    Routed { request_id: u64 },
+}
+
+pub struct Http {
+    shared: Option<Rc<Shared>>,
+    phase: Phase,
+    tenant: String,
+    sheddable: bool,
+    chosen: Option<String>,
+    reason: &'static str,
+    status: u16,
+    tail: Vec<u8>,
+}
+
+impl Http {
+    pub fn new(shared: Option<Rc<Shared>>) -> Http {
+        Http {
+            shared,
+            phase: Phase::PassThrough,
+            tenant: String::new(),
+            sheddable: false,
+            chosen: None,
+            reason: "passthrough",
+            status: 0,
+            tail: Vec::new(),
+        }
+    }
+
+    /// A client must never choose the upstream: drop the header on every request.
+    fn strip_client_routing(&self) -> Result<(), ()> {
+        match host::request_header(DESTINATION_HEADER) {
+            Ok(None) => Ok(()),
+            Ok(Some(_)) => {
+                if let Some(s) = &self.shared {
+                    s.stats.client_header_removed.inc();
+                }
+                host::set_request_header(DESTINATION_HEADER, None).map_err(|_| ())
+            }
+            Err(_) => host::set_request_header(DESTINATION_HEADER, None).map_err(|_| ()),
+        }
+    }
+
+    fn decide(&mut self, shared: &Shared, kind: ApiKind, body: &[u8]) -> Action {
+        let parsed = match parse(kind, body) {
+            Ok(p) => p,
+            Err(e) => {
+                host::log(LogLevel::Debug, &format!("kvroute: not routing: {e}"));
+                shared.stats.skipped_malformed.inc();
+                self.reason = "malformed";
+                return Action::Continue;
+            }
+        };
+        let Ok(mut router) = shared.router.try_borrow_mut() else {
+            shared.stats.skipped_error.inc();
+            return Action::Continue;
+        };
+        let now = host::now();
+        let req = router.request(&parsed, &self.tenant, self.sheddable);
+        let decision = router.route(&req, now);
+        self.reason = decision.outcome.label();
+        match decision.outcome {
+            Outcome::Shed { retry_after_s } => {
+                shared.stats.shed.inc();
+                let retry = retry_after_s.to_string();
+                let body = br#"{"error":{"message":"all inference servers are overloaded; retry later","type":"overloaded","code":429}}"#;
+                let headers = vec![("retry-after", retry.as_str()), ("content-type", "application/json")];
+                if host::send_local_response(429, headers, body).is_ok() {
+                    return Action::Pause;
+                }
+                return Action::Continue;
+            }
+            Outcome::Fallback(_) => {
+                shared.stats.fallback.inc();
+                return Action::Continue;
+            }
+            Outcome::PrefixHit => shared.stats.prefix_hit.inc(),
+            Outcome::Cold => shared.stats.cold.inc(),
+        }
+        let Some(value) = decision.header_value() else {
+            return Action::Continue;
+        };
+        if host::set_request_header(DESTINATION_HEADER, Some(&value)).is_err() {
+            shared.stats.skipped_error.inc();
+            self.reason = "host_error";
+            return Action::Continue;
+        }
+        let request_id = shared.next_request_id();
+        router.on_routed(request_id, &req, &decision, now);
+        let best = decision.best().map(|e| e.to_string()).unwrap_or_default();
+        shared.stats.chosen(&best);
+        let predicted = u64::from(decision.matched_blocks) * (router.config().hashing().block_bytes as u64 / 4);
+        shared.count_tokens(req.prompt_tokens.0, predicted.min(req.prompt_tokens.0));
+        self.chosen = Some(best);
+        self.phase = Phase::Routed { request_id };
+        Action::Continue
+    }
+}
+
+impl Context for Http {}
+
+impl HttpContext for Http {
+    fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        if self.strip_client_routing().is_err() {
+            host::log(
+                LogLevel::Error,
+                "kvroute: cannot remove a client-sent destination header; refusing the request",
+            );
+            let _ = host::send_local_response(500, vec![], b"kvroute: cannot sanitise routing headers\n");
+            return Action::Pause;
+        }
+        let Some(shared) = self.shared.clone() else {
+            return Action::Continue;
+        };
+        let method = host::request_header(":method").ok().flatten();
+        let kind = host::request_header(":path")
+            .ok()
+            .flatten()
+            .and_then(|p| ApiKind::from_path(&p));
+        let (Some("POST"), Some(kind)) = (method.as_deref(), kind) else {
+            shared.stats.passthrough.inc();
+            return Action::Continue;
+        };
+        if end_of_stream {
+            shared.stats.skipped_malformed.inc();
+            return Action::Continue;
+        }
+        let router = shared.router.borrow();
+        let config = router.config();
+        let length = host::request_header("content-length")
+            .ok()
+            .flatten()
+            .and_then(|v| v.parse::<usize>().ok());
+        if length.is_some_and(|n| n > config.max_body_bytes()) {
+            shared.stats.skipped_over_limit.inc();
+            self.reason = "over_limit";
+            return Action::Continue;
+        }
+        self.tenant = host::request_header(config.tenant_header())
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        self.sheddable = host::request_header(config.priority_header())
+            .ok()
+            .flatten()
+            .and_then(|v| v.trim().parse::<i64>().ok())
+            .is_some_and(|p| p < 0);
+        self.phase = Phase::Buffering(kind);
+        Action::Pause
+    }
+
+    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        let Phase::Buffering(kind) = self.phase else {
+            return Action::Continue;
+        };
+        let Some(shared) = self.shared.clone() else {
+            return Action::Continue;
+        };
+        let max = shared.router.try_borrow().map_or(0, |r| r.config().max_body_bytes());
+        if body_size > max {
+            shared.stats.skipped_over_limit.inc();
+            self.phase = Phase::PassThrough;
+            self.reason = "over_limit";
+            return Action::Continue;
+        }
+        if !end_of_stream {
+            return Action::Pause;
+        }
+        self.phase = Phase::PassThrough;
+        match host::buffer(BufferType::HttpRequestBody, 0, body_size) {
+            Ok(body) => self.decide(&shared, kind, &body),
+            Err(_) => {
+                shared.stats.skipped_error.inc();
+                Action::Continue
+            }
+        }
+    }
+
+    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        self.status = host::response_header(":status")
+            .ok()
+            .flatten()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let debug = self
+            .shared
+            .as_ref()
+            .and_then(|s| s.router.try_borrow().ok().map(|r| r.config().debug_headers()));
+        if debug == Some(true) {
+            if let Some(chosen) = &self.chosen {
+                let _ = host::add_response_header("x-kvroute-endpoint", chosen);
+            }
+            let _ = host::add_response_header("x-kvroute-reason", self.reason);
+        }
+        Action::Continue
+    }
+
+    fn on_http_response_body(&mut self, body_size: usize, _end_of_stream: bool) -> Action {
+        if matches!(self.phase, Phase::Routed { .. }) && body_size > 0 {
+            let start = body_size.saturating_sub(TAIL_BYTES);
+            if let Ok(chunk) = host::buffer(BufferType::HttpResponseBody, start, body_size - start) {
+                self.tail.extend_from_slice(&chunk);
+                let excess = self.tail.len().saturating_sub(TAIL_BYTES);
+                self.tail.drain(..excess);
+            }
+        }
+        Action::Continue
+    }
+
+    fn on_log(&mut self) {
+        let Phase::Routed { request_id } = self.phase else {
+            return;
+        };
+        let Some(shared) = self.shared.clone() else { return };
+        let served_by = host::property_string(&["upstream", "address"]).map(kvroute_core::EndpointId::new);
+        let cached = cached_tokens(&self.tail);
+        if let Some(c) = cached {
+            shared.stats.reported_cached_tokens.add(c);
+        }
+        let Ok(mut router) = shared.router.try_borrow_mut() else {
+            return;
+        };
+        let done = Completion {
+            served_by,
+            status: self.status,
+            cached_tokens: cached,
+        };
+        if let Some(flip) = router.on_completed(request_id, &done, host::now()) {
+            host::log(LogLevel::Warn, &format!("kvroute: passive health: {flip:?}"));
+        }
+    }
+}

@@ -1,0 +1,93 @@
+//! kvroute's proxy-wasm filter: a thin adapter between Envoy and `kvroute-core`.
+//!
+//! One module serves two roots in one VM group (same `vm_id`): the singleton scraping
+//! service (`root_id: kvroute.scraper`, an `envoy.bootstrap.wasm` service) and the HTTP
+//! filter on each worker (any other `root_id`). Both read the same JSON configuration.
+
+pub mod host;
+pub mod http;
+pub mod scraper;
+pub mod snapshot;
+pub mod stats;
+pub mod worker;
+
+use kvroute_core::Config;
+use proxy_wasm::traits::{Context, HttpContext, RootContext};
+use proxy_wasm::types::{BufferType, ContextType, LogLevel};
+
+use crate::http::Http;
+use crate::scraper::Scraper;
+use crate::worker::Worker;
+
+/// The header Envoy's `override_host` / `ORIGINAL_DST` cluster reads.
+pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
+/// The `root_id` that makes a root context the scraping service.
+pub const SCRAPER_ROOT_ID: &str = "kvroute.scraper";
+
+proxy_wasm::main! {{
+    proxy_wasm::set_log_level(LogLevel::Info);
+    std::panic::set_hook(Box::new(|info| host::log(LogLevel::Critical, &format!("kvroute panicked: {info}"))));
+    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root::Unconfigured) });
+}}
+
+enum Root {
+    Unconfigured,
+    Scraper(Scraper),
+    Worker(Worker),
+}
+
+impl Context for Root {
+    fn on_http_call_response(&mut self, token_id: u32, _num_headers: usize, body_size: usize, _num_trailers: usize) {
+        if let Root::Scraper(scraper) = self {
+            scraper.on_http_call_response(token_id, body_size);
+        }
+    }
+}
+
+impl RootContext for Root {
+    fn on_configure(&mut self, plugin_configuration_size: usize) -> bool {
+        let bytes = host::buffer(BufferType::PluginConfiguration, 0, plugin_configuration_size).unwrap_or_default();
+        let config = match Config::from_json(&bytes) {
+            Ok(c) if !c.endpoints().is_empty() => c,
+            Ok(_) => {
+                host::log(
+                    LogLevel::Critical,
+                    "invalid kvroute config: endpoints: list the vLLM servers (host:port) of the pool",
+                );
+                return false;
+            }
+            Err(e) => {
+                host::log(LogLevel::Critical, &e.to_string());
+                return false;
+            }
+        };
+        let root_id = host::property_string(&["plugin_root_id"]).unwrap_or_default();
+        *self = if root_id == SCRAPER_ROOT_ID {
+            Root::Scraper(Scraper::new(config))
+        } else {
+            Root::Worker(Worker::new(config))
+        };
+        true
+    }
+
+    fn on_tick(&mut self) {
+        match self {
+            Root::Scraper(s) => s.on_tick(),
+            Root::Worker(w) => w.on_tick(),
+            Root::Unconfigured => {}
+        }
+    }
+
+    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+        // Always a context: even an unconfigured filter must strip client routing headers.
+        let shared = match self {
+            Root::Worker(w) => Some(w.shared()),
+            _ => None,
+        };
+        Some(Box::new(Http::new(shared)))
+    }
+
+    fn get_type(&self) -> Option<ContextType> {
+        Some(ContextType::HttpContext)
+    }
+}

@@ -1,0 +1,114 @@
+//! Envoy stats the filter exports (they appear under `wasmcustom.` in `/stats`). Counters
+//! are defined by name in every VM and Envoy merges them, so the figures are gateway-wide.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+
+use proxy_wasm::types::MetricType;
+
+use crate::host;
+
+/// A metric id, or `None` when the host refused to define it (then updates are skipped).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Metric(Option<u32>);
+
+impl Metric {
+    fn define(kind: MetricType, name: &str) -> Metric {
+        Metric(host::define_metric(kind, name).ok())
+    }
+
+    pub fn inc(&self) {
+        self.add(1);
+    }
+
+    pub fn add(&self, by: u64) {
+        if let Some(id) = self.0 {
+            let _ = host::increment_metric(id, i64::try_from(by).unwrap_or(i64::MAX));
+        }
+    }
+
+    pub fn set(&self, value: u64) {
+        if let Some(id) = self.0 {
+            let _ = host::record_metric(id, value);
+        }
+    }
+}
+
+/// The request-path stats of a worker VM.
+#[derive(Debug, Default)]
+pub struct RequestStats {
+    pub prefix_hit: Metric,
+    pub cold: Metric,
+    pub fallback: Metric,
+    pub shed: Metric,
+    pub skipped_over_limit: Metric,
+    pub skipped_malformed: Metric,
+    pub skipped_error: Metric,
+    pub passthrough: Metric,
+    pub client_header_removed: Metric,
+    pub prompt_tokens: Metric,
+    pub predicted_cached_tokens: Metric,
+    pub reported_cached_tokens: Metric,
+    pub estimated_hit_permille: Metric,
+    pub snapshot_age_ms: Metric,
+    per_endpoint: RefCell<BTreeMap<String, Metric>>,
+}
+
+impl RequestStats {
+    pub fn define() -> RequestStats {
+        let c = |n: &str| Metric::define(MetricType::Counter, &format!("kvroute.{n}"));
+        let g = |n: &str| Metric::define(MetricType::Gauge, &format!("kvroute.{n}"));
+        RequestStats {
+            prefix_hit: c("decision.prefix_hit"),
+            cold: c("decision.cold"),
+            fallback: c("decision.fallback"),
+            shed: c("decision.shed"),
+            skipped_over_limit: c("skipped.over_limit"),
+            skipped_malformed: c("skipped.malformed"),
+            skipped_error: c("skipped.error"),
+            passthrough: c("passthrough"),
+            client_header_removed: c("client_destination_header_removed"),
+            prompt_tokens: c("tokens.prompt"),
+            predicted_cached_tokens: c("tokens.predicted_cached"),
+            reported_cached_tokens: c("tokens.reported_cached"),
+            estimated_hit_permille: g("estimated_prefix_hit_permille"),
+            snapshot_age_ms: g("snapshot_age_ms"),
+            per_endpoint: RefCell::new(BTreeMap::new()),
+        }
+    }
+
+    /// Counts a request sent to `endpoint` (`kvroute.endpoint.<ip_port>.chosen`).
+    pub fn chosen(&self, endpoint: &str) {
+        let Ok(mut map) = self.per_endpoint.try_borrow_mut() else {
+            return;
+        };
+        let metric = *map.entry(endpoint.to_string()).or_insert_with(|| {
+            let safe: String = endpoint
+                .chars()
+                .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+                .collect();
+            Metric::define(MetricType::Counter, &format!("kvroute.endpoint.{safe}.chosen"))
+        });
+        metric.inc();
+    }
+}
+
+/// The scraping service's stats.
+#[derive(Debug, Default)]
+pub struct ScrapeStats {
+    pub success: Metric,
+    pub failure: Metric,
+    pub healthy_endpoints: Metric,
+    pub published: Metric,
+}
+
+impl ScrapeStats {
+    pub fn define() -> ScrapeStats {
+        ScrapeStats {
+            success: Metric::define(MetricType::Counter, "kvroute.scrape.success"),
+            failure: Metric::define(MetricType::Counter, "kvroute.scrape.failure"),
+            healthy_endpoints: Metric::define(MetricType::Gauge, "kvroute.scrape.healthy_endpoints"),
+            published: Metric::define(MetricType::Counter, "kvroute.snapshot.published"),
+        }
+    }
+}

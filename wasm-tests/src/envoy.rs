@@ -1,0 +1,144 @@
+//! Runs the real Envoy (from `.venv/`, or `KVROUTE_ENVOY`) with one of the shipped configs
+//! in `envoy/`, its ports and pool rewritten to the test's, from the repository root so
+//! `dist/kvroute.wasm` loads. The process is killed when the handle drops.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::http_client;
+
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or(0)
+}
+
+pub struct Envoy {
+    child: Child,
+    pub port: u16,
+    pub admin: u16,
+    pub log: PathBuf,
+    _dir: tempdir::Dir,
+}
+
+mod tempdir {
+    use std::path::PathBuf;
+    pub struct Dir(pub PathBuf);
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+impl Envoy {
+    /// Starts `envoy/<config>` with the pool `127.0.0.1:8001..8004` replaced by `pool`
+    /// (in order) and `edit` applied to the config text; waits until it is ready.
+    pub fn start(config: &str, pool: &[u16], edit: impl Fn(String) -> String) -> Result<Envoy, String> {
+        let root = repo_root();
+        let binary = std::env::var("KVROUTE_ENVOY")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| root.join(".venv/bin/envoy"));
+        if !binary.exists() {
+            return Err(format!("no Envoy at {}: run `make setup-envoy`", binary.display()));
+        }
+        if !root.join("dist/kvroute.wasm").exists() {
+            return Err("no dist/kvroute.wasm: run `make build-wasm`".into());
+        }
+        let mut text = std::fs::read_to_string(root.join("envoy").join(config)).map_err(|e| e.to_string())?;
+        let (port, admin) = (free_port(), free_port());
+        for (i, p) in pool.iter().enumerate() {
+            let old = 8001 + i;
+            text = text.replace(&format!("127.0.0.1:{old}"), &format!("127.0.0.1:{p}"));
+            text = text.replace(&format!("port_value: {old} "), &format!("port_value: {p} "));
+        }
+        text = text.replace("port_value: 10000", &format!("port_value: {port}"));
+        text = text.replace("port_value: 9901", &format!("port_value: {admin}"));
+        let text = edit(text);
+        let dir = std::env::temp_dir().join(format!("kvroute-e2e-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let dir = tempdir::Dir(dir);
+        let cfg = dir.0.join("envoy.yaml");
+        let log = dir.0.join("envoy.log");
+        std::fs::write(&cfg, text).map_err(|e| e.to_string())?;
+        let child = Command::new(&binary)
+            .current_dir(&root)
+            .args([
+                "-c",
+                cfg.to_str().unwrap_or_default(),
+                "--concurrency",
+                "2",
+                "--use-dynamic-base-id",
+                "-l",
+                "info",
+            ])
+            .arg("--log-path")
+            .arg(&log)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", binary.display()))?;
+        let mut envoy = Envoy {
+            child,
+            port,
+            admin,
+            log,
+            _dir: dir,
+        };
+        envoy.wait_ready()?;
+        Ok(envoy)
+    }
+
+    fn wait_ready(&mut self) -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(format!("Envoy exited with {status}:\n{}", self.log_text()));
+            }
+            if http_client::request(self.admin, "GET", "/ready", &[], b"").is_ok_and(|r| r.status == 200) {
+                return Ok(());
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        Err(format!("Envoy not ready after 30 s:\n{}", self.log_text()))
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Whether the process is still running.
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// A counter or gauge from the admin `/stats` (0 when absent).
+    pub fn stat(&self, name: &str) -> u64 {
+        let Ok(r) = http_client::request(self.admin, "GET", &format!("/stats?filter=^{name}$"), &[], b"") else {
+            return 0;
+        };
+        r.body
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}: ")).and_then(|v| v.trim().parse().ok()))
+            .unwrap_or(0)
+    }
+
+    pub fn post(&self, path: &str, headers: &[(&str, &str)], body: &str) -> Result<http_client::Response, String> {
+        http_client::request(self.port, "POST", path, headers, body.as_bytes())
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

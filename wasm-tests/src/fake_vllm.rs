@@ -1,0 +1,245 @@
+//! A small stand-in for a vLLM server, for end-to-end tests of the filter in real Envoy:
+//! `/metrics` in vLLM 0.33's format (or the legacy pre-0.12 names) with load the test
+//! sets, `/health`, `/v1/models`, and chat/completions answers (JSON or SSE) that name the
+//! server in `x-served-by` and count what each server received. `kill()` closes the
+//! listener and every open connection, as a crashed server would.
+//!
+//! It is a test double: the simulator's live servers replace it where timing matters.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::Duration;
+
+/// The load a fake server reports on `/metrics`.
+#[derive(Clone, Debug)]
+pub struct Load {
+    pub running: u64,
+    pub waiting: u64,
+    pub kv: f64,
+}
+
+impl Load {
+    pub fn idle() -> Load {
+        Load {
+            running: 0,
+            waiting: 0,
+            kv: 0.02,
+        }
+    }
+    pub fn heavy() -> Load {
+        Load {
+            running: 120,
+            waiting: 60,
+            kv: 0.93,
+        }
+    }
+}
+
+struct State {
+    load: Mutex<Load>,
+    legacy: AtomicBool,
+    alive: AtomicBool,
+    inference: AtomicU64,
+    scrapes: AtomicU64,
+    streams: Mutex<Vec<TcpStream>>,
+}
+
+#[derive(Clone)]
+pub struct FakeVllm {
+    pub port: u16,
+    state: Arc<State>,
+}
+
+pub const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
+
+impl FakeVllm {
+    pub fn start(load: Load) -> std::io::Result<FakeVllm> {
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        listener.set_nonblocking(true)?;
+        let port = listener.local_addr()?.port();
+        let state = Arc::new(State {
+            load: Mutex::new(load),
+            legacy: AtomicBool::new(false),
+            alive: AtomicBool::new(true),
+            inference: AtomicU64::new(0),
+            scrapes: AtomicU64::new(0),
+            streams: Mutex::new(Vec::new()),
+        });
+        let s = Arc::clone(&state);
+        thread::spawn(move || accept_loop(listener, s, port));
+        Ok(FakeVllm { port, state })
+    }
+
+    pub fn address(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+    pub fn set_load(&self, load: Load) {
+        if let Ok(mut l) = self.state.load.lock() {
+            *l = load;
+        }
+    }
+    pub fn set_legacy_names(&self, legacy: bool) {
+        self.state.legacy.store(legacy, Ordering::SeqCst);
+    }
+    pub fn inference_requests(&self) -> u64 {
+        self.state.inference.load(Ordering::SeqCst)
+    }
+    pub fn scrapes(&self) -> u64 {
+        self.state.scrapes.load(Ordering::SeqCst)
+    }
+    /// Stops accepting and drops every open connection.
+    pub fn kill(&self) {
+        self.state.alive.store(false, Ordering::SeqCst);
+        if let Ok(streams) = self.state.streams.lock() {
+            for s in streams.iter() {
+                let _ = s.shutdown(Shutdown::Both);
+            }
+        }
+    }
+}
+
+impl Drop for State {
+    fn drop(&mut self) {
+        self.alive.store(false, Ordering::SeqCst);
+    }
+}
+
+fn accept_loop(listener: TcpListener, state: Arc<State>, port: u16) {
+    while state.alive.load(Ordering::SeqCst) && Arc::strong_count(&state) > 1 {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                let _ = stream.set_nonblocking(false);
+                if let (Ok(mut streams), Ok(clone)) = (state.streams.lock(), stream.try_clone()) {
+                    streams.push(clone);
+                }
+                let s = Arc::clone(&state);
+                thread::spawn(move || serve(stream, s, port));
+            }
+            Err(_) => thread::sleep(Duration::from_millis(5)),
+        }
+    }
+}
+
+struct Request {
+    method: String,
+    path: String,
+    body: Vec<u8>,
+}
+
+fn read_request(reader: &mut BufReader<TcpStream>) -> Option<Request> {
+    let mut line = String::new();
+    reader.read_line(&mut line).ok().filter(|n| *n > 0)?;
+    let mut parts = line.split_whitespace();
+    let (method, path) = (parts.next()?.to_string(), parts.next()?.to_string());
+    let mut length = 0usize;
+    loop {
+        let mut h = String::new();
+        reader.read_line(&mut h).ok().filter(|n| *n > 0)?;
+        let h = h.trim_end();
+        if h.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = h.split_once(':') {
+            if k.eq_ignore_ascii_case("content-length") {
+                length = v.trim().parse().ok()?;
+            }
+        }
+    }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).ok()?;
+    Some(Request { method, path, body })
+}
+
+fn serve(stream: TcpStream, state: Arc<State>, port: u16) {
+    let Ok(write_half) = stream.try_clone() else { return };
+    let mut writer = write_half;
+    let mut reader = BufReader::new(stream);
+    while let Some(req) = read_request(&mut reader) {
+        if !state.alive.load(Ordering::SeqCst) {
+            return;
+        }
+        let ok = match (req.method.as_str(), req.path.split('?').next().unwrap_or("")) {
+            ("GET", "/metrics") => {
+                state.scrapes.fetch_add(1, Ordering::SeqCst);
+                respond(&mut writer, 200, "text/plain; version=0.0.4", &metrics(&state), port)
+            }
+            ("GET", "/health") => respond(&mut writer, 200, "text/plain", b"", port),
+            ("GET", "/v1/models") => {
+                let body = format!(r#"{{"object":"list","data":[{{"id":"{MODEL}","object":"model"}}]}}"#);
+                respond(&mut writer, 200, "application/json", body.as_bytes(), port)
+            }
+            ("POST", "/v1/chat/completions") | ("POST", "/v1/completions") => {
+                state.inference.fetch_add(1, Ordering::SeqCst);
+                let stream = String::from_utf8_lossy(&req.body).contains("\"stream\":true");
+                if stream {
+                    respond_stream(&mut writer, port)
+                } else {
+                    let body = format!(
+                        r#"{{"id":"x","object":"chat.completion","model":"{MODEL}","choices":[{{"index":0,"message":{{"role":"assistant","content":"ok from {port}"}},"finish_reason":"stop"}}],"usage":{{"prompt_tokens":{},"completion_tokens":3,"prompt_tokens_details":{{"cached_tokens":0}}}}}}"#,
+                        req.body.len() / 4
+                    );
+                    respond(&mut writer, 200, "application/json", body.as_bytes(), port)
+                }
+            }
+            _ => respond(&mut writer, 404, "text/plain", b"not found\n", port),
+        };
+        if !ok {
+            return;
+        }
+    }
+}
+
+fn respond(w: &mut TcpStream, status: u16, content_type: &str, body: &[u8], port: u16) -> bool {
+    let head = format!(
+        "HTTP/1.1 {status} X\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nx-served-by: 127.0.0.1:{port}\r\n\r\n",
+        body.len()
+    );
+    w.write_all(head.as_bytes())
+        .and_then(|_| w.write_all(body))
+        .and_then(|_| w.flush())
+        .is_ok()
+}
+
+fn respond_stream(w: &mut TcpStream, port: u16) -> bool {
+    let head = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\nx-served-by: 127.0.0.1:{port}\r\n\r\n"
+    );
+    let mut ok = w.write_all(head.as_bytes()).is_ok();
+    for event in [
+        r#"data: {"choices":[{"index":0,"delta":{"role":"assistant","content":"ok"}}]}"#.to_string(),
+        r#"data: {"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":0}}}"#.to_string(),
+        "data: [DONE]".to_string(),
+    ] {
+        let chunk = format!("{event}\n\n");
+        ok = ok && w.write_all(format!("{:x}\r\n{chunk}\r\n", chunk.len()).as_bytes()).is_ok();
+    }
+    ok && w.write_all(b"0\r\n\r\n").and_then(|_| w.flush()).is_ok()
+}
+
+fn metrics(state: &State) -> Vec<u8> {
+    let load = state.load.lock().map(|l| l.clone()).unwrap_or_else(|_| Load::idle());
+    let labels = format!(r#"engine="0",model_name="{MODEL}""#);
+    let (kv_name, prefix) = if state.legacy.load(Ordering::SeqCst) {
+        ("vllm:gpu_cache_usage_perc", "vllm:gpu_prefix_cache")
+    } else {
+        ("vllm:kv_cache_usage_perc", "vllm:prefix_cache")
+    };
+    format!(
+        "# HELP vllm:num_requests_running Number of requests in model execution batches.\n\
+         # TYPE vllm:num_requests_running gauge\n\
+         vllm:num_requests_running{{{labels}}} {}.0\n\
+         # TYPE vllm:num_requests_waiting gauge\n\
+         vllm:num_requests_waiting{{{labels}}} {}.0\n\
+         # TYPE {kv_name} gauge\n\
+         {kv_name}{{{labels}}} {}\n\
+         # TYPE {prefix}_queries_total counter\n\
+         {prefix}_queries_total{{{labels}}} 1000.0\n\
+         {prefix}_hits_total{{{labels}}} 500.0\n\
+         vllm:cache_config_info{{block_size=\"16\",engine=\"0\",num_gpu_blocks=\"29205\"}} 1.0\n",
+        load.running, load.waiting, load.kv
+    )
+    .into_bytes()
+}
