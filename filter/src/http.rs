@@ -7,6 +7,7 @@
 
 use std::rc::Rc;
 
+use kvroute_core::config::ClusterShape;
 use kvroute_core::request::{parse, ApiKind};
 use kvroute_core::response::cached_tokens;
 use kvroute_core::{Completion, Outcome};
@@ -52,18 +53,15 @@ impl Http {
         }
     }
 
-    /// A client must never choose the upstream: drop the header on every request.
+    /// A client must never choose the upstream: remove the header on every request. The
+    /// removal is unconditional because a request-header change also makes Envoy pick the
+    /// route again, which matters when Envoy's own header_mutation filter already stripped
+    /// the header after the route was first chosen on it.
     fn strip_client_routing(&self) -> Result<(), ()> {
-        match host::request_header(DESTINATION_HEADER) {
-            Ok(None) => Ok(()),
-            Ok(Some(_)) => {
-                if let Some(s) = &self.shared {
-                    s.stats.client_header_removed.inc();
-                }
-                host::set_request_header(DESTINATION_HEADER, None).map_err(|_| ())
-            }
-            Err(_) => host::set_request_header(DESTINATION_HEADER, None).map_err(|_| ()),
+        if let (Some(s), Ok(Some(_))) = (&self.shared, host::request_header(DESTINATION_HEADER)) {
+            s.stats.client_header_removed.inc();
         }
+        host::set_request_header(DESTINATION_HEADER, None).map_err(|_| ())
     }
 
     fn decide(&mut self, shared: &Shared, kind: ApiKind, body: &[u8]) -> Action {
@@ -102,7 +100,12 @@ impl Http {
             Outcome::PrefixHit => shared.stats.prefix_hit.inc(),
             Outcome::Cold => shared.stats.cold.inc(),
         }
-        let Some(value) = decision.header_value() else {
+        // ORIGINAL_DST reads one address; override_host walks the whole list on retries.
+        let value = match router.config().cluster_shape() {
+            ClusterShape::OriginalDst => decision.best().map(ToString::to_string),
+            ClusterShape::OverrideHost => decision.header_value(),
+        };
+        let Some(value) = value else {
             return Action::Continue;
         };
         if host::set_request_header(DESTINATION_HEADER, Some(&value)).is_err() {

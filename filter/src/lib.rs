@@ -32,7 +32,7 @@ proxy_wasm::main! {{
 
 enum Root {
     Unconfigured,
-    Scraper(Scraper),
+    Scraper(Box<Scraper>),
     Worker(Worker),
 }
 
@@ -63,7 +63,7 @@ impl RootContext for Root {
         };
         let root_id = host::property_string(&["plugin_root_id"]).unwrap_or_default();
         *self = if root_id == SCRAPER_ROOT_ID {
-            Root::Scraper(Scraper::new(config))
+            Root::Scraper(Box::new(Scraper::new(config)))
         } else {
             Root::Worker(Worker::new(config))
         };

@@ -78,12 +78,9 @@ impl Worker {
         if self.published_at.0 > 0 {
             self.shared.stats.snapshot_age_ms.set(now.since(self.published_at));
         }
-        let prompt = self.shared.prompt_tokens.get();
-        if prompt > 0 {
-            self.shared
-                .stats
-                .estimated_hit_permille
-                .set(self.shared.predicted_cached.get().saturating_mul(1000) / prompt);
+        let cached = self.shared.predicted_cached.get().saturating_mul(1000);
+        if let Some(permille) = cached.checked_div(self.shared.prompt_tokens.get()) {
+            self.shared.stats.estimated_hit_permille.set(permille);
         }
     }
 

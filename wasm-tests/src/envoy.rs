@@ -41,7 +41,7 @@ mod tempdir {
 
 impl Envoy {
     /// Starts `envoy/<config>` with the pool `127.0.0.1:8001..8004` replaced by `pool`
-    /// (in order) and `edit` applied to the config text; waits until it is ready.
+    /// (in order; entries past `pool.len()` are dropped) and `edit` applied to the config text; waits until it is ready.
     pub fn start(config: &str, pool: &[u16], edit: impl Fn(String) -> String) -> Result<Envoy, String> {
         let root = repo_root();
         let binary = std::env::var("KVROUTE_ENVOY")
@@ -59,6 +59,14 @@ impl Envoy {
             let old = 8001 + i;
             text = text.replace(&format!("127.0.0.1:{old}"), &format!("127.0.0.1:{p}"));
             text = text.replace(&format!("port_value: {old} "), &format!("port_value: {p} "));
+        }
+        for unused in 8001 + pool.len()..=8004 {
+            text = text.replace(&format!(", \"127.0.0.1:{unused}\""), "");
+            text = text
+                .lines()
+                .filter(|l| !l.contains(&format!("port_value: {unused} ")))
+                .collect::<Vec<_>>()
+                .join("\n");
         }
         text = text.replace("port_value: 10000", &format!("port_value: {port}"));
         text = text.replace("port_value: 9901", &format!("port_value: {admin}"));

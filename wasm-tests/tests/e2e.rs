@@ -2,12 +2,16 @@
 //! shipped cluster shapes (`override_host` in envoy.yaml, `ORIGINAL_DST` in
 //! envoy-original-dst.yaml).
 
+#![allow(clippy::disallowed_methods)] // wall-time end-to-end tests read the clock
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] functions
+
 use std::collections::BTreeMap;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use kvroute_wasm_tests::envoy::Envoy;
 use kvroute_wasm_tests::fake_vllm::{FakeVllm, Load, MODEL};
+use kvroute_wasm_tests::http_client::{self, Response};
 
 const SHAPES: [&str; 2] = ["envoy.yaml", "envoy-original-dst.yaml"];
 
@@ -58,8 +62,12 @@ impl Fleet {
         (r.status, served, reason)
     }
 
-    fn index_of(&self, address: &str) -> Option<usize> {
-        self.servers.iter().position(|s| s.address() == address)
+    fn send(&self, path: &str, headers: &[(&str, &str)], body: &str) -> Response {
+        self.envoy.post(path, headers, body).unwrap()
+    }
+
+    fn stat(&self, name: &str) -> u64 {
+        self.envoy.stat(&format!("wasmcustom.kvroute.{name}"))
     }
 }
 
@@ -96,25 +104,213 @@ fn heavily_loaded_server_gets_almost_no_requests() {
 }
 
 #[test]
-fn probe_stats() {
-    let f = fleet(
-        "envoy.yaml",
-        vec![Load::heavy(), Load::idle(), Load::idle(), Load::idle()],
-    );
-    for i in 0..5 {
-        let r = f.chat(&long_prompt(&format!("t{i}")), "hello");
-        eprintln!("{r:?}");
+fn requests_sharing_a_long_prefix_land_on_one_server_and_distinct_prefixes_spread() {
+    for shape in SHAPES {
+        let f = fleet(shape, vec![Load::idle(), Load::idle(), Load::idle(), Load::idle()]);
+        let system = long_prompt("shared");
+        let served: Vec<String> = (0..20).map(|i| f.chat(&system, &format!("question {i}")).1).collect();
+        assert!(
+            served.iter().all(|s| *s == served[0]),
+            "{shape}: one prefix, several servers: {served:?}"
+        );
+        let reasons: Vec<String> = (0..5).map(|i| f.chat(&system, &format!("again {i}")).2).collect();
+        assert!(reasons.iter().all(|r| r == "prefix_hit"), "{shape}: {reasons:?}");
+        let spread: std::collections::BTreeSet<String> = (0..24)
+            .map(|i| f.chat(&long_prompt(&format!("group-{i}")), "q").1)
+            .collect();
+        assert!(
+            spread.len() >= 3,
+            "{shape}: distinct prefixes should spread: {spread:?}"
+        );
+        // One cold decision per worker VM at most, then hits (19 + 5 of the 25 siblings).
+        assert!(f.stat("decision.prefix_hit") >= 23, "{shape}: prefix hits not counted");
     }
-    let r = kvroute_wasm_tests::http_client::request(f.envoy.admin, "GET", "/stats?filter=kvroute", &[], b"").unwrap();
-    eprintln!("{}", r.body);
-    eprintln!(
-        "{}",
-        f.envoy
-            .log_text()
-            .lines()
-            .filter(|l| l.contains("wasm") || l.contains("kvroute"))
-            .take(20)
-            .collect::<Vec<_>>()
-            .join("\n")
+}
+
+#[test]
+fn a_killed_server_stops_receiving_requests_within_two_seconds() {
+    for shape in SHAPES {
+        let f = fleet(shape, vec![Load::idle(), Load::idle(), Load::idle(), Load::idle()]);
+        let victim = f.servers[1].address();
+        f.servers[1].kill();
+        let killed_at = Instant::now();
+        let mut late_choices_of_victim = 0;
+        let mut failures = Vec::new();
+        let mut n = 0;
+        while killed_at.elapsed() < Duration::from_secs(3) {
+            let body = chat_body(&long_prompt(&format!("k{n}")), "q", false);
+            let r = f.send("/v1/chat/completions", &[], &body);
+            let elapsed = killed_at.elapsed();
+            if r.header("x-kvroute-endpoint") == Some(victim.as_str()) && elapsed > Duration::from_secs(2) {
+                late_choices_of_victim += 1;
+            }
+            // override_host retries a refused connection on the next listed host, so every
+            // request succeeds; ORIGINAL_DST names one host, so requests may fail until the
+            // scrapes mark the server down (a reason to prefer override_host).
+            let must_succeed = shape == "envoy.yaml" || elapsed > Duration::from_secs(1);
+            if r.status != 200 && must_succeed {
+                failures.push((elapsed, r.status));
+            }
+            n += 1;
+            thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(
+            late_choices_of_victim, 0,
+            "{shape}: the dead server was still chosen after 2 s"
+        );
+        assert!(
+            failures.is_empty(),
+            "{shape}: requests failed after the kill: {failures:?}"
+        );
+        assert!(n > 30, "{shape}: only {n} requests in 3 s");
+        assert!(f.stat("scrape.failure") >= 2, "{shape}: scrape failures not counted");
+    }
+}
+
+#[test]
+fn a_client_sent_destination_header_is_ignored() {
+    for shape in SHAPES {
+        let f = fleet(shape, vec![Load::heavy(), Load::idle(), Load::idle(), Load::idle()]);
+        let heavy = f.servers[0].address();
+        for i in 0..10 {
+            let body = chat_body(&long_prompt(&format!("h{i}")), "q", false);
+            let r = f.send(
+                "/v1/chat/completions",
+                &[("x-gateway-destination-endpoint", heavy.as_str())],
+                &body,
+            );
+            assert_eq!(r.status, 200);
+            assert_ne!(
+                r.header("x-served-by"),
+                Some(heavy.as_str()),
+                "{shape}: the client chose the server"
+            );
+        }
+        // A header naming an address outside the pool (Envoy's own admin port) on a
+        // pass-through path must not reach it.
+        let admin = format!("127.0.0.1:{}", f.envoy.admin);
+        let r = http_client::request(
+            f.envoy.port,
+            "GET",
+            "/stats",
+            &[("x-gateway-destination-endpoint", admin.as_str())],
+            b"",
+        )
+        .unwrap();
+        assert_eq!(
+            r.status,
+            404,
+            "{shape}: reached {admin}: {}",
+            &r.body[..r.body.len().min(200)]
+        );
+        assert!(
+            r.header("x-served-by").is_some(),
+            "{shape}: not answered by a pool server"
+        );
+    }
+}
+
+#[test]
+fn servers_exporting_only_legacy_metric_names_are_scored_by_load() {
+    for shape in SHAPES {
+        let servers: Vec<FakeVllm> = [Load::heavy(), Load::idle(), Load::idle()]
+            .into_iter()
+            .map(|l| FakeVllm::start(l).unwrap())
+            .collect();
+        for s in &servers {
+            s.set_legacy_names(true);
+        }
+        let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
+        let envoy = Envoy::start(shape, &ports, debug_headers).unwrap();
+        let f = Fleet { servers, envoy };
+        f.wait_for_scrapes();
+        for i in 0..20 {
+            let (status, served, reason) = f.chat(&long_prompt(&format!("l{i}")), "q");
+            assert_eq!(status, 200, "{shape}");
+            assert_ne!(
+                served,
+                f.servers[0].address(),
+                "{shape}: request {i} went to the loaded server ({reason})"
+            );
+            assert_eq!(reason, "cold", "{shape}");
+        }
+    }
+}
+
+#[test]
+fn odd_requests_pass_and_envoy_stays_healthy() {
+    for shape in SHAPES {
+        let mut f = fleet(shape, vec![Load::idle(), Load::idle()]);
+        let json = [("content-type", "application/json")];
+        let r = f.send("/v1/chat/completions", &json, "{not json");
+        assert_eq!(
+            (r.status, r.header("x-kvroute-reason")),
+            (200, Some("malformed")),
+            "{shape}"
+        );
+        let huge = chat_body(&"x".repeat(5 << 20), "q", false);
+        let r = f.send("/v1/chat/completions", &json, &huge);
+        assert_eq!(
+            (r.status, r.header("x-kvroute-reason")),
+            (200, Some("over_limit")),
+            "{shape}"
+        );
+        let r = http_client::request(f.envoy.port, "GET", "/v1/models", &[], b"").unwrap();
+        assert_eq!(
+            (r.status, r.header("x-kvroute-reason")),
+            (200, Some("passthrough")),
+            "{shape}"
+        );
+        let r = f.send("/v1/unknown", &json, "{}");
+        assert_eq!(r.status, 404, "{shape}: {:?} {}", r.headers, r.body);
+        let r = f.send("/v1/chat/completions", &json, &chat_body("stream me", "q", true));
+        assert_eq!(r.status, 200, "{shape}");
+        assert!(r.body.contains("data: [DONE]"), "{shape}: {}", r.body);
+        let r = f.send(
+            "/v1/completions",
+            &json,
+            &format!(r#"{{"model":"{MODEL}","prompt":[1,2,3]}}"#),
+        );
+        assert_eq!((r.status, r.header("x-kvroute-reason")), (200, Some("cold")), "{shape}");
+        assert!(f.envoy.alive(), "{shape}: Envoy died");
+        assert_eq!(
+            f.envoy.stat("wasm.kvroute.vm_reload"),
+            0,
+            "{shape}: the wasm VM was reloaded"
+        );
+        assert_eq!(f.stat("skipped.malformed"), 1, "{shape}");
+        assert_eq!(f.stat("skipped.over_limit"), 1, "{shape}");
+        assert!(f.stat("passthrough") >= 2, "{shape}");
+    }
+}
+
+#[test]
+fn stats_move_as_the_decisions_did() {
+    let f = fleet("envoy.yaml", vec![Load::idle(), Load::idle(), Load::idle()]);
+    let system = long_prompt("stats");
+    let mut reasons = BTreeMap::new();
+    for i in 0..12 {
+        let (_, _, reason) = f.chat(&system, &format!("q{i}"));
+        *reasons.entry(reason).or_insert(0u64) += 1;
+    }
+    // Each of Envoy's 2 worker VMs keeps its own index, so a prefix is cold once per worker
+    // (rendezvous hashing still sends both to the same server).
+    let cold = reasons.get("cold").copied().unwrap_or(0);
+    assert!((1..=2).contains(&cold), "{reasons:?}");
+    assert_eq!(
+        reasons.get("prefix_hit").copied().unwrap_or(0) + cold,
+        12,
+        "{reasons:?}"
     );
+    assert_eq!(f.stat("decision.cold"), cold);
+    assert_eq!(f.stat("decision.prefix_hit"), 12 - cold);
+    let chosen: u64 = f
+        .servers
+        .iter()
+        .map(|s| f.stat(&format!("endpoint.127_0_0_1_{}.chosen", s.port)))
+        .sum();
+    assert_eq!(chosen, 12);
+    assert!(f.stat("tokens.predicted_cached") > 0 && f.stat("tokens.prompt") > f.stat("tokens.predicted_cached"));
+    assert!(f.stat("scrape.success") >= 6);
+    assert_eq!(f.stat("scrape.healthy_endpoints"), 3);
 }
