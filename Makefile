@@ -8,7 +8,7 @@ CARGO_BIN := $(or $(CARGO_HOME),$(HOME)/.cargo)/bin
 export PATH := $(CARGO_BIN):$(PATH)
 
 .PHONY: all setup setup-rust setup-wasm-bindgen setup-envoy build build-wasm test test-native test-wasm test-e2e \
-	validate-envoy check-core-deps lint bench run fmt
+	validate-envoy check-core-deps lint bench bench-filter run fmt
 
 ENVOY_VERSION := 1.40.0
 VENV := .venv
@@ -87,6 +87,10 @@ fmt:
 ## bench: criterion benches of the routing hot path
 bench:
 	$(CARGO) bench -p kvroute-core --bench route
+
+## bench-filter: the filter's added latency in real Envoy (1 KiB and 32 KiB bodies)
+bench-filter: setup-envoy build-wasm
+	KVROUTE_ENVOY=$(CURDIR)/$(ENVOY) $(CARGO) run --release -p kvroute-wasm-tests --bin filter-overhead
 
 run:
 	@echo "make run (simulated vLLM fleet + Envoy + kvroute vs round-robin) is not built yet:"

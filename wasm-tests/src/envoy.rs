@@ -24,6 +24,8 @@ pub fn free_port() -> u16 {
 pub struct Envoy {
     child: Child,
     pub port: u16,
+    /// The second listener of configs that have one (`port_value: 10001`).
+    pub port2: u16,
     pub admin: u16,
     pub log: PathBuf,
     _dir: tempdir::Dir,
@@ -54,7 +56,7 @@ impl Envoy {
             return Err("no dist/kvroute.wasm: run `make build-wasm`".into());
         }
         let mut text = std::fs::read_to_string(root.join("envoy").join(config)).map_err(|e| e.to_string())?;
-        let (port, admin) = (free_port(), free_port());
+        let (port, port2, admin) = (free_port(), free_port(), free_port());
         for (i, p) in pool.iter().enumerate() {
             let old = 8001 + i;
             text = text.replace(&format!("127.0.0.1:{old}"), &format!("127.0.0.1:{p}"));
@@ -69,6 +71,7 @@ impl Envoy {
                 .join("\n");
         }
         text = text.replace("port_value: 10000", &format!("port_value: {port}"));
+        text = text.replace("port_value: 10001", &format!("port_value: {port2}"));
         text = text.replace("port_value: 9901", &format!("port_value: {admin}"));
         let text = edit(text);
         let dir = std::env::temp_dir().join(format!("kvroute-e2e-{}-{port}", std::process::id()));
@@ -97,6 +100,7 @@ impl Envoy {
         let mut envoy = Envoy {
             child,
             port,
+            port2,
             admin,
             log,
             _dir: dir,

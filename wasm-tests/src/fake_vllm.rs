@@ -112,6 +112,9 @@ fn accept_loop(listener: TcpListener, state: Arc<State>, port: u16) {
         match listener.accept() {
             Ok((stream, _)) => {
                 let _ = stream.set_nonblocking(false);
+                // Responses are small writes; without this, Nagle's algorithm meets the
+                // peer's delayed ACK and stalls them about 40 ms.
+                let _ = stream.set_nodelay(true);
                 if let (Ok(mut streams), Ok(clone)) = (state.streams.lock(), stream.try_clone()) {
                     streams.push(clone);
                 }

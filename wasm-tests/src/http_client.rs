@@ -82,3 +82,64 @@ fn dechunk(mut data: &[u8]) -> Vec<u8> {
     }
     out
 }
+
+/// One keep-alive HTTP/1.1 connection for latency measurements: requests are sent one at
+/// a time and each response must carry `content-length` (the test servers' do).
+pub struct KeepAlive {
+    reader: std::io::BufReader<TcpStream>,
+    writer: TcpStream,
+    port: u16,
+}
+
+impl KeepAlive {
+    pub fn connect(port: u16) -> Result<KeepAlive, String> {
+        let s = TcpStream::connect(("127.0.0.1", port)).map_err(|e| format!("connect {port}: {e}"))?;
+        s.set_nodelay(true).map_err(|e| e.to_string())?;
+        s.set_read_timeout(Some(Duration::from_secs(20)))
+            .map_err(|e| e.to_string())?;
+        let writer = s.try_clone().map_err(|e| e.to_string())?;
+        Ok(KeepAlive {
+            reader: std::io::BufReader::new(s),
+            writer,
+            port,
+        })
+    }
+
+    /// Sends a POST and returns the status once the whole response body was read.
+    pub fn post(&mut self, path: &str, body: &[u8]) -> Result<u16, String> {
+        use std::io::BufRead;
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nhost: 127.0.0.1:{}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            self.port,
+            body.len()
+        );
+        self.writer
+            .write_all(head.as_bytes())
+            .and_then(|_| self.writer.write_all(body))
+            .map_err(|e| e.to_string())?;
+        let mut line = String::new();
+        self.reader.read_line(&mut line).map_err(|e| e.to_string())?;
+        let status = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .ok_or(format!("bad status line {line:?}"))?;
+        let mut length = 0usize;
+        loop {
+            line.clear();
+            self.reader.read_line(&mut line).map_err(|e| e.to_string())?;
+            let l = line.trim_end();
+            if l.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = l.split_once(':') {
+                if k.eq_ignore_ascii_case("content-length") {
+                    length = v.trim().parse().map_err(|_| "bad content-length".to_string())?;
+                }
+            }
+        }
+        let mut body = vec![0; length];
+        self.reader.read_exact(&mut body).map_err(|e| e.to_string())?;
+        Ok(status)
+    }
+}
