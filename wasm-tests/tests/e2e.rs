@@ -286,31 +286,38 @@ fn odd_requests_pass_and_envoy_stays_healthy() {
 
 #[test]
 fn stats_move_as_the_decisions_did() {
-    let f = fleet("envoy.yaml", vec![Load::idle(), Load::idle(), Load::idle()]);
-    let system = long_prompt("stats");
-    let mut reasons = BTreeMap::new();
-    for i in 0..12 {
-        let (_, _, reason) = f.chat(&system, &format!("q{i}"));
-        *reasons.entry(reason).or_insert(0u64) += 1;
+    for shape in SHAPES {
+        let f = fleet(shape, vec![Load::idle(), Load::idle(), Load::idle()]);
+        let system = long_prompt("stats");
+        let mut reasons = BTreeMap::new();
+        for i in 0..12 {
+            let (_, _, reason) = f.chat(&system, &format!("q{i}"));
+            *reasons.entry(reason).or_insert(0u64) += 1;
+        }
+        // Each of Envoy's 2 worker VMs keeps its own index, so a prefix is cold once per worker
+        // (rendezvous hashing still sends both to the same server).
+        let cold = reasons.get("cold").copied().unwrap_or(0);
+        assert!((1..=2).contains(&cold), "{shape}: {reasons:?}");
+        assert_eq!(
+            reasons.get("prefix_hit").copied().unwrap_or(0) + cold,
+            12,
+            "{shape}: {reasons:?}"
+        );
+        assert_eq!(f.stat("decision.cold"), cold, "{shape}");
+        assert_eq!(f.stat("decision.prefix_hit"), 12 - cold, "{shape}");
+        let chosen: u64 = f
+            .servers
+            .iter()
+            .map(|s| f.stat(&format!("endpoint.127_0_0_1_{}.chosen", s.port)))
+            .sum();
+        assert_eq!(chosen, 12, "{shape}");
+        let (prompt, cached) = (f.stat("tokens.prompt"), f.stat("tokens.predicted_cached"));
+        assert!(
+            cached > 0 && prompt > cached,
+            "{shape}: prompt {prompt}, predicted cached {cached}"
+        );
+        assert!(f.stat("scrape.success") >= 6, "{shape}");
+        assert_eq!(f.stat("scrape.healthy_endpoints"), 3, "{shape}");
+        assert_eq!(f.stat("decision.fallback") + f.stat("decision.shed"), 0, "{shape}");
     }
-    // Each of Envoy's 2 worker VMs keeps its own index, so a prefix is cold once per worker
-    // (rendezvous hashing still sends both to the same server).
-    let cold = reasons.get("cold").copied().unwrap_or(0);
-    assert!((1..=2).contains(&cold), "{reasons:?}");
-    assert_eq!(
-        reasons.get("prefix_hit").copied().unwrap_or(0) + cold,
-        12,
-        "{reasons:?}"
-    );
-    assert_eq!(f.stat("decision.cold"), cold);
-    assert_eq!(f.stat("decision.prefix_hit"), 12 - cold);
-    let chosen: u64 = f
-        .servers
-        .iter()
-        .map(|s| f.stat(&format!("endpoint.127_0_0_1_{}.chosen", s.port)))
-        .sum();
-    assert_eq!(chosen, 12);
-    assert!(f.stat("tokens.predicted_cached") > 0 && f.stat("tokens.prompt") > f.stat("tokens.predicted_cached"));
-    assert!(f.stat("scrape.success") >= 6);
-    assert_eq!(f.stat("scrape.healthy_endpoints"), 3);
 }
