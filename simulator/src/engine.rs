@@ -1,0 +1,331 @@
+//! One simulated vLLM server: a scheduler like vLLM v1's over the paged KV cache.
+//!
+//! Each step: running requests first (a decode token each, or the next chunk of their
+//! prefill), then waiting requests in FCFS order while the token budget
+//! (`max_num_batched_tokens`), `max_num_seqs` and free blocks allow; a new request first
+//! takes the cached blocks of its longest cached prefix (always leaving at least one token
+//! to compute). When a running request needs a block and none is free, the most recently
+//! admitted running request is preempted by recompute: its blocks are freed and it goes
+//! back to the head of the queue, to prefill its prompt and the tokens it had generated.
+//! No new request is admitted in a step that preempted. The step's duration comes from the
+//! profile; its tokens appear when it ends.
+//!
+//! Time is a parameter (ms as f64): the replay passes virtual time, the live servers wall time.
+
+use std::collections::VecDeque;
+
+use crate::kv::{BlockId, KvCache};
+use crate::profile::{Profile, BLOCK_TOKENS};
+
+/// A request as the engine sees it: token counts and its prompt's 16-token block hashes.
+#[derive(Clone, Debug)]
+pub struct SeqSpec {
+    pub id: u64,
+    pub prompt_tokens: u64,
+    pub output_tokens: u64,
+    /// Chained hashes of the prompt's full 16-token blocks.
+    pub block_hashes: Vec<u64>,
+}
+
+#[derive(Clone, Debug)]
+struct Seq {
+    spec: SeqSpec,
+    arrival: f64,
+    prefill_target: u64,
+    computed: u64,
+    generated: u64,
+    blocks: Vec<BlockId>,
+    cached_tokens: Option<u64>,
+    first_token: Option<f64>,
+    last_token: f64,
+    itl_sum: f64,
+    preemptions: u32,
+}
+
+/// What a step produced.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    FirstToken { id: u64, at: f64 },
+    Token { id: u64, at: f64 },
+    Finished(Finished),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Finished {
+    pub id: u64,
+    pub arrival: f64,
+    pub first_token: f64,
+    pub finish: f64,
+    pub prompt_tokens: u64,
+    pub output_tokens: u64,
+    pub cached_tokens: u64,
+    /// Mean inter-token latency in ms (0 for a single output token).
+    pub itl_mean: f64,
+    pub preemptions: u32,
+}
+
+/// Counters a vLLM server exports (token counts, not requests, for the prefix cache).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Counters {
+    pub prompt_tokens: u64,
+    pub generation_tokens: u64,
+    pub prefix_queries: u64,
+    pub prefix_hits: u64,
+    pub preemptions: u64,
+    pub finished: u64,
+    pub ttft_s: Vec<f64>,
+    pub itl_s: Vec<f64>,
+    pub e2e_s: Vec<f64>,
+}
+
+pub struct Engine {
+    profile: Profile,
+    kv: KvCache,
+    waiting: VecDeque<Seq>,
+    running: Vec<Seq>,
+    /// New tokens per running request this step: `plan[j]` is for `running[j]`.
+    plan: Vec<u64>,
+    plan_ms: f64,
+    pub counters: Counters,
+    /// Sum over steps of KV usage, and steps, for the mean usage.
+    usage_sum: f64,
+    steps: u64,
+}
+
+impl Engine {
+    pub fn new(profile: Profile) -> Engine {
+        let kv = KvCache::new(profile.num_gpu_blocks);
+        Engine {
+            profile,
+            kv,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            plan: Vec::new(),
+            plan_ms: 0.0,
+            counters: Counters::default(),
+            usage_sum: 0.0,
+            steps: 0,
+        }
+    }
+
+    pub fn profile(&self) -> &Profile {
+        &self.profile
+    }
+    pub fn kv(&self) -> &KvCache {
+        &self.kv
+    }
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+    pub fn mean_kv_usage(&self) -> f64 {
+        if self.steps == 0 {
+            0.0
+        } else {
+            self.usage_sum / self.steps as f64
+        }
+    }
+
+    /// Prefill tokens still to compute, over queued and running requests (the oracle's view).
+    pub fn pending_prefill_tokens(&self) -> u64 {
+        self.waiting
+            .iter()
+            .chain(&self.running)
+            .map(|s| s.prefill_target - s.computed.min(s.prefill_target))
+            .sum()
+    }
+
+    pub fn has_work(&self) -> bool {
+        !self.waiting.is_empty() || !self.running.is_empty()
+    }
+
+    pub fn add(&mut self, spec: SeqSpec, now: f64) {
+        debug_assert!(spec.output_tokens >= 1, "a request generates at least one token");
+        let prefill_target = spec.prompt_tokens.max(1);
+        self.waiting.push_back(Seq {
+            spec,
+            arrival: now,
+            prefill_target,
+            computed: 0,
+            generated: 0,
+            blocks: Vec::new(),
+            cached_tokens: None,
+            first_token: None,
+            last_token: now,
+            itl_sum: 0.0,
+            preemptions: 0,
+        });
+    }
+
+    fn blocks_for(tokens: u64) -> usize {
+        tokens.div_ceil(BLOCK_TOKENS) as usize
+    }
+
+    /// Plans the next step and returns its duration in ms (`None` when nothing can run).
+    pub fn start_step(&mut self) -> Option<f64> {
+        debug_assert!(self.plan.is_empty(), "a step is already in flight");
+        let mut budget = self.profile.max_num_batched_tokens;
+        let preemptions_before = self.counters.preemptions;
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let s = &self.running[i];
+            let num_new = if s.computed < s.prefill_target {
+                (s.prefill_target - s.computed).min(budget)
+            } else {
+                1
+            };
+            let need = Self::blocks_for(s.computed + num_new).saturating_sub(s.blocks.len());
+            if !self.make_room(need, i) {
+                continue; // running[i] itself was preempted (it was the last one)
+            }
+            if let Some(new) = self.kv.allocate(need) {
+                self.running[i].blocks.extend(new);
+            }
+            self.plan.push(num_new);
+            budget -= num_new;
+            i += 1;
+        }
+        let preempted = self.counters.preemptions > preemptions_before;
+        while !preempted && budget > 0 && self.running.len() < self.profile.max_num_seqs {
+            let Some(num_new) = self.admit(budget) else { break };
+            budget -= num_new;
+        }
+        if self.plan.is_empty() {
+            return None;
+        }
+        let (mut new_tokens, mut pairs, mut context) = (0u64, 0.0f64, 0u64);
+        for (s, n) in self.running.iter().zip(&self.plan) {
+            new_tokens += n;
+            pairs += *n as f64 * (s.computed as f64 + *n as f64 / 2.0);
+            context += s.computed + n;
+        }
+        self.plan_ms = self.profile.step_ms(new_tokens, pairs, context);
+        Some(self.plan_ms)
+    }
+
+    /// Frees blocks by preempting the latest-admitted running requests until `need` are
+    /// free. Returns false if request `i` itself had to be preempted.
+    fn make_room(&mut self, need: usize, i: usize) -> bool {
+        while (self.kv.free_blocks() as usize) < need {
+            let victim = self.running.len() - 1;
+            let mut s = self.running.remove(victim);
+            self.kv.release(&s.blocks);
+            s.blocks.clear();
+            s.prefill_target = s.spec.prompt_tokens.max(1) + s.generated;
+            s.computed = 0;
+            s.preemptions += 1;
+            self.counters.preemptions += 1;
+            self.waiting.push_front(s);
+            if victim == i {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Admits the head of the queue if it fits; returns the tokens it computes this step.
+    fn admit(&mut self, budget: u64) -> Option<u64> {
+        let s = self.waiting.front()?;
+        let usable_hits = ((s.prefill_target - 1) / BLOCK_TOKENS) as usize;
+        let hits = self.kv.cached_prefix(&s.spec.block_hashes).min(usable_hits);
+        let hashes = s.spec.block_hashes.clone();
+        let acquired = self.kv.acquire_cached(&hashes, hits);
+        let hit_tokens = acquired.len() as u64 * BLOCK_TOKENS;
+        let num_new = (s.prefill_target - hit_tokens).min(budget);
+        let need = Self::blocks_for(hit_tokens + num_new) - acquired.len();
+        let Some(fresh) = self.kv.allocate(need) else {
+            self.kv.release(&acquired);
+            return None;
+        };
+        let mut s = self.waiting.pop_front()?;
+        if s.cached_tokens.is_none() {
+            s.cached_tokens = Some(hit_tokens);
+            self.counters.prompt_tokens += s.spec.prompt_tokens;
+            self.counters.prefix_queries += s.spec.prompt_tokens;
+            self.counters.prefix_hits += hit_tokens;
+        }
+        s.computed = hit_tokens;
+        s.blocks = acquired;
+        s.blocks.extend(fresh);
+        self.plan.push(num_new);
+        self.running.push(s);
+        Some(num_new)
+    }
+
+    /// Applies the step planned by `start_step`, ending at `now`.
+    pub fn finish_step(&mut self, now: f64) -> Vec<Event> {
+        let plan = std::mem::take(&mut self.plan);
+        let mut events = Vec::new();
+        self.usage_sum += self.kv.usage();
+        self.steps += 1;
+        let mut pos = 0;
+        for n in plan {
+            let s = &mut self.running[pos];
+            let id = s.spec.id;
+            let was_prefilling = s.computed < s.prefill_target;
+            s.computed += n;
+            if was_prefilling && s.computed < s.prefill_target {
+                Self::register_full_blocks(&mut self.kv, s);
+                pos += 1;
+                continue;
+            }
+            s.generated += 1;
+            self.counters.generation_tokens += 1;
+            Self::register_full_blocks(&mut self.kv, s);
+            if s.first_token.is_none() {
+                s.first_token = Some(now);
+                events.push(Event::FirstToken { id, at: now });
+            } else {
+                s.itl_sum += now - s.last_token;
+                events.push(Event::Token { id, at: now });
+            }
+            s.last_token = now;
+            if s.generated >= s.spec.output_tokens {
+                let s = self.running.remove(pos);
+                self.kv.release(&s.blocks);
+                events.push(Event::Finished(self.finish(s, now)));
+            } else {
+                pos += 1;
+            }
+        }
+        events
+    }
+
+    fn register_full_blocks(kv: &mut KvCache, s: &Seq) {
+        let full = ((s.computed.min(s.spec.prompt_tokens)) / BLOCK_TOKENS) as usize;
+        for (block, hash) in s.blocks.iter().zip(&s.spec.block_hashes).take(full) {
+            kv.register(*block, *hash);
+        }
+    }
+
+    fn finish(&mut self, s: Seq, now: f64) -> Finished {
+        let first = s.first_token.unwrap_or(now);
+        let itl_mean = if s.generated > 1 {
+            s.itl_sum / (s.generated - 1) as f64
+        } else {
+            0.0
+        };
+        self.counters.finished += 1;
+        self.counters.ttft_s.push((first - s.arrival) / 1000.0);
+        self.counters.e2e_s.push((now - s.arrival) / 1000.0);
+        if s.generated > 1 {
+            self.counters.itl_s.push(itl_mean / 1000.0);
+        }
+        Finished {
+            id: s.spec.id,
+            arrival: s.arrival,
+            first_token: first,
+            finish: now,
+            prompt_tokens: s.spec.prompt_tokens,
+            output_tokens: s.generated,
+            cached_tokens: s.cached_tokens.unwrap_or(0),
+            itl_mean,
+            preemptions: s.preemptions,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

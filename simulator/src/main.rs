@@ -1,0 +1,2 @@
+//! `kvroute-sim`: replay | serve | bench.
+fn main() {}

@@ -1,0 +1,89 @@
+use super::*;
+
+#[test]
+fn mooncake_lines_expand_to_512_token_blocks_with_a_partial_last_one() {
+    let reqs =
+        parse_mooncake("{\"timestamp\": 5, \"input_length\": 1100, \"output_length\": 3, \"hash_ids\": [1, 2, 3]}\n")
+            .unwrap();
+    assert_eq!(reqs[0].input_tokens(), 1100);
+    assert_eq!(
+        reqs[0].segments.iter().map(|s| s.tokens).collect::<Vec<_>>(),
+        vec![512, 512, 76]
+    );
+    assert_eq!(reqs[0].prompt_text().len(), 4400);
+}
+
+#[test]
+fn mooncake_requests_sharing_hash_ids_share_text() {
+    let reqs = parse_mooncake(
+        "{\"timestamp\": 0, \"input_length\": 1024, \"output_length\": 1, \"hash_ids\": [7, 8]}\n{\"timestamp\": 1, \"input_length\": 1024, \"output_length\": 1, \"hash_ids\": [7, 9]}",
+    )
+    .unwrap();
+    let (a, b) = (reqs[0].prompt_text(), reqs[1].prompt_text());
+    assert_eq!(a[..2048], b[..2048]);
+    assert_ne!(a[2048..], b[2048..]);
+}
+
+#[test]
+fn malformed_trace_lines_are_rejected_with_their_line_number() {
+    let err =
+        parse_mooncake("{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1]}\n{oops}\n")
+            .unwrap_err();
+    assert!(format!("{err:#}").contains("line 2"), "{err:#}");
+    let err = parse_mooncake("{\"timestamp\": 0, \"input_length\": 2000, \"output_length\": 1, \"hash_ids\": [1]}")
+        .unwrap_err();
+    assert!(format!("{err:#}").contains("line 1"), "{err:#}");
+    let err = parse_azure(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.97,12\n",
+        0,
+        0,
+    )
+    .unwrap_err();
+    assert!(format!("{err:#}").contains("line 2"), "{err:#}");
+}
+
+#[test]
+fn azure_timestamps_become_relative_ms_and_the_overlay_shares_half_the_context() {
+    let csv = "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 23:59:59.5000000,1000,10\n2023-11-17 00:00:01.0000000,1000,20\n";
+    let plain = parse_azure(csv, 0, 0).unwrap();
+    assert_eq!(plain[1].arrival_ms, 1500.0);
+    assert_eq!(plain[1].output_tokens, 20);
+    let overlaid = parse_azure(csv, 1, 0).unwrap();
+    let (a, b) = (overlaid[0].prompt_text(), overlaid[1].prompt_text());
+    assert_eq!(
+        a[..448 * 4],
+        b[..448 * 4],
+        "448 of 1000 tokens (half, in 64-token steps) shared"
+    );
+    assert_ne!(a[448 * 4..], b[448 * 4..]);
+}
+
+#[test]
+fn shared_prefix_defaults_make_1024_requests_in_64_groups() {
+    let reqs = generate(Generator::SharedPrefix, &GenParams::defaults(Generator::SharedPrefix));
+    assert_eq!(reqs.len(), 1024);
+    assert!(reqs.windows(2).all(|w| w[0].arrival_ms <= w[1].arrival_ms));
+    assert!(reqs
+        .iter()
+        .all(|r| r.input_tokens() == 2048 + 128 && r.output_tokens == 256));
+    let systems: std::collections::BTreeSet<u64> = reqs.iter().map(|r| r.segments[0].seed).collect();
+    assert_eq!(systems.len(), 64);
+}
+
+#[test]
+fn multi_turn_prompts_extend_their_history() {
+    let reqs = generate(Generator::MultiTurn, &GenParams::defaults(Generator::MultiTurn));
+    let first_conv: Vec<&SimRequest> = reqs.iter().filter(|r| r.segments[0] == reqs[0].segments[0]).collect();
+    assert_eq!(first_conv.len(), 6);
+    for w in first_conv.windows(2) {
+        assert!(w[1].segments.starts_with(&w[0].segments));
+    }
+}
+
+#[test]
+fn generators_are_deterministic_per_seed() {
+    let p = GenParams::defaults(Generator::Rag);
+    assert_eq!(generate(Generator::Rag, &p), generate(Generator::Rag, &p));
+    let other = GenParams { seed: 1, ..p.clone() };
+    assert_ne!(generate(Generator::Rag, &p), generate(Generator::Rag, &other));
+}
