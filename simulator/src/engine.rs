@@ -16,6 +16,7 @@ use std::collections::VecDeque;
 
 use crate::kv::{BlockId, KvCache};
 use crate::profile::{Profile, BLOCK_TOKENS};
+use crate::prom::{Histogram, View, E2E_BOUNDS, ITL_BOUNDS, TTFT_BOUNDS};
 
 /// A request as the engine sees it: token counts and its prompt's 16-token block hashes.
 #[derive(Clone, Debug)]
@@ -65,7 +66,7 @@ pub struct Finished {
 }
 
 /// Counters a vLLM server exports (token counts, not requests, for the prefix cache).
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Counters {
     pub prompt_tokens: u64,
     pub generation_tokens: u64,
@@ -73,9 +74,25 @@ pub struct Counters {
     pub prefix_hits: u64,
     pub preemptions: u64,
     pub finished: u64,
-    pub ttft_s: Vec<f64>,
-    pub itl_s: Vec<f64>,
-    pub e2e_s: Vec<f64>,
+    pub ttft: Histogram,
+    pub itl: Histogram,
+    pub e2e: Histogram,
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Counters {
+            prompt_tokens: 0,
+            generation_tokens: 0,
+            prefix_queries: 0,
+            prefix_hits: 0,
+            preemptions: 0,
+            finished: 0,
+            ttft: Histogram::new(TTFT_BOUNDS),
+            itl: Histogram::new(ITL_BOUNDS),
+            e2e: Histogram::new(E2E_BOUNDS),
+        }
+    }
 }
 
 pub struct Engine {
@@ -135,6 +152,31 @@ impl Engine {
             .chain(&self.running)
             .map(|s| s.prefill_target - s.computed.min(s.prefill_target))
             .sum()
+    }
+
+    /// The server's `/metrics` body now (`legacy`: pre-0.12 family names).
+    pub fn metrics_text(&self, legacy: bool, created: f64) -> String {
+        let c = &self.counters;
+        crate::prom::render(
+            &View {
+                model: self.profile.model.served_name(),
+                running: self.running.len(),
+                waiting: self.waiting.len(),
+                kv_usage: self.kv.usage(),
+                prompt_tokens: c.prompt_tokens,
+                generation_tokens: c.generation_tokens,
+                prefix_queries: c.prefix_queries,
+                prefix_hits: c.prefix_hits,
+                preemptions: c.preemptions,
+                finished: c.finished,
+                num_gpu_blocks: self.kv.num_blocks(),
+                ttft: &c.ttft,
+                itl: &c.itl,
+                e2e: &c.e2e,
+                created,
+            },
+            legacy,
+        )
     }
 
     pub fn has_work(&self) -> bool {
@@ -308,10 +350,10 @@ impl Engine {
             0.0
         };
         self.counters.finished += 1;
-        self.counters.ttft_s.push((first - s.arrival) / 1000.0);
-        self.counters.e2e_s.push((now - s.arrival) / 1000.0);
+        self.counters.ttft.observe((first - s.arrival) / 1000.0);
+        self.counters.e2e.observe((now - s.arrival) / 1000.0);
         if s.generated > 1 {
-            self.counters.itl_s.push(itl_mean / 1000.0);
+            self.counters.itl.observe(itl_mean / 1000.0);
         }
         Finished {
             id: s.spec.id,

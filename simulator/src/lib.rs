@@ -8,6 +8,10 @@
 
 pub mod engine;
 pub mod kv;
+pub mod policies;
 pub mod profile;
+pub mod prom;
+pub mod replay;
+pub mod report;
 pub mod tokens;
 pub mod workload;

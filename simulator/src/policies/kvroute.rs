@@ -1,0 +1,68 @@
+//! kvroute in the replay: `kvroute-core`'s `Router`, configured by the same JSON as the
+//! filter, fed the scraped metrics and completions exactly as the filter feeds it.
+
+use kvroute_core::request::{parse, ApiKind};
+use kvroute_core::{Completion, Config, EndpointId, Millis, Router, VllmMetrics};
+
+use super::{Incoming, Outstanding, Policy};
+use crate::engine::{Engine, Finished};
+
+pub struct Kvroute {
+    router: Router,
+    ids: Vec<EndpointId>,
+    /// Used only if the router chooses nothing (no endpoint may serve).
+    outstanding: Outstanding,
+}
+
+/// The address the replay gives simulated server `i` (the filter would see `ip:port`).
+pub fn endpoint_id(i: usize) -> EndpointId {
+    EndpointId::new(format!("127.0.0.1:{}", 8001 + i))
+}
+
+impl Kvroute {
+    pub fn new(servers: usize, config: &Config) -> Kvroute {
+        let ids: Vec<EndpointId> = (0..servers).map(endpoint_id).collect();
+        let mut router = Router::new(config.clone());
+        router.on_endpoints(&ids);
+        Kvroute {
+            router,
+            ids,
+            outstanding: Outstanding::new(servers),
+        }
+    }
+
+    fn index_of(&self, id: &EndpointId) -> Option<usize> {
+        self.ids.iter().position(|e| e == id)
+    }
+}
+
+impl Policy for Kvroute {
+    fn pick(&mut self, req: &Incoming, _: &[Engine], now_ms: f64) -> usize {
+        let now = Millis(now_ms as u64);
+        let chosen = parse(ApiKind::Chat, req.body).ok().and_then(|parsed| {
+            let r = self.router.request(&parsed, "", false);
+            let d = self.router.route(&r, now);
+            let s = d.best().and_then(|b| self.index_of(b))?;
+            self.router.on_routed(req.id, &r, &d, now);
+            Some(s)
+        });
+        let s = chosen.unwrap_or_else(|| {
+            let load = self.outstanding.get();
+            (0..load.len()).min_by_key(|s| load[*s]).unwrap_or(0)
+        });
+        self.outstanding.sent(s);
+        s
+    }
+    fn on_scrape(&mut self, s: usize, m: &VllmMetrics, _: &str, now_ms: f64) {
+        self.router.on_metrics(&self.ids[s], m.clone(), Millis(now_ms as u64));
+    }
+    fn on_finished(&mut self, s: usize, f: &Finished, now_ms: f64) {
+        self.outstanding.done(s);
+        let done = Completion {
+            served_by: Some(self.ids[s].clone()),
+            status: 200,
+            cached_tokens: Some(f.cached_tokens),
+        };
+        self.router.on_completed(f.id, &done, Millis(now_ms as u64));
+    }
+}

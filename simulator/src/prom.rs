@@ -1,0 +1,333 @@
+//! `/metrics` exactly as vLLM 0.33 prints it (family names, help texts, labels, bucket
+//! bounds, `_created` gauges and the Python client's float formatting), for the families a
+//! router reads plus the latency histograms; `legacy` switches to the pre-0.12 names
+//! (`vllm:gpu_cache_usage_perc`, `vllm:gpu_prefix_cache_*`, no `engine` label).
+
+use std::fmt::Write;
+
+/// A Prometheus histogram with fixed upper bounds (cumulative counts are built on render).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Histogram {
+    bounds: &'static [f64],
+    counts: Vec<u64>,
+    pub sum: f64,
+    pub count: u64,
+}
+
+pub const TTFT_BOUNDS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+    160.0, 640.0, 2560.0,
+];
+pub const ITL_BOUNDS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+];
+pub const E2E_BOUNDS: &[f64] = &[
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0,
+    1920.0, 7680.0,
+];
+
+impl Histogram {
+    pub fn new(bounds: &'static [f64]) -> Histogram {
+        Histogram {
+            bounds,
+            counts: vec![0; bounds.len() + 1],
+            sum: 0.0,
+            count: 0,
+        }
+    }
+
+    pub fn observe(&mut self, v: f64) {
+        let i = self.bounds.iter().position(|b| v <= *b).unwrap_or(self.bounds.len());
+        self.counts[i] += 1;
+        self.sum += v;
+        self.count += 1;
+    }
+}
+
+/// What a server exports at one instant.
+pub struct View<'a> {
+    pub model: &'a str,
+    pub running: usize,
+    pub waiting: usize,
+    pub kv_usage: f64,
+    pub prompt_tokens: u64,
+    pub generation_tokens: u64,
+    pub prefix_queries: u64,
+    pub prefix_hits: u64,
+    pub preemptions: u64,
+    pub finished: u64,
+    pub num_gpu_blocks: u64,
+    pub ttft: &'a Histogram,
+    pub itl: &'a Histogram,
+    pub e2e: &'a Histogram,
+    /// Process start time (s since the epoch) for the `_created` gauges.
+    pub created: f64,
+}
+
+/// Python prometheus_client's `floatToGoString`.
+pub fn go_float(v: f64) -> String {
+    if v.is_nan() {
+        return "NaN".into();
+    }
+    if v.is_infinite() {
+        return if v > 0.0 { "+Inf".into() } else { "-Inf".into() };
+    }
+    let mut s = format!("{v}");
+    if !s.contains('.') && !s.contains('e') {
+        s.push_str(".0");
+    }
+    match s.find('.') {
+        Some(dot) if v > 0.0 && dot > 6 => {
+            let digits = format!("{}{}", &s[1..dot], &s[dot + 1..]);
+            let mantissa = format!("{}.{}", &s[..1], digits)
+                .trim_end_matches('0')
+                .trim_end_matches('.')
+                .to_string();
+            format!("{mantissa}e+0{}", dot - 1)
+        }
+        _ => s,
+    }
+}
+
+struct Out<'a> {
+    text: String,
+    labels: String,
+    created: &'a str,
+}
+
+impl Out<'_> {
+    fn family(&mut self, name: &str, help: &str, kind: &str) {
+        let _ = writeln!(self.text, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    }
+    fn sample(&mut self, name: &str, extra: &str, v: f64) {
+        let labels = if extra.is_empty() {
+            self.labels.clone()
+        } else {
+            format!("{extra},{}", self.labels)
+        };
+        let labels = labels.trim_end_matches(',');
+        if labels.is_empty() {
+            let _ = writeln!(self.text, "{name} {}", go_float(v));
+        } else {
+            let _ = writeln!(self.text, "{name}{{{labels}}} {}", go_float(v));
+        }
+    }
+    fn counter(&mut self, base: &str, help: &str, v: f64) {
+        self.family(&format!("{base}_total"), help, "counter");
+        self.sample(&format!("{base}_total"), "", v);
+        self.family(&format!("{base}_created"), help, "gauge");
+        let created: f64 = self.created.parse().unwrap_or(0.0);
+        self.sample(&format!("{base}_created"), "", created);
+    }
+    fn histogram(&mut self, base: &str, help: &str, h: &Histogram) {
+        self.family(base, help, "histogram");
+        let mut cumulative = 0;
+        for (i, b) in h.bounds.iter().enumerate() {
+            cumulative += h.counts[i];
+            self.bucket(base, &go_float(*b), cumulative);
+        }
+        cumulative += h.counts[h.bounds.len()];
+        self.bucket(base, "+Inf", cumulative);
+        self.sample(&format!("{base}_count"), "", h.count as f64);
+        self.sample(&format!("{base}_sum"), "", h.sum);
+        self.family(&format!("{base}_created"), help, "gauge");
+        let created: f64 = self.created.parse().unwrap_or(0.0);
+        self.sample(&format!("{base}_created"), "", created);
+    }
+    fn bucket(&mut self, base: &str, le: &str, n: u64) {
+        // vLLM sorts labels: engine, le, model_name.
+        let line = if self.labels.starts_with("engine=") {
+            let (engine, model) = self.labels.split_once(',').unwrap_or((&self.labels, ""));
+            format!("{base}_bucket{{{engine},le=\"{le}\",{model}}} {}", go_float(n as f64))
+        } else {
+            format!("{base}_bucket{{le=\"{le}\",{}}} {}", self.labels, go_float(n as f64))
+        };
+        self.text.push_str(&line);
+        self.text.push('\n');
+    }
+}
+
+pub fn render(v: &View, legacy: bool) -> String {
+    let created = go_float(v.created);
+    let labels = if legacy {
+        format!("model_name=\"{}\"", v.model)
+    } else {
+        format!("engine=\"0\",model_name=\"{}\"", v.model)
+    };
+    let mut o = Out {
+        text: String::with_capacity(8192),
+        labels,
+        created: &created,
+    };
+    o.family(
+        "vllm:num_requests_running",
+        "Number of requests in model execution batches.",
+        "gauge",
+    );
+    o.sample("vllm:num_requests_running", "", v.running as f64);
+    o.family(
+        "vllm:num_requests_waiting",
+        "Number of requests waiting to be processed.",
+        "gauge",
+    );
+    o.sample("vllm:num_requests_waiting", "", v.waiting as f64);
+    if legacy {
+        o.family(
+            "vllm:gpu_cache_usage_perc",
+            "GPU KV-cache usage. 1 means 100 percent usage.",
+            "gauge",
+        );
+        o.sample("vllm:gpu_cache_usage_perc", "", v.kv_usage);
+        o.counter(
+            "vllm:gpu_prefix_cache_queries",
+            "GPU prefix cache queries, in terms of number of queried tokens.",
+            v.prefix_queries as f64,
+        );
+        o.counter(
+            "vllm:gpu_prefix_cache_hits",
+            "GPU prefix cache hits, in terms of number of cached tokens.",
+            v.prefix_hits as f64,
+        );
+    } else {
+        o.family(
+            "vllm:kv_cache_usage_perc",
+            "KV-cache usage. 1 means 100 percent usage.",
+            "gauge",
+        );
+        o.sample("vllm:kv_cache_usage_perc", "", v.kv_usage);
+        o.counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            v.prefix_queries as f64,
+        );
+        o.counter(
+            "vllm:prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            v.prefix_hits as f64,
+        );
+    }
+    o.counter(
+        "vllm:num_preemptions",
+        "Cumulative number of preemption from the engine.",
+        v.preemptions as f64,
+    );
+    o.counter(
+        "vllm:prompt_tokens",
+        "Number of prefill tokens processed.",
+        v.prompt_tokens as f64,
+    );
+    o.counter(
+        "vllm:generation_tokens",
+        "Number of generation tokens processed.",
+        v.generation_tokens as f64,
+    );
+    o.family(
+        "vllm:request_success_total",
+        "Count of successfully processed requests.",
+        "counter",
+    );
+    // Simulated requests end at their output length (max_tokens), so they count as "length".
+    for reason in ["stop", "length", "abort", "error", "repetition"] {
+        let n = if reason == "length" { v.finished } else { 0 };
+        let labels = if legacy {
+            format!("finished_reason=\"{reason}\",model_name=\"{}\"", v.model)
+        } else {
+            format!("engine=\"0\",finished_reason=\"{reason}\",model_name=\"{}\"", v.model)
+        };
+        let _ = writeln!(o.text, "vllm:request_success_total{{{labels}}} {}", go_float(n as f64));
+    }
+    o.histogram(
+        "vllm:time_to_first_token_seconds",
+        "Histogram of time to first token in seconds.",
+        v.ttft,
+    );
+    o.histogram(
+        "vllm:inter_token_latency_seconds",
+        "Histogram of inter-token latency in seconds.",
+        v.itl,
+    );
+    o.histogram(
+        "vllm:e2e_request_latency_seconds",
+        "Histogram of e2e request latency in seconds.",
+        v.e2e,
+    );
+    o.family(
+        "vllm:cache_config_info",
+        "Information of the LLMEngine CacheConfig",
+        "gauge",
+    );
+    let engine = if legacy { "" } else { "engine=\"0\"," };
+    let _ = writeln!(
+        o.text,
+        "vllm:cache_config_info{{block_size=\"16\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",{engine}gpu_memory_utilization=\"0.92\",num_gpu_blocks=\"{}\",prefix_caching_hash_algo=\"sha256\"}} 1.0",
+        v.num_gpu_blocks
+    );
+    o.text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view<'a>(h: &'a Histogram) -> View<'a> {
+        View {
+            model: "meta-llama/Llama-3.1-8B-Instruct",
+            running: 12,
+            waiting: 3,
+            kv_usage: 0.4137,
+            prompt_tokens: 493_292,
+            generation_tokens: 80_037,
+            prefix_queries: 493_292,
+            prefix_hits: 315_392,
+            preemptions: 0,
+            finished: 480,
+            num_gpu_blocks: 29_205,
+            ttft: h,
+            itl: h,
+            e2e: h,
+            created: 1_795_314_059.139_667_3,
+        }
+    }
+
+    #[test]
+    fn floats_are_formatted_like_the_python_client() {
+        assert_eq!(go_float(12.0), "12.0");
+        assert_eq!(go_float(493_292.0), "493292.0");
+        assert_eq!(go_float(0.4137), "0.4137");
+        assert_eq!(go_float(1.795_314_059_139_667_3e9), "1.7953140591396673e+09");
+        assert_eq!(go_float(f64::INFINITY), "+Inf");
+    }
+
+    #[test]
+    fn lines_match_the_vllm_reference_body() {
+        let reference = include_str!("../../filter/core/tests/fixtures/vllm_metrics_v0.33.txt");
+        let h = Histogram::new(TTFT_BOUNDS);
+        let text = render(&view(&h), false);
+        for line in [
+            "vllm:num_requests_running{engine=\"0\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 12.0",
+            "vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 0.4137",
+            "vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 315392.0",
+            "# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.",
+            "# TYPE vllm:time_to_first_token_seconds histogram",
+            "vllm:request_success_total{engine=\"0\",finished_reason=\"abort\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 0.0",
+        ] {
+            assert!(reference.contains(line), "not in the reference: {line}");
+            assert!(text.contains(line), "not rendered: {line}");
+        }
+        assert!(text.contains("vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"0.001\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 0.0"));
+    }
+
+    #[test]
+    fn the_core_parser_reads_both_namings() {
+        let mut h = Histogram::new(TTFT_BOUNDS);
+        h.observe(0.3);
+        for legacy in [false, true] {
+            let m = kvroute_core::parse_metrics(render(&view(&h), legacy).as_bytes(), 1 << 20).unwrap();
+            assert_eq!(
+                (m.running, m.waiting, m.num_gpu_blocks, m.legacy_names),
+                (12, 3, Some(29_205), legacy)
+            );
+            assert_eq!(m.prefix_hits, Some(315_392.0));
+        }
+    }
+}

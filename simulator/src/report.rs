@@ -1,0 +1,309 @@
+//! Per-run outcomes: latency percentiles, throughput, prefix hit rate, per-server load, as a
+//! side-by-side table, JSON (`{"runs": [...]}`) and an SVG plot (TTFT CDF per policy and
+//! requests per server).
+
+use std::fmt::Write;
+
+use serde::Serialize;
+
+use crate::engine::{Engine, Finished};
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Record {
+    pub server: usize,
+    pub arrival_ms: f64,
+    pub finish_ms: f64,
+    pub ttft_ms: f64,
+    pub itl_ms: f64,
+    pub e2e_ms: f64,
+    pub prompt_tokens: u64,
+    pub cached_tokens: u64,
+    pub output_tokens: u64,
+}
+
+impl Record {
+    pub fn from_finished(f: &Finished, server: usize) -> Record {
+        Record {
+            server,
+            arrival_ms: f.arrival,
+            finish_ms: f.finish,
+            ttft_ms: f.first_token - f.arrival,
+            itl_ms: f.itl_mean,
+            e2e_ms: f.finish - f.arrival,
+            prompt_tokens: f.prompt_tokens,
+            cached_tokens: f.cached_tokens,
+            output_tokens: f.output_tokens,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct Percentiles {
+    pub p50: f64,
+    pub p95: f64,
+    pub p99: f64,
+    pub mean: f64,
+}
+
+impl Percentiles {
+    pub fn of(values: &mut [f64]) -> Percentiles {
+        if values.is_empty() {
+            return Percentiles::default();
+        }
+        values.sort_by(f64::total_cmp);
+        let at = |p: f64| values[((values.len() as f64 - 1.0) * p).round() as usize];
+        let mean = values.iter().sum::<f64>() / values.len() as f64;
+        Percentiles {
+            p50: round3(at(0.5)),
+            p95: round3(at(0.95)),
+            p99: round3(at(0.99)),
+            mean: round3(mean),
+        }
+    }
+}
+
+fn round3(v: f64) -> f64 {
+    (v * 1000.0).round() / 1000.0
+}
+
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct Throughput {
+    pub input_tok_s: f64,
+    pub output_tok_s: f64,
+    pub req_s: f64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct ServerStats {
+    pub requests: u64,
+    pub share: f64,
+    pub hit_rate: f64,
+    pub mean_kv_usage: f64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct RunReport {
+    pub policy: String,
+    pub requests: usize,
+    pub completed: usize,
+    pub failed: usize,
+    pub ttft_ms: Percentiles,
+    pub itl_ms: Percentiles,
+    pub e2e_ms: Percentiles,
+    pub throughput: Throughput,
+    pub prefix_hit_rate: f64,
+    pub evictions: u64,
+    pub preemptions: u64,
+    pub per_server: Vec<ServerStats>,
+    pub sim_wall_s: f64,
+    #[serde(skip)]
+    pub ttft_sorted: Vec<f64>,
+}
+
+impl RunReport {
+    /// `engines` may be empty (live runs): then evictions, preemptions and KV usage are 0.
+    pub fn build(policy: &str, requests: usize, records: Vec<Option<Record>>, engines: &[Engine]) -> RunReport {
+        let done: Vec<Record> = records.into_iter().flatten().collect();
+        Self::from_records(policy, requests, &done, engines, engines.len())
+    }
+
+    pub fn from_records(
+        policy: &str,
+        requests: usize,
+        done: &[Record],
+        engines: &[Engine],
+        servers: usize,
+    ) -> RunReport {
+        let mut ttft: Vec<f64> = done.iter().map(|r| r.ttft_ms).collect();
+        let mut itl: Vec<f64> = done.iter().filter(|r| r.output_tokens > 1).map(|r| r.itl_ms).collect();
+        let mut e2e: Vec<f64> = done.iter().map(|r| r.e2e_ms).collect();
+        let start = done.iter().map(|r| r.arrival_ms).fold(f64::MAX, f64::min);
+        let end = done.iter().map(|r| r.finish_ms).fold(0.0, f64::max);
+        let span_s = ((end - start) / 1000.0).max(1e-9);
+        let prompt: u64 = done.iter().map(|r| r.prompt_tokens).sum();
+        let cached: u64 = done.iter().map(|r| r.cached_tokens).sum();
+        let per_server = (0..servers)
+            .map(|s| {
+                let mine: Vec<&Record> = done.iter().filter(|r| r.server == s).collect();
+                let p: u64 = mine.iter().map(|r| r.prompt_tokens).sum();
+                let c: u64 = mine.iter().map(|r| r.cached_tokens).sum();
+                ServerStats {
+                    requests: mine.len() as u64,
+                    share: round3(mine.len() as f64 / done.len().max(1) as f64),
+                    hit_rate: round3(if p == 0 { 0.0 } else { c as f64 / p as f64 }),
+                    mean_kv_usage: round3(engines.get(s).map_or(0.0, Engine::mean_kv_usage)),
+                }
+            })
+            .collect();
+        let ttft_p = Percentiles::of(&mut ttft);
+        RunReport {
+            policy: policy.to_string(),
+            requests,
+            completed: done.len(),
+            failed: requests - done.len(),
+            ttft_ms: ttft_p,
+            itl_ms: Percentiles::of(&mut itl),
+            e2e_ms: Percentiles::of(&mut e2e),
+            throughput: Throughput {
+                input_tok_s: round3(prompt as f64 / span_s),
+                output_tok_s: round3(done.iter().map(|r| r.output_tokens).sum::<u64>() as f64 / span_s),
+                req_s: round3(done.len() as f64 / span_s),
+            },
+            prefix_hit_rate: round3(if prompt == 0 {
+                0.0
+            } else {
+                cached as f64 / prompt as f64
+            }),
+            evictions: engines.iter().map(|e| e.kv().evictions).sum(),
+            preemptions: engines.iter().map(|e| e.counters.preemptions).sum(),
+            per_server,
+            sim_wall_s: 0.0,
+            ttft_sorted: ttft,
+        }
+    }
+}
+
+/// The side-by-side table.
+pub fn table(runs: &[RunReport]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<19} {:>9} {:>9} {:>9} {:>8} {:>9} {:>10} {:>9} {:>7} {:>9} {:>8} {:>10}",
+        "policy",
+        "ttft p50",
+        "ttft p95",
+        "ttft p99",
+        "itl p50",
+        "e2e p50",
+        "in tok/s",
+        "out tok/s",
+        "hit",
+        "evictions",
+        "preempt",
+        "max share"
+    );
+    for r in runs {
+        let max_share = r.per_server.iter().map(|s| s.share).fold(0.0, f64::max);
+        let _ = writeln!(
+            out,
+            "{:<19} {:>9.1} {:>9.1} {:>9.1} {:>8.2} {:>9.1} {:>10.0} {:>9.0} {:>6.1}% {:>9} {:>8} {:>9.1}%",
+            r.policy,
+            r.ttft_ms.p50,
+            r.ttft_ms.p95,
+            r.ttft_ms.p99,
+            r.itl_ms.p50,
+            r.e2e_ms.p50,
+            r.throughput.input_tok_s,
+            r.throughput.output_tok_s,
+            r.prefix_hit_rate * 100.0,
+            r.evictions,
+            r.preemptions,
+            max_share * 100.0
+        );
+    }
+    let _ = writeln!(out, "(latencies in ms; completed/failed per run are in the JSON)");
+    out
+}
+
+const COLORS: [&str; 9] = [
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f",
+];
+
+/// TTFT CDFs (log-scale x) on the left, requests per server per policy on the right.
+pub fn svg(title: &str, runs: &[RunReport]) -> String {
+    let (w, h, pad) = (1100.0, 460.0, 50.0);
+    let plot_w = 600.0;
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{pad}\" y=\"24\" font-size=\"15\">{}</text>\n",
+        xml(title)
+    );
+    let all: Vec<f64> = runs
+        .iter()
+        .flat_map(|r| r.ttft_sorted.iter().copied())
+        .filter(|v| *v > 0.0)
+        .collect();
+    let (lo, hi) = (
+        all.iter().copied().fold(f64::MAX, f64::min).max(0.1),
+        all.iter().copied().fold(1.0, f64::max),
+    );
+    let (lx, hx) = (lo.log10().floor(), hi.log10().ceil().max(lo.log10().floor() + 1.0));
+    let x = |v: f64| pad + (v.max(lo).log10() - lx) / (hx - lx) * plot_w;
+    let y = |p: f64| h - pad - p * (h - 2.0 * pad);
+    let _ = writeln!(
+        s,
+        "<rect x=\"{pad}\" y=\"{pad}\" width=\"{plot_w}\" height=\"{}\" fill=\"none\" stroke=\"#999\"/>",
+        h - 2.0 * pad
+    );
+    let mut decade = lx;
+    while decade <= hx {
+        let v = 10f64.powf(decade);
+        let _ = writeln!(
+            s,
+            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{}</text>",
+            x(v),
+            h - pad + 16.0,
+            v
+        );
+        decade += 1.0;
+    }
+    let _ = writeln!(s, "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">TTFT (ms, log scale): fraction of requests at or below</text>", pad + plot_w / 2.0, h - 12.0);
+    for (i, r) in runs.iter().enumerate() {
+        let n = r.ttft_sorted.len().max(1) as f64;
+        let step = (r.ttft_sorted.len() / 400).max(1);
+        let points: Vec<String> = r
+            .ttft_sorted
+            .iter()
+            .enumerate()
+            .step_by(step)
+            .map(|(k, v)| format!("{:.1},{:.1}", x(*v), y((k + 1) as f64 / n)))
+            .collect();
+        let c = COLORS[i % COLORS.len()];
+        let _ = writeln!(
+            s,
+            "<polyline fill=\"none\" stroke=\"{c}\" stroke-width=\"2\" points=\"{}\"/>",
+            points.join(" ")
+        );
+        let _ = writeln!(
+            s,
+            "<text x=\"{:.1}\" y=\"{:.1}\" fill=\"{c}\">{}</text>",
+            pad + 8.0,
+            pad + 16.0 + 15.0 * i as f64,
+            xml(&r.policy)
+        );
+    }
+    let bx = pad + plot_w + 60.0;
+    let bw = w - bx - pad;
+    let _ = writeln!(
+        s,
+        "<text x=\"{bx}\" y=\"{}\">requests per server (share of each run)</text>",
+        pad - 8.0
+    );
+    for (i, r) in runs.iter().enumerate() {
+        let row_y = pad + 6.0 + i as f64 * ((h - 2.0 * pad) / runs.len().max(1) as f64);
+        let servers = r.per_server.len().max(1) as f64;
+        for (k, st) in r.per_server.iter().enumerate() {
+            let bh = st.share * 120.0;
+            let _ = writeln!(
+                s,
+                "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"{}\"/>",
+                bx + k as f64 * bw / servers,
+                row_y + 30.0 - bh.min(30.0),
+                bw / servers - 2.0,
+                bh.min(30.0),
+                COLORS[i % COLORS.len()]
+            );
+        }
+        let _ = writeln!(
+            s,
+            "<text x=\"{bx}\" y=\"{:.1}\" font-size=\"10\">{}</text>",
+            row_y + 41.0,
+            xml(&r.policy)
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+fn xml(t: &str) -> String {
+    t.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+}
