@@ -92,7 +92,7 @@ bench:
 bench-filter: setup-envoy build-wasm
 	KVROUTE_ENVOY=$(CURDIR)/$(ENVOY) $(CARGO) run --release -p kvroute-wasm-tests --bin filter-overhead
 
-run:
-	@echo "make run (simulated vLLM fleet + Envoy + kvroute vs round-robin) is not built yet:"
-	@echo "it lands with the filter (issue 3), the simulator (issue 4) and the demo (issue 5)."
-	@echo "Meanwhile: make test, make bench."
+## run: simulated vLLM fleet + Envoy with kvroute vs round-robin, one table and a report
+run: setup-rust setup-envoy build-wasm
+	$(CARGO) build --release -p kvroute-sim
+	bash scripts/demo.sh

@@ -6,6 +6,7 @@
 //! time. `workload` turns traces and generators into requests with real prompt text, and
 //! `tokens` turns text into the engine's tokens and block hashes.
 
+pub mod bench;
 pub mod engine;
 pub mod kv;
 pub mod policies;
@@ -13,5 +14,6 @@ pub mod profile;
 pub mod prom;
 pub mod replay;
 pub mod report;
+pub mod serve;
 pub mod tokens;
 pub mod workload;

@@ -31,6 +31,175 @@ struct Cli {
 enum Command {
     /// Replay a workload on a simulated fleet in virtual time, once per policy.
     Replay(ReplayArgs),
+    /// Run simulated vLLM servers as real HTTP servers (wall time).
+    Serve(ServeArgs),
+    /// Drive a workload through a real HTTP endpoint (e.g. Envoy) and measure it.
+    Bench(BenchArgs),
+    /// Print runs from several JSON reports side by side (and plot them).
+    Compare(CompareArgs),
+}
+
+#[derive(Args)]
+struct CompareArgs {
+    /// JSON files written by `replay --json` or `bench --json`.
+    files: Vec<PathBuf>,
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    #[arg(long, default_value = "comparison")]
+    title: String,
+}
+
+fn compare_cmd(a: &CompareArgs) -> anyhow::Result<()> {
+    let mut runs: Vec<RunReport> = Vec::new();
+    for f in &a.files {
+        let doc: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(f).with_context(|| format!("cannot read {}", f.display()))?)
+                .with_context(|| format!("{} is not JSON", f.display()))?;
+        let file_runs: Vec<RunReport> =
+            serde_json::from_value(doc["runs"].clone()).with_context(|| format!("{}: no runs", f.display()))?;
+        runs.extend(file_runs);
+    }
+    anyhow::ensure!(!runs.is_empty(), "no runs to compare");
+    print!("{}", report::table(&runs));
+    if let [first, .., last] = runs.as_slice() {
+        let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::NAN };
+        println!(
+            "{} vs {}: TTFT p50 {:.2}x lower, p95 {:.2}x lower, p99 {:.2}x lower; output throughput {:.2}x; prefix hit rate {:.1}% vs {:.1}%",
+            first.policy,
+            last.policy,
+            ratio(last.ttft_ms.p50, first.ttft_ms.p50),
+            ratio(last.ttft_ms.p95, first.ttft_ms.p95),
+            ratio(last.ttft_ms.p99, first.ttft_ms.p99),
+            ratio(first.throughput.output_tok_s, last.throughput.output_tok_s),
+            first.prefix_hit_rate * 100.0,
+            last.prefix_hit_rate * 100.0
+        );
+    }
+    for r in &runs {
+        let shares: Vec<String> = r
+            .per_server
+            .iter()
+            .map(|s| format!("{:.0}%", s.share * 100.0))
+            .collect();
+        println!("  {:<14} per-server share: {}", r.policy, shares.join(" "));
+    }
+    if let Some(path) = &a.plot {
+        std::fs::write(path, report::svg(&a.title, &runs))
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        println!("report: {}", path.display());
+    }
+    Ok(())
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    #[command(flatten)]
+    fleet: FleetArgs,
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    #[arg(long, default_value_t = 8001)]
+    base_port: u16,
+    /// Fault-injection admin port (default: base port − 1).
+    #[arg(long)]
+    admin_port: Option<u16>,
+    /// Run this many times faster than real time (step durations are divided by it).
+    #[arg(long, default_value_t = 1.0)]
+    time_scale: f64,
+    /// Export the pre-0.12 metric names.
+    #[arg(long)]
+    legacy_metrics: bool,
+    /// Override the KV cache size in blocks (smaller fleets fill faster).
+    #[arg(long)]
+    num_gpu_blocks: Option<u64>,
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    #[command(flatten)]
+    workload: WorkloadArgs,
+    #[arg(long, default_value = "http://127.0.0.1:10000")]
+    url: String,
+    /// Send only requests arriving in the first S seconds.
+    #[arg(long, default_value_t = 60.0)]
+    duration: f64,
+    #[arg(long, value_enum, default_value = "llama-3.1-8b")]
+    model: Model,
+    /// Name of this run in the table and JSON.
+    #[arg(long, default_value = "live")]
+    label: String,
+    /// The servers' --time-scale: measured times are multiplied by it (and throughput
+    /// divided) so figures are in simulated GPU time.
+    #[arg(long, default_value_t = 1.0)]
+    time_scale: f64,
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+fn serve_cmd(a: &ServeArgs) -> anyhow::Result<()> {
+    let mut profile = a.fleet.profile()?;
+    if let Some(b) = a.num_gpu_blocks {
+        profile = profile.with_blocks(b);
+    }
+    let admin = a.admin_port.unwrap_or(a.base_port.saturating_sub(1));
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async {
+        tokio::select! {
+            r = kvroute_sim::serve::serve(profile, a.fleet.servers, &a.host, a.base_port, admin, a.time_scale, a.legacy_metrics) => r,
+            _ = tokio::signal::ctrl_c() => Ok(()),
+        }
+    })
+}
+
+fn bench_cmd(a: &BenchArgs) -> anyhow::Result<()> {
+    let (name, requests) = a.workload.load()?;
+    let sent = requests.iter().filter(|r| r.arrival_ms <= a.duration * 1000.0).count();
+    anyhow::ensure!(sent > 0, "no request arrives within --duration {} s", a.duration);
+    eprintln!(
+        "{name}: sending {sent} requests to {} over up to {} s",
+        a.url, a.duration
+    );
+    let bar = ProgressBar::new(sent as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{prefix:>10} [{bar:30}] {pos}/{len} {elapsed}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.set_prefix(a.label.clone());
+    let b = bar.clone();
+    let rt = tokio::runtime::Runtime::new()?;
+    let started = Instant::now();
+    let (mut run, servers) = rt.block_on(kvroute_sim::bench::bench(
+        &a.url,
+        a.model.served_name(),
+        &requests,
+        a.duration,
+        &a.label,
+        move |n| b.set_position(n),
+    ))?;
+    run.sim_wall_s = (started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0;
+    anyhow::ensure!(a.time_scale > 0.0, "--time-scale must be positive");
+    run.scale_time(a.time_scale);
+    bar.finish_and_clear();
+    print!("{}", report::table(std::slice::from_ref(&run)));
+    for (s, st) in servers.iter().zip(&run.per_server) {
+        println!(
+            "  {s}: {} requests ({:.1}%), hit rate {:.1}%",
+            st.requests,
+            st.share * 100.0,
+            st.hit_rate * 100.0
+        );
+    }
+    if let Some(path) = &a.json {
+        let doc = serde_json::json!({ "workload": name, "url": a.url, "servers": servers, "runs": [run] });
+        std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    anyhow::ensure!(
+        run.failed * 10 <= run.requests,
+        "{} of {} requests failed",
+        run.failed,
+        run.requests
+    );
+    Ok(())
 }
 
 #[derive(Args)]
@@ -52,6 +221,21 @@ pub struct WorkloadArgs {
     /// Multiplies the arrival rate (divides arrival times).
     #[arg(long, default_value_t = 1.0)]
     rate_scale: f64,
+    /// Generators: groups (shared-prefix), conversations (multi-turn) or documents (rag).
+    #[arg(long)]
+    groups: Option<u64>,
+    /// Generators: prompts per group, turns per conversation, or documents per query.
+    #[arg(long)]
+    per_group: Option<u64>,
+    /// Generators: tokens of the shared system prompt.
+    #[arg(long)]
+    system_tokens: Option<u64>,
+    /// Generators: tokens of each question / user turn.
+    #[arg(long)]
+    question_tokens: Option<u64>,
+    /// Generators: output tokens per request.
+    #[arg(long)]
+    output_tokens: Option<u64>,
     /// Keep only the first N requests.
     #[arg(long)]
     limit: Option<usize>,
@@ -82,6 +266,18 @@ impl WorkloadArgs {
                     anyhow::ensure!(rate > 0.0, "--rate must be positive");
                     p.rate = rate;
                 }
+                let set = |v: Option<u64>, field: &mut u64, name: &str| -> anyhow::Result<()> {
+                    if let Some(v) = v {
+                        anyhow::ensure!(v > 0, "--{name} must be at least 1");
+                        *field = v;
+                    }
+                    Ok(())
+                };
+                set(self.groups, &mut p.groups, "groups")?;
+                set(self.per_group, &mut p.prompts_per_group, "per-group")?;
+                set(self.system_tokens, &mut p.system_tokens, "system-tokens")?;
+                set(self.question_tokens, &mut p.question_tokens, "question-tokens")?;
+                set(self.output_tokens, &mut p.output_tokens, "output-tokens")?;
                 (g.to_string(), workload::generate(g, &p))
             }
             (None, None) => anyhow::bail!("give --trace FILE or --workload shared-prefix|multi-turn|rag"),
@@ -204,5 +400,8 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Replay(a) => replay_cmd(&a),
+        Command::Serve(a) => serve_cmd(&a),
+        Command::Bench(a) => bench_cmd(&a),
+        Command::Compare(a) => compare_cmd(&a),
     }
 }

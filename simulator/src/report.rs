@@ -4,7 +4,7 @@
 
 use std::fmt::Write;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::engine::{Engine, Finished};
 
@@ -37,7 +37,7 @@ impl Record {
     }
 }
 
-#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Percentiles {
     pub p50: f64,
     pub p95: f64,
@@ -66,14 +66,14 @@ fn round3(v: f64) -> f64 {
     (v * 1000.0).round() / 1000.0
 }
 
-#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Throughput {
     pub input_tok_s: f64,
     pub output_tok_s: f64,
     pub req_s: f64,
 }
 
-#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct ServerStats {
     pub requests: u64,
     pub share: f64,
@@ -81,7 +81,7 @@ pub struct ServerStats {
     pub mean_kv_usage: f64,
 }
 
-#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct RunReport {
     pub policy: String,
     pub requests: usize,
@@ -96,8 +96,8 @@ pub struct RunReport {
     pub preemptions: u64,
     pub per_server: Vec<ServerStats>,
     pub sim_wall_s: f64,
-    #[serde(skip)]
-    pub ttft_sorted: Vec<f64>,
+    /// TTFT at quantiles 0, 0.01, …, 1 (ms): enough to plot the CDF from the JSON.
+    pub ttft_cdf_ms: Vec<f64>,
 }
 
 impl RunReport {
@@ -136,6 +136,11 @@ impl RunReport {
             })
             .collect();
         let ttft_p = Percentiles::of(&mut ttft);
+        let ttft_cdf_ms = if ttft.is_empty() {
+            Vec::new()
+        } else {
+            (0..=100).map(|q| round3(ttft[((ttft.len() - 1) * q) / 100])).collect()
+        };
         RunReport {
             policy: policy.to_string(),
             requests,
@@ -158,7 +163,7 @@ impl RunReport {
             preemptions: engines.iter().map(|e| e.counters.preemptions).sum(),
             per_server,
             sim_wall_s: 0.0,
-            ttft_sorted: ttft,
+            ttft_cdf_ms,
         }
     }
 }
@@ -219,7 +224,7 @@ pub fn svg(title: &str, runs: &[RunReport]) -> String {
     );
     let all: Vec<f64> = runs
         .iter()
-        .flat_map(|r| r.ttft_sorted.iter().copied())
+        .flat_map(|r| r.ttft_cdf_ms.iter().copied())
         .filter(|v| *v > 0.0)
         .collect();
     let (lo, hi) = (
@@ -248,14 +253,12 @@ pub fn svg(title: &str, runs: &[RunReport]) -> String {
     }
     let _ = writeln!(s, "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">TTFT (ms, log scale): fraction of requests at or below</text>", pad + plot_w / 2.0, h - 12.0);
     for (i, r) in runs.iter().enumerate() {
-        let n = r.ttft_sorted.len().max(1) as f64;
-        let step = (r.ttft_sorted.len() / 400).max(1);
+        let n = (r.ttft_cdf_ms.len().max(2) - 1) as f64;
         let points: Vec<String> = r
-            .ttft_sorted
+            .ttft_cdf_ms
             .iter()
             .enumerate()
-            .step_by(step)
-            .map(|(k, v)| format!("{:.1},{:.1}", x(*v), y((k + 1) as f64 / n)))
+            .map(|(k, v)| format!("{:.1},{:.1}", x(*v), y(k as f64 / n)))
             .collect();
         let c = COLORS[i % COLORS.len()];
         let _ = writeln!(
@@ -281,23 +284,39 @@ pub fn svg(title: &str, runs: &[RunReport]) -> String {
     for (i, r) in runs.iter().enumerate() {
         let row_y = pad + 6.0 + i as f64 * ((h - 2.0 * pad) / runs.len().max(1) as f64);
         let servers = r.per_server.len().max(1) as f64;
+        // Bars scale to the run's busiest server; the label gives the shares.
+        let top = r.per_server.iter().map(|s| s.share).fold(0.0, f64::max).max(1e-9);
         for (k, st) in r.per_server.iter().enumerate() {
-            let bh = st.share * 120.0;
+            let bh = st.share / top * 30.0;
             let _ = writeln!(
                 s,
                 "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"{}\"/>",
                 bx + k as f64 * bw / servers,
-                row_y + 30.0 - bh.min(30.0),
+                row_y + 30.0 - bh,
                 bw / servers - 2.0,
-                bh.min(30.0),
+                bh,
                 COLORS[i % COLORS.len()]
             );
         }
+        let shares: Vec<String> = r
+            .per_server
+            .iter()
+            .map(|s| format!("{:.0}%", s.share * 100.0))
+            .collect();
         let _ = writeln!(
             s,
-            "<text x=\"{bx}\" y=\"{:.1}\" font-size=\"10\">{}</text>",
+            "<text x=\"{bx}\" y=\"{:.1}\" font-size=\"10\">{}: {}</text>",
             row_y + 41.0,
-            xml(&r.policy)
+            xml(&r.policy),
+            shares.join(" ")
+        );
+    }
+    for p in [0.0, 0.5, 0.9, 0.99] {
+        let _ = writeln!(
+            s,
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{p}</text>",
+            pad - 4.0,
+            y(p) + 4.0
         );
     }
     s.push_str("</svg>\n");
@@ -306,4 +325,23 @@ pub fn svg(title: &str, runs: &[RunReport]) -> String {
 
 fn xml(t: &str) -> String {
     t.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+}
+
+impl RunReport {
+    /// Latencies × `k` and throughput ÷ `k`: converts a live run at `--time-scale k` to
+    /// simulated (GPU) time.
+    pub fn scale_time(&mut self, k: f64) {
+        for p in [&mut self.ttft_ms, &mut self.itl_ms, &mut self.e2e_ms] {
+            for v in [&mut p.p50, &mut p.p95, &mut p.p99, &mut p.mean] {
+                *v = round3(*v * k);
+            }
+        }
+        for v in &mut self.ttft_cdf_ms {
+            *v = round3(*v * k);
+        }
+        let t = &mut self.throughput;
+        for v in [&mut t.input_tok_s, &mut t.output_tok_s, &mut t.req_s] {
+            *v = round3(*v / k);
+        }
+    }
 }
