@@ -4,6 +4,8 @@
 //! that answered (`x-served-by`) and the cached tokens vLLM reported. The JSON has the same
 //! shape as a replay run.
 
+#![allow(clippy::disallowed_methods)] // the wall-time driver: reading the clock is its job
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -13,6 +13,8 @@
 //! `GET /servers/{i}/fault` shows them. `down` closes the listener and every open
 //! connection (a crashed server); `hang` accepts and never answers; `slow` stretches steps.
 
+#![allow(clippy::disallowed_methods)] // the wall-time driver: reading the clock is its job
+
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
