@@ -37,6 +37,35 @@ enum Command {
     Bench(BenchArgs),
     /// Print runs from several JSON reports side by side (and plot them).
     Compare(CompareArgs),
+    /// Print the calibration of every GPU × model profile (step times, KV size).
+    Profiles,
+}
+
+fn profiles_cmd() -> anyhow::Result<()> {
+    println!(
+        "{:<16} {:<9} {:>3} {:>16} {:>18} {:>15} {:>10}",
+        "model", "gpu", "tp", "decode b=1 (ms)", "8k prefill (ms)", "prefill tok/s", "KV blocks"
+    );
+    for (model, gpu, tp) in [
+        (Model::Llama31_8b, Gpu::H100_80g, 1),
+        (Model::Llama31_8b, Gpu::A100_80g, 1),
+        (Model::Llama31_70b, Gpu::H100_80g, 4),
+        (Model::Llama31_70b, Gpu::A100_80g, 8),
+    ] {
+        let p = Profile::new(gpu, model, tp)?;
+        let rate = p.prefill_tokens_per_s(8192);
+        println!(
+            "{:<16} {:<9} {:>3} {:>16.2} {:>18.1} {:>15.0} {:>10}",
+            format!("{model:?}"),
+            format!("{gpu:?}"),
+            tp,
+            p.step_ms(1, 1000.0, 1000),
+            8192.0 / rate * 1000.0,
+            rate,
+            p.num_gpu_blocks
+        );
+    }
+    Ok(())
 }
 
 #[derive(Args)]
@@ -403,5 +432,6 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(a) => serve_cmd(&a),
         Command::Bench(a) => bench_cmd(&a),
         Command::Compare(a) => compare_cmd(&a),
+        Command::Profiles => profiles_cmd(),
     }
 }

@@ -1,0 +1,126 @@
+//! The live servers over real HTTP: vLLM-shaped answers (JSON and SSE), prefix-cache hits
+//! reported in `usage`, `/metrics` the core can parse, and run-time fault injection.
+
+#![allow(clippy::unwrap_used, clippy::disallowed_methods)] // test helpers; wall-time test
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use kvroute_sim::profile::{Gpu, Model, Profile};
+use kvroute_sim::workload::{generate, GenParams, Generator};
+
+fn http(port: u16, method: &str, path: &str, body: &str) -> std::io::Result<(u16, String, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(s, "{method} {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}", body.len())?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw)?;
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    Ok((status, head.to_lowercase(), body.to_string()))
+}
+
+/// A base port with itself, the next one and the previous one (admin) free.
+fn free_base() -> u16 {
+    for candidate in (20_000..40_000).step_by(97) {
+        if (candidate - 1..=candidate + 1).all(|p| TcpListener::bind(("127.0.0.1", p)).is_ok()) {
+            return candidate;
+        }
+    }
+    panic!("no free ports");
+}
+
+fn wait_open(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "port {port} never opened");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn live_servers_answer_like_vllm_and_take_faults() {
+    let base = free_base();
+    let profile = Profile::new(Gpu::H100_80g, Model::Llama31_8b, 1)
+        .unwrap()
+        .with_blocks(4000);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.spawn(async move { kvroute_sim::serve::serve(profile, 2, "127.0.0.1", base, base - 1, 50.0, false).await });
+    wait_open(base - 1);
+    wait_open(base + 1);
+
+    // Non-streaming chat: a vLLM-shaped body naming its server; the repeat hits the cache.
+    let prompt = "You are a careful assistant. ".repeat(40);
+    let body = format!(r#"{{"model":"m","max_tokens":4,"messages":[{{"role":"user","content":"{prompt}"}}]}}"#);
+    let (status, head, first) = http(base, "POST", "/v1/chat/completions", &body).unwrap();
+    assert_eq!(status, 200, "{first}");
+    assert!(head.contains(&format!("x-served-by: 127.0.0.1:{base}")), "{head}");
+    let v: serde_json::Value = serde_json::from_str(&first).unwrap();
+    assert_eq!(v["usage"]["completion_tokens"], 4);
+    assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let (_, _, again) = http(base, "POST", "/v1/chat/completions", &body).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&again).unwrap();
+    assert!(
+        v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap() >= 256,
+        "{again}"
+    );
+
+    // Streaming through the load generator: every request completes with its tokens.
+    let p = GenParams {
+        rate: 50.0,
+        groups: 2,
+        prompts_per_group: 4,
+        output_tokens: 8,
+        ..GenParams::defaults(Generator::SharedPrefix)
+    };
+    let reqs = generate(Generator::SharedPrefix, &p);
+    let url = format!("http://127.0.0.1:{base}");
+    let (run, servers) = rt
+        .block_on(kvroute_sim::bench::bench(&url, "m", &reqs, 60.0, "live", |_| {}))
+        .unwrap();
+    assert_eq!((run.completed, run.failed), (8, 0));
+    assert_eq!(servers, vec![format!("127.0.0.1:{base}")]);
+    assert!(
+        run.prefix_hit_rate > 0.5,
+        "siblings share 2048 of 2180 tokens: {}",
+        run.prefix_hit_rate
+    );
+    assert!(run.ttft_ms.p50 > 0.0 && run.itl_ms.p50 > 0.0);
+
+    // /metrics parses and counts what was served.
+    let (status, _, text) = http(base, "GET", "/metrics", "").unwrap();
+    assert_eq!(status, 200);
+    let m = kvroute_core::parse_metrics(text.as_bytes(), 1 << 20).unwrap();
+    assert_eq!(m.num_gpu_blocks, Some(4000));
+    assert!(m.prefix_hits.unwrap() > 0.0);
+
+    // Faults: garbage metrics, metrics 404, 5xx, down (connection refused) and back.
+    let fault = |i: usize, f: &str| http(base - 1, "POST", &format!("/servers/{i}/fault"), f).unwrap().0;
+    assert_eq!(fault(0, r#"{"metrics":"garbage"}"#), 200);
+    let (_, _, garbage) = http(base, "GET", "/metrics", "").unwrap();
+    assert!(kvroute_core::parse_metrics(garbage.as_bytes(), 1 << 20).is_err());
+    assert_eq!(fault(0, r#"{"metrics":"404","error_rate":1.0}"#), 200);
+    assert_eq!(http(base, "GET", "/metrics", "").unwrap().0, 404);
+    assert_eq!(
+        http(base, "POST", "/v1/completions", r#"{"model":"m","prompt":"x"}"#)
+            .unwrap()
+            .0,
+        500
+    );
+    assert_eq!(fault(0, r#"{"bogus":1}"#), 400, "unknown fault fields are refused");
+    assert_eq!(fault(1, r#"{"down":true}"#), 200);
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        TcpStream::connect(("127.0.0.1", base + 1)).is_err(),
+        "a down server refuses connections"
+    );
+    assert_eq!(fault(1, r#"{"down":false}"#), 200);
+    wait_open(base + 1);
+    assert_eq!(http(base + 1, "GET", "/health", "").unwrap().0, 200);
+    assert_eq!(
+        http(base, "POST", "/v1/chat/completions", "{nope").unwrap().0,
+        500,
+        "error_rate 1.0 still applies"
+    );
+}
