@@ -1,0 +1,81 @@
+//! End to end on the simulated fleet: real Envoy + dist/kvroute.wasm in front of
+//! `kvroute-sim serve` (the engine model answering like vLLM, in wall time), with the
+//! simulator's own load generator as the client and its fault injection as the crash.
+
+#![allow(clippy::unwrap_used, clippy::disallowed_methods)] // wall-time test helpers
+
+use std::net::{TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use kvroute_sim::profile::{Gpu, Model, Profile};
+use kvroute_sim::workload::{generate, GenParams, Generator};
+use kvroute_wasm_tests::envoy::Envoy;
+use kvroute_wasm_tests::http_client;
+
+fn free_base(n: u16) -> u16 {
+    (21_000..41_000)
+        .step_by(131)
+        .find(|b| (b - 1..=b + n).all(|p| TcpListener::bind(("127.0.0.1", p)).is_ok()))
+        .unwrap()
+}
+
+fn wait_open(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "port {port} never opened");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn simulated_fleet_keeps_prefix_groups_together_and_survives_a_crash() {
+    let base = free_base(4);
+    let profile = Profile::new(Gpu::H100_80g, Model::Llama31_8b, 1).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.spawn(async move { kvroute_sim::serve::serve(profile, 4, "127.0.0.1", base, base - 1, 20.0, false).await });
+    (base..base + 4).for_each(wait_open);
+    let ports: Vec<u16> = (base..base + 4).collect();
+    let envoy = Envoy::start("envoy.yaml", &ports, |t| t).unwrap();
+    std::thread::sleep(Duration::from_millis(800));
+    let url = format!("http://127.0.0.1:{}", envoy.port);
+
+    // 8 groups × 6 prompts sharing a 2048-token system prompt.
+    let p = GenParams {
+        rate: 40.0,
+        groups: 8,
+        prompts_per_group: 6,
+        output_tokens: 8,
+        ..GenParams::defaults(Generator::SharedPrefix)
+    };
+    let reqs = generate(Generator::SharedPrefix, &p);
+    let (run, servers) = rt
+        .block_on(kvroute_sim::bench::bench(&url, "m", &reqs, 60.0, "kvroute", |_| {}))
+        .unwrap();
+    assert_eq!((run.completed, run.failed), (48, 0));
+    // With affinity a group misses once per Envoy worker at most: ≥ 4 of 6 hit 2048 of 2180 tokens.
+    assert!(run.prefix_hit_rate > 0.6, "hit rate {}", run.prefix_hit_rate);
+    assert!(servers.len() >= 3, "groups should spread: {servers:?}");
+
+    // Crash server 0 (listener and connections closed). Once the scrapes have marked it
+    // down (well under 2 s), kvroute never picks it again and no request fails.
+    let r = http_client::request(base - 1, "POST", "/servers/0/fault", &[], br#"{"down": true}"#).unwrap();
+    assert_eq!(r.status, 200);
+    std::thread::sleep(Duration::from_millis(1500));
+    let chosen = format!("wasmcustom.kvroute.endpoint.127_0_0_1_{base}.chosen");
+    let before = envoy.stat(&chosen);
+    let later = GenParams { seed: 7, ..p };
+    let (run, _) = rt
+        .block_on(kvroute_sim::bench::bench(
+            &url,
+            "m",
+            &generate(Generator::SharedPrefix, &later),
+            60.0,
+            "after",
+            |_| {},
+        ))
+        .unwrap();
+    assert_eq!((run.completed, run.failed), (48, 0), "requests failed after the crash");
+    assert_eq!(envoy.stat(&chosen), before, "kvroute still chose the crashed server");
+    assert!(envoy.stat("wasmcustom.kvroute.scrape.failure") >= 2);
+    assert_eq!(envoy.stat("wasmcustom.kvroute.scrape.healthy_endpoints"), 3);
+}
