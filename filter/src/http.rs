@@ -205,6 +205,12 @@ impl HttpContext for Http {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        // A stream's headers come with its first chunk: the prefill is done.
+        if let (Phase::Routed { request_id }, Some(shared)) = (&self.phase, &self.shared) {
+            if let Ok(mut router) = shared.router.try_borrow_mut() {
+                router.on_first_token(*request_id, host::now());
+            }
+        }
         self.status = host::response_header(":status")
             .ok()
             .flatten()

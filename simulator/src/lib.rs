@@ -9,6 +9,7 @@
 pub mod bench;
 pub mod engine;
 pub mod kv;
+pub mod matrix;
 pub mod policies;
 pub mod profile;
 pub mod prom;

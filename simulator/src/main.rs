@@ -39,6 +39,93 @@ enum Command {
     Compare(CompareArgs),
     /// Print the calibration of every GPU × model profile (step times, KV size).
     Profiles,
+    /// The routing-quality matrix: workloads × loads × policies (replay), as Markdown + JSON.
+    Matrix(MatrixArgs),
+}
+
+#[derive(Args)]
+struct MatrixArgs {
+    #[command(flatten)]
+    fleet: FleetArgs,
+    /// The traces directory (mooncake_synthetic.jsonl, azure_code_2023.csv).
+    #[arg(long, default_value = "../shared/traces")]
+    traces: PathBuf,
+    /// Loads in percent of measured capacity.
+    #[arg(long, value_delimiter = ',', default_value = "50,80,110")]
+    loads: Vec<u32>,
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "round-robin,random,least-request,power-of-two,gie-weighted,sglang-cache-aware,dynamo-kv,kvroute,oracle"
+    )]
+    policy: Vec<PolicyName>,
+    /// Workloads to include (shared-prefix, multi-turn, rag, mooncake, azure).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "shared-prefix,multi-turn,rag,mooncake,azure"
+    )]
+    workloads: Vec<String>,
+    /// Azure: prefix overlay groups.
+    #[arg(long, default_value_t = 32)]
+    prefix_overlay: u64,
+    #[arg(long)]
+    router_config: Option<PathBuf>,
+    #[arg(long)]
+    json: Option<PathBuf>,
+    #[arg(long)]
+    markdown: Option<PathBuf>,
+}
+
+fn matrix_cmd(a: &MatrixArgs) -> anyhow::Result<()> {
+    let router_config = match &a.router_config {
+        Some(p) => Config::from_json(&std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))?)?,
+        None => Config::from_json(b"")?,
+    };
+    let setup = ReplaySetup {
+        profile: a.fleet.profile()?,
+        servers: a.fleet.servers,
+        scrape_interval_ms: 200.0,
+        seed: 0,
+        router_config,
+    };
+    let mut all = Vec::new();
+    let mut capacities = Vec::new();
+    for w in &a.workloads {
+        let requests = match w.as_str() {
+            "shared-prefix" => {
+                workload::generate(Generator::SharedPrefix, &GenParams::defaults(Generator::SharedPrefix))
+            }
+            "multi-turn" => workload::generate(Generator::MultiTurn, &GenParams::defaults(Generator::MultiTurn)),
+            "rag" => workload::generate(Generator::Rag, &GenParams::defaults(Generator::Rag)),
+            "mooncake" => workload::parse_mooncake(
+                &std::fs::read_to_string(a.traces.join("mooncake_synthetic.jsonl")).context("mooncake trace")?,
+            )?,
+            "azure" => workload::parse_azure(
+                &std::fs::read_to_string(a.traces.join("azure_code_2023.csv")).context("azure trace")?,
+                a.prefix_overlay,
+                0,
+            )?,
+            other => anyhow::bail!("unknown workload {other:?}"),
+        };
+        let started = Instant::now();
+        let (cap, cells) =
+            kvroute_sim::matrix::cells(&setup, w, &requests, &a.loads, &a.policy, &|m| eprintln!("  {m}"));
+        eprintln!("{w}: done in {:.0} s", started.elapsed().as_secs_f64());
+        capacities.push(serde_json::json!({"workload": w, "capacity_req_s": cap, "requests": requests.len()}));
+        all.extend(cells);
+    }
+    let md = kvroute_sim::matrix::markdown(&all);
+    print!("{md}");
+    if let Some(p) = &a.markdown {
+        std::fs::write(p, &md)?;
+    }
+    if let Some(p) = &a.json {
+        let doc = serde_json::json!({"servers": setup.servers, "capacities": capacities, "cells": all});
+        std::fs::write(p, serde_json::to_string_pretty(&doc)? + "\n")?;
+    }
+    Ok(())
 }
 
 fn profiles_cmd() -> anyhow::Result<()> {
@@ -433,5 +520,6 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(a) => bench_cmd(&a),
         Command::Compare(a) => compare_cmd(&a),
         Command::Profiles => profiles_cmd(),
+        Command::Matrix(a) => matrix_cmd(&a),
     }
 }

@@ -122,11 +122,15 @@ pub fn run(setup: &ReplaySetup, policy: PolicyName, requests: &[SimRequest], pro
             }
             Kind::StepEnd(s) => {
                 for ev in engines[s].finish_step(now) {
-                    if let Event::Finished(f) = ev {
-                        router.on_finished(s, &f, now);
-                        records[f.id as usize] = Some(Record::from_finished(&f, s));
-                        done += 1;
-                        progress(done as u64);
+                    match ev {
+                        Event::FirstToken { id, .. } => router.on_first_token(s, id, now),
+                        Event::Finished(f) => {
+                            router.on_finished(s, &f, now);
+                            records[f.id as usize] = Some(Record::from_finished(&f, s));
+                            done += 1;
+                            progress(done as u64);
+                        }
+                        Event::Token { .. } => {}
                     }
                 }
                 busy[s] = false;

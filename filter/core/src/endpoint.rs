@@ -26,6 +26,9 @@ pub struct Endpoint {
     /// metrics cannot show yet.
     pub sent_since_scrape: u32,
     pub sent_tokens_since_scrape: Tokens,
+    /// Uncached prompt tokens of this gateway's requests here that have not produced a first
+    /// token yet: prefill work the gateway knows is queued or running, whatever the scrape says.
+    pub pending_prefill_tokens: Tokens,
 }
 
 impl Endpoint {
@@ -40,6 +43,7 @@ impl Endpoint {
             epoch: 0,
             sent_since_scrape: 0,
             sent_tokens_since_scrape: Tokens(0),
+            pending_prefill_tokens: Tokens(0),
         }
     }
 

@@ -7,8 +7,10 @@
 //!   tokens) / prefill rate`,
 //!   `decode = running sequences × per-sequence step cost`, plus a KV-pressure term that
 //!   grows quadratically past `kv_pressure_threshold`. Queued prefill tokens are the
-//!   scraped waiting requests times the gateway's running mean of uncached tokens per
-//!   request, plus the uncached tokens sent since the scrape. The `work_weight` share
+//!   larger of two lower bounds: the scraped waiting requests times the gateway's running
+//!   mean of uncached tokens per request plus the uncached tokens sent since the scrape, and
+//!   the uncached tokens of this gateway's requests there that have no first token yet
+//!   (prefills already running are invisible in vLLM's metrics). The `work_weight` share
 //!   charges the prefill this request adds to the fleet, which delays the requests after
 //!   it: without it a greedy TTFT estimate sees no difference between joining a sibling
 //!   that is still prefilling the same prefix and recomputing that prefix elsewhere.
@@ -85,8 +87,11 @@ fn only(cost: f64) -> Terms {
 /// Predicted TTFT in ms. Non-decreasing in waiting, running, KV usage and sent load.
 pub fn predicted_ttft(config: &Config, c: &Candidate, ctx: &ScoreContext) -> Terms {
     let p = config.cost();
-    let queued_tokens =
-        c.metrics.waiting as f64 * ctx.mean_uncached_tokens + c.endpoint.sent_tokens_since_scrape.0 as f64;
+    // Two lower bounds of the prefill queued ahead: what the scrape saw waiting (all
+    // gateways' traffic) plus what this gateway sent since, and this gateway's own requests
+    // there still without a first token (which also covers prefills already running).
+    let scraped = c.metrics.waiting as f64 * ctx.mean_uncached_tokens + c.endpoint.sent_tokens_since_scrape.0 as f64;
+    let queued_tokens = scraped.max(c.endpoint.pending_prefill_tokens.0 as f64);
     let own = (1.0 + p.work_weight) * c.uncached.0 as f64;
     let prefill_ms = (queued_tokens + own) * 1000.0 / p.prefill_tokens_per_s;
     let running = c.metrics.running as f64 + f64::from(c.endpoint.sent_since_scrape);

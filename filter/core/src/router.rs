@@ -2,7 +2,8 @@
 //!
 //! `route(&self, request, now)` reads the endpoint table and the prefix index and returns a
 //! [`Decision`]; it changes nothing. What happened next is reported by the caller:
-//! `on_routed` (the decision was used), `on_completed` (the response ended, however),
+//! `on_routed` (the decision was used), `on_first_token` (its prefill is done),
+//! `on_completed` (the response ended, however),
 //! `on_metrics` / `on_scrape_failed` (a scrape result), `on_endpoints` (membership).
 //! The filter, the simulator's replay and its live mode all drive the same events.
 
@@ -61,6 +62,8 @@ pub struct RouterStats {
 struct Inflight {
     endpoint: EndpointId,
     epoch: u64,
+    /// Still counted in the endpoint's `pending_prefill_tokens` (no first token seen yet).
+    prefilling: bool,
     blocks: Vec<BlockHash>,
     prompt_tokens: Tokens,
     uncached: Tokens,
@@ -338,6 +341,7 @@ impl Router {
         e.inflight = e.inflight.saturating_add(1);
         e.sent_since_scrape = e.sent_since_scrape.saturating_add(1);
         e.sent_tokens_since_scrape = e.sent_tokens_since_scrape.saturating_add(uncached);
+        e.pending_prefill_tokens = e.pending_prefill_tokens.saturating_add(uncached);
         let (slot, epoch) = (e.slot, e.epoch);
         self.index.record(slot, &req.blocks);
         self.rotation = self.rotation.wrapping_add(1);
@@ -346,6 +350,7 @@ impl Router {
         let record = Inflight {
             endpoint: best.clone(),
             epoch,
+            prefilling: true,
             blocks: req.blocks.clone(),
             prompt_tokens: req.prompt_tokens,
             uncached,
@@ -382,9 +387,27 @@ impl Router {
         self.table.get_mut(&served)?.health.on_response(ok, now, &health)
     }
 
+    /// The first token (or the response headers of a stream) of `request_id` arrived: its
+    /// prefill is done.
+    pub fn on_first_token(&mut self, request_id: u64, _now: Millis) {
+        let Some(record) = self.inflight.get_mut(&request_id) else {
+            return;
+        };
+        if !std::mem::replace(&mut record.prefilling, false) {
+            return;
+        }
+        let uncached = record.uncached;
+        if let Some(e) = self.table.get_mut(&record.endpoint) {
+            e.pending_prefill_tokens = e.pending_prefill_tokens.saturating_sub(uncached);
+        }
+    }
+
     fn release(&mut self, record: &Inflight) {
         if let Some(e) = self.table.get_mut(&record.endpoint) {
             e.inflight = e.inflight.saturating_sub(1);
+            if record.prefilling {
+                e.pending_prefill_tokens = e.pending_prefill_tokens.saturating_sub(record.uncached);
+            }
             if e.epoch == record.epoch {
                 e.sent_since_scrape = e.sent_since_scrape.saturating_sub(1);
                 e.sent_tokens_since_scrape = e.sent_tokens_since_scrape.saturating_sub(record.uncached);

@@ -56,6 +56,9 @@ impl Policy for Kvroute {
     fn on_scrape(&mut self, s: usize, m: &VllmMetrics, _: &str, now_ms: f64) {
         self.router.on_metrics(&self.ids[s], m.clone(), Millis(now_ms as u64));
     }
+    fn on_first_token(&mut self, _s: usize, id: u64, now_ms: f64) {
+        self.router.on_first_token(id, Millis(now_ms as u64));
+    }
     fn on_finished(&mut self, s: usize, f: &Finished, now_ms: f64) {
         self.outstanding.done(s);
         let done = Completion {

@@ -32,6 +32,8 @@ pub trait Policy {
     fn pick(&mut self, req: &Incoming, servers: &[Engine], now_ms: f64) -> usize;
     /// A scrape of server `s` at `now_ms` (metrics as a router would parse them).
     fn on_scrape(&mut self, _s: usize, _metrics: &VllmMetrics, _text: &str, _now_ms: f64) {}
+    /// Request `id` produced its first token on server `s`.
+    fn on_first_token(&mut self, _s: usize, _id: u64, _now_ms: f64) {}
     fn on_finished(&mut self, _s: usize, _f: &Finished, _now_ms: f64) {}
 }
 

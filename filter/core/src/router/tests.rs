@@ -281,6 +281,15 @@ fn independent_routers_agree_on_the_owner_of_a_cold_prefix() {
     // b has routed unrelated traffic; its rotation and index differ from a's.
     let other = b.route(&req(99, 4), T0);
     b.on_routed(1, &req(99, 4), &other, T0);
+    b.on_completed(
+        1,
+        &Completion {
+            served_by: None,
+            status: 200,
+            cached_tokens: Some(0),
+        },
+        T0,
+    );
     b.on_metrics(other.best().unwrap(), load(0, 0, 0.0), T0);
     let owners: Vec<_> = (0..20)
         .map(|p| {
@@ -361,4 +370,50 @@ fn header_value_lists_best_then_fallbacks() {
         r.route(&req(1, 0), T0).header_value().as_deref(),
         Some("10.0.0.0:8000,10.0.0.1:8000")
     );
+}
+
+#[test]
+fn prefill_the_gateway_sent_counts_until_the_first_token_even_after_a_scrape() {
+    let mut r = router(PolicyKind::Cost, &idle(2));
+    let d = r.route(&req(1, 64), T0);
+    r.on_routed(1, &req(1, 64), &d, T0);
+    let busy = d.best().unwrap().clone();
+    // A scrape taken just before the request was admitted shows an idle server.
+    r.on_metrics(&busy, load(0, 0, 0.0), T0.plus(10));
+    let pending = |r: &Router| {
+        r.endpoints()
+            .iter()
+            .find(|e| e.id == busy)
+            .unwrap()
+            .pending_prefill_tokens
+    };
+    assert_eq!(pending(&r), req(1, 64).prompt_tokens);
+    let cost_of = |r: &Router| {
+        r.route(&req(9, 8), T0.plus(20))
+            .breakdown
+            .iter()
+            .find(|s| s.endpoint == busy)
+            .unwrap()
+            .cost
+            .0
+    };
+    let before = cost_of(&r);
+    r.on_first_token(1, T0.plus(30));
+    assert_eq!(pending(&r), Tokens(0));
+    assert!(
+        cost_of(&r) < before,
+        "a finished prefill no longer delays new requests: {} vs {before}",
+        cost_of(&r)
+    );
+    r.on_first_token(1, T0.plus(31));
+    r.on_completed(
+        1,
+        &Completion {
+            served_by: None,
+            status: 200,
+            cached_tokens: None,
+        },
+        T0.plus(40),
+    );
+    assert_eq!(pending(&r), Tokens(0), "nothing is released twice");
 }
