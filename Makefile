@@ -8,7 +8,7 @@ CARGO_BIN := $(or $(CARGO_HOME),$(HOME)/.cargo)/bin
 export PATH := $(CARGO_BIN):$(PATH)
 
 .PHONY: all setup setup-rust setup-wasm-bindgen setup-envoy build build-wasm test test-native test-wasm test-e2e \
-	validate-envoy check-core-deps lint bench bench-filter run fmt
+	validate-envoy check-core-deps lint bench bench-overhead run fmt
 
 ENVOY_VERSION := 1.40.0
 VENV := .venv
@@ -84,13 +84,18 @@ lint:
 fmt:
 	$(CARGO) fmt --all
 
-## bench: criterion benches of the routing hot path
+## bench: criterion benches of the routing hot path, then the routing-quality matrix
+## (5 workloads x 50/80/110% load x 9 policies, 8 simulated H100s; target/matrix.{md,json})
 bench:
 	$(CARGO) bench -p kvroute-core --bench route
+	$(CARGO) build --release -p kvroute-sim
+	target/release/kvroute-sim matrix --traces ../shared/traces --json target/matrix.json --markdown target/matrix.md
 
-## bench-filter: the filter's added latency in real Envoy (1 KiB and 32 KiB bodies)
-bench-filter: setup-envoy build-wasm
-	KVROUTE_ENVOY=$(CURDIR)/$(ENVOY) $(CARGO) run --release -p kvroute-wasm-tests --bin filter-overhead
+## bench-overhead: kvroute's cost in real Envoy: added latency (1/32 KiB), wrk throughput
+## ratio and latency (1/32/256 KiB, 1/8/32 connections), Envoy RSS, scraping CPU (4 vs 64 servers)
+bench-overhead: setup-envoy build-wasm
+	@command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk; }
+	KVROUTE_ENVOY=$(CURDIR)/$(ENVOY) $(CARGO) run --release -p kvroute-wasm-tests --bin filter-overhead -- all
 
 ## run: simulated vLLM fleet + Envoy with kvroute vs round-robin, one table and a report
 run: setup-rust setup-envoy build-wasm

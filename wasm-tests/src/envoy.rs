@@ -45,6 +45,13 @@ impl Envoy {
     /// Starts `envoy/<config>` with the pool `127.0.0.1:8001..8004` replaced by `pool`
     /// (in order; entries past `pool.len()` are dropped) and `edit` applied to the config text; waits until it is ready.
     pub fn start(config: &str, pool: &[u16], edit: impl Fn(String) -> String) -> Result<Envoy, String> {
+        let path = repo_root().join("envoy").join(config);
+        let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        Self::start_text(text, pool, edit)
+    }
+
+    /// Like `start`, from config text already in hand.
+    pub fn start_text(mut text: String, pool: &[u16], edit: impl Fn(String) -> String) -> Result<Envoy, String> {
         let root = repo_root();
         let binary = std::env::var("KVROUTE_ENVOY")
             .map(PathBuf::from)
@@ -55,7 +62,6 @@ impl Envoy {
         if !root.join("dist/kvroute.wasm").exists() {
             return Err("no dist/kvroute.wasm: run `make build-wasm`".into());
         }
-        let mut text = std::fs::read_to_string(root.join("envoy").join(config)).map_err(|e| e.to_string())?;
         let (port, port2, admin) = (free_port(), free_port(), free_port());
         for (i, p) in pool.iter().enumerate() {
             let old = 8001 + i;
@@ -125,6 +131,10 @@ impl Envoy {
 
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Whether the process is still running.

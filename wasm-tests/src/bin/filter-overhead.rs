@@ -1,10 +1,22 @@
-//! The filter's added latency in real Envoy: one Envoy (envoy/bench-overhead.yaml) with
-//! two listeners on the same route and cluster, one with kvroute and one without, in front
-//! of fast fixed-response test servers. One keep-alive client alternates requests between
-//! the two listeners, so drift hits both sides alike. Prints a Markdown table.
+//! kvroute's cost inside real Envoy, three measurements (`all` runs them in order):
+//!
+//! - `latency [N]`: one Envoy (envoy/bench-overhead.yaml) with two listeners on the same
+//!   route and cluster, one with kvroute and one without, in front of fast fixed-response
+//!   test servers; one keep-alive client alternates requests between them (drift hits both
+//!   sides alike); N measured requests per body size.
+//! - `wrk`: the same Envoy under `wrk` (Debian's HTTP load tool) at 1 KiB, 32 KiB and 256 KiB
+//!   bodies and several connection counts: requests/s with and without kvroute, their ratio,
+//!   and latency p50/p99; then Envoy's resident memory.
+//! - `scrape`: Envoy with kvroute scraping 64 servers every 200 ms and no traffic: CPU time
+//!   of Envoy's main thread (where the scraping service runs) over 30 s, against the same
+//!   Envoy scraping 4 servers.
+//!
+//! - `presence`: wrk at 1 KiB, 8 connections, on a path kvroute passes through (it only
+//!   removes the destination header: no buffering, parsing or routing) and on the inference
+//!   path, to split the filter's cost into "being there" and "deciding".
 //!
 //! Usage (from the repository root, after `make build-wasm setup-envoy`):
-//!   cargo run --release -p kvroute-wasm-tests --bin filter-overhead -- [requests per cell]
+//!   cargo run --release -p kvroute-wasm-tests --bin filter-overhead -- [all|latency [N]|wrk|scrape]
 
 #![allow(clippy::disallowed_methods)] // a wall-time benchmark driver reads the clock
 
@@ -13,14 +25,27 @@ fn main() {}
 
 #[cfg(not(target_arch = "wasm32"))]
 fn main() -> Result<(), String> {
-    native::main()
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str).unwrap_or("all") {
+        "latency" => native::latency(args.get(1).and_then(|a| a.parse().ok()).unwrap_or(2000)),
+        "wrk" => native::wrk_sweep(),
+        "scrape" => native::scrape_cost(),
+        "presence" => native::presence(),
+        "all" => native::latency(2000)
+            .and_then(|_| native::wrk_sweep())
+            .and_then(|_| native::scrape_cost()),
+        other => Err(format!(
+            "unknown measurement {other:?}: all | latency [N] | wrk | scrape"
+        )),
+    }
 }
 
 #[cfg(not(target_arch = "wasm32"))]
 mod native {
+    use std::process::Command;
     use std::time::{Duration, Instant};
 
-    use kvroute_wasm_tests::envoy::Envoy;
+    use kvroute_wasm_tests::envoy::{repo_root, Envoy};
     use kvroute_wasm_tests::fake_vllm::{FakeVllm, Load, MODEL};
     use kvroute_wasm_tests::http_client::KeepAlive;
 
@@ -36,18 +61,18 @@ mod native {
         sorted[i].as_secs_f64() * 1e6
     }
 
-    pub fn main() -> Result<(), String> {
-        let requests: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(2000);
-        let servers: Vec<FakeVllm> = (0..4)
-            .map(|_| FakeVllm::start(Load::idle()))
-            .collect::<Result<_, _>>()
-            .map_err(|e| e.to_string())?;
+    fn fleet(n: usize) -> Result<Vec<FakeVllm>, String> {
+        (0..n)
+            .map(|_| FakeVllm::start(Load::idle()).map_err(|e| e.to_string()))
+            .collect()
+    }
+
+    pub fn latency(requests: usize) -> Result<(), String> {
+        let servers = fleet(4)?;
         let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
         let envoy = Envoy::start("bench-overhead.yaml", &ports, |t| t)?;
         std::thread::sleep(Duration::from_millis(600)); // a few scrapes reach the workers
-        println!(
-            "| body | requests | p50 without | p50 with kvroute | added p50 | p99 without | p99 with kvroute | added p99 |"
-        );
+        println!("| body | requests | p50 without | p50 with kvroute | added p50 | p99 without | p99 with kvroute | added p99 |");
         println!("|---|---|---|---|---|---|---|---|");
         for size in [1024usize, 32 * 1024] {
             let (mut with, mut without) = (KeepAlive::connect(envoy.port)?, KeepAlive::connect(envoy.port2)?);
@@ -78,9 +103,213 @@ mod native {
                 p99w - p99o
             );
         }
-        let hits =
+        let routed =
             envoy.stat("wasmcustom.kvroute.decision.cold") + envoy.stat("wasmcustom.kvroute.decision.prefix_hit");
-        println!("\nkvroute routed {hits} requests (decision.cold + decision.prefix_hit).");
+        println!("\nkvroute routed {routed} requests (decision.cold + decision.prefix_hit).\n");
+        Ok(())
+    }
+
+    struct WrkResult {
+        rps: f64,
+        p50_us: f64,
+        p99_us: f64,
+        errors: bool,
+    }
+
+    fn micros(v: &str) -> Option<f64> {
+        let v = v.trim();
+        let (num, unit) = v.split_at(v.find(|c: char| c.is_ascii_alphabetic())?);
+        let n: f64 = num.parse().ok()?;
+        Some(match unit {
+            "us" => n,
+            "ms" => n * 1e3,
+            "s" => n * 1e6,
+            _ => return None,
+        })
+    }
+
+    fn wrk(port: u16, script: &str, connections: usize, seconds: u32) -> Result<WrkResult, String> {
+        wrk_path(port, "/v1/chat/completions", script, connections, seconds)
+    }
+
+    fn wrk_path(port: u16, path: &str, script: &str, connections: usize, seconds: u32) -> Result<WrkResult, String> {
+        let out = Command::new("wrk")
+            .args([
+                "-t",
+                "1",
+                "-c",
+                &connections.to_string(),
+                "-d",
+                &format!("{seconds}s"),
+                "--latency",
+                "-s",
+                script,
+            ])
+            .arg(format!("http://127.0.0.1:{port}{path}"))
+            .output()
+            .map_err(|e| format!("cannot run wrk (apt-get install wrk): {e}"))?;
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let find = |prefix: &str| {
+            text.lines()
+                .find_map(|l| l.trim().strip_prefix(prefix).map(str::to_string))
+        };
+        let rps = find("Requests/sec:")
+            .and_then(|v| v.trim().parse().ok())
+            .ok_or(format!("wrk output: {text}"))?;
+        let p50 = find("50%")
+            .and_then(|v| micros(&v))
+            .ok_or(format!("wrk output: {text}"))?;
+        let p99 = find("99%")
+            .and_then(|v| micros(&v))
+            .ok_or(format!("wrk output: {text}"))?;
+        let errors = text.contains("Non-2xx") || text.contains("Socket errors");
+        Ok(WrkResult {
+            rps,
+            p50_us: p50,
+            p99_us: p99,
+            errors,
+        })
+    }
+
+    pub fn wrk_sweep() -> Result<(), String> {
+        let servers = fleet(4)?;
+        let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
+        let envoy = Envoy::start("bench-overhead.yaml", &ports, |t| t)?;
+        std::thread::sleep(Duration::from_millis(600));
+        let dir = std::env::temp_dir().join(format!("kvroute-wrk-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        println!("| body | connections | req/s without | req/s with kvroute | ratio | p50 without | p50 with | added p50 | p99 without | p99 with | added p99 |");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|");
+        for size in [1024usize, 32 * 1024, 256 * 1024] {
+            let script = dir.join(format!("post-{size}.lua"));
+            let b = body(size, 0).replace('\\', "\\\\").replace('"', "\\\"");
+            std::fs::write(
+                &script,
+                format!(
+                    "wrk.method = \"POST\"\nwrk.headers[\"content-type\"] = \"application/json\"\nwrk.body = \"{b}\"\n"
+                ),
+            )
+            .map_err(|e| e.to_string())?;
+            let script = script.to_string_lossy().to_string();
+            for connections in [1usize, 8, 32] {
+                // Alternate the order to share any drift, 8 s a side.
+                let without = wrk(envoy.port2, &script, connections, 8)?;
+                let with = wrk(envoy.port, &script, connections, 8)?;
+                let flag = if with.errors || without.errors { " (errors)" } else { "" };
+                println!(
+                    "| {} KiB | {connections} | {:.0} | {:.0} | {:.3}{flag} | {:.0} µs | {:.0} µs | {:+.0} µs | {:.0} µs | {:.0} µs | {:+.0} µs |",
+                    size / 1024,
+                    without.rps,
+                    with.rps,
+                    with.rps / without.rps,
+                    without.p50_us,
+                    with.p50_us,
+                    with.p50_us - without.p50_us,
+                    without.p99_us,
+                    with.p99_us,
+                    with.p99_us - without.p99_us
+                );
+            }
+        }
+        let rss = std::fs::read_to_string(format!("/proc/{}/status", envoy.pid()))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("VmRSS:"))
+                    .map(|l| l.trim_start_matches("VmRSS:").trim().to_string())
+            })
+            .unwrap_or_else(|| "unknown".into());
+        let routed =
+            envoy.stat("wasmcustom.kvroute.decision.cold") + envoy.stat("wasmcustom.kvroute.decision.prefix_hit");
+        println!(
+            "\nEnvoy (--concurrency 2) resident memory after the sweep: {rss}; kvroute routed {routed} requests.\n"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+        Ok(())
+    }
+
+    pub fn presence() -> Result<(), String> {
+        let servers = fleet(4)?;
+        let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
+        let envoy = Envoy::start("bench-overhead.yaml", &ports, |t| t)?;
+        std::thread::sleep(Duration::from_millis(600));
+        let script = std::env::temp_dir().join(format!("kvroute-presence-{}.lua", std::process::id()));
+        let b = body(1024, 0).replace('"', "\\\"");
+        std::fs::write(
+            &script,
+            format!(
+                "wrk.method = \"POST\"\nwrk.headers[\"content-type\"] = \"application/json\"\nwrk.body = \"{b}\"\n"
+            ),
+        )
+        .map_err(|e| e.to_string())?;
+        let script = script.to_string_lossy().to_string();
+        println!("| path (1 KiB POST, 8 connections) | req/s without | req/s with kvroute | ratio |");
+        println!("|---|---|---|---|");
+        for (label, path) in [
+            ("pass-through (/v1/unknown, answered 404)", "/v1/unknown"),
+            ("inference (/v1/chat/completions)", "/v1/chat/completions"),
+        ] {
+            let without = wrk_path(envoy.port2, path, &script, 8, 8)?;
+            let with = wrk_path(envoy.port, path, &script, 8, 8)?;
+            println!(
+                "| {label} | {:.0} | {:.0} | {:.3} |",
+                without.rps,
+                with.rps,
+                with.rps / without.rps
+            );
+        }
+        let _ = std::fs::remove_file(&script);
+        Ok(())
+    }
+
+    /// CPU seconds (user + system) of one thread of `pid`.
+    fn thread_cpu_s(pid: u32, tid: u32) -> Option<f64> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
+        let after = &stat[stat.rfind(')')? + 2..];
+        let f: Vec<&str> = after.split_whitespace().collect();
+        let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+        Some(ticks / 100.0) // USER_HZ is 100 on Linux
+    }
+
+    fn main_thread_cpu(servers: usize, seconds: u64) -> Result<(f64, u64), String> {
+        let fakes = fleet(servers)?;
+        let text = std::fs::read_to_string(repo_root().join("envoy/envoy.yaml")).map_err(|e| e.to_string())?;
+        let list: Vec<String> = fakes.iter().map(|f| format!("\"{}\"", f.address())).collect();
+        let text = text.replace(
+            "\"endpoints\": [\"127.0.0.1:8001\", \"127.0.0.1:8002\", \"127.0.0.1:8003\", \"127.0.0.1:8004\"]",
+            &format!("\"endpoints\": [{}]", list.join(", ")),
+        );
+        let lb: String = fakes
+            .iter()
+            .map(|f| format!("              - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {} }} }} }}\n", f.port))
+            .collect();
+        let start = text
+            .find("              - endpoint:")
+            .ok_or("no lb_endpoints in envoy.yaml")?;
+        let end = text
+            .rfind("port_value: 8004 } } }")
+            .ok_or("no lb_endpoints in envoy.yaml")?
+            + "port_value: 8004 } } }\n".len();
+        let text = format!("{}{}{}", &text[..start], lb, &text[end.min(text.len())..]);
+        let envoy = Envoy::start_text(text, &[], |t| t)?;
+        std::thread::sleep(Duration::from_secs(2));
+        let pid = envoy.pid();
+        let before = thread_cpu_s(pid, pid).ok_or("cannot read Envoy's main thread CPU")?;
+        let scrapes_before: u64 = fakes.iter().map(FakeVllm::scrapes).sum();
+        std::thread::sleep(Duration::from_secs(seconds));
+        let after = thread_cpu_s(pid, pid).ok_or("cannot read Envoy's main thread CPU")?;
+        let scrapes: u64 = fakes.iter().map(FakeVllm::scrapes).sum::<u64>() - scrapes_before;
+        Ok(((after - before) / seconds as f64, scrapes))
+    }
+
+    pub fn scrape_cost() -> Result<(), String> {
+        let seconds = 30;
+        println!("| servers scraped every 200 ms | Envoy main-thread CPU | scrapes in {seconds} s |");
+        println!("|---|---|---|");
+        for n in [4usize, 64] {
+            let (cpu, scrapes) = main_thread_cpu(n, seconds)?;
+            println!("| {n} | {:.1}% of one core | {scrapes} |", cpu * 100.0);
+        }
         Ok(())
     }
 }
