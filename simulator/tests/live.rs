@@ -4,8 +4,8 @@
 #![allow(clippy::unwrap_used, clippy::disallowed_methods)] // test helpers; wall-time test
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::time::{Duration, Instant};
+use std::net::TcpStream;
+use std::time::Duration;
 
 use kvroute_sim::profile::{Gpu, Model, Profile};
 use kvroute_sim::workload::{generate, GenParams, Generator};
@@ -21,34 +21,12 @@ fn http(port: u16, method: &str, path: &str, body: &str) -> std::io::Result<(u16
     Ok((status, head.to_lowercase(), body.to_string()))
 }
 
-/// A base port with itself, the next one and the previous one (admin) free.
-fn free_base() -> u16 {
-    for candidate in (20_000..40_000).step_by(97) {
-        if (candidate - 1..=candidate + 1).all(|p| TcpListener::bind(("127.0.0.1", p)).is_ok()) {
-            return candidate;
-        }
-    }
-    panic!("no free ports");
-}
-
-fn wait_open(port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "port {port} never opened");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn live_servers_answer_like_vllm_and_take_faults() {
-    let base = free_base();
     let profile = Profile::new(Gpu::H100_80g, Model::Llama31_8b, 1)
         .unwrap()
         .with_blocks(4000);
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.spawn(async move { kvroute_sim::serve::serve(profile, 2, "127.0.0.1", base, base - 1, 50.0, false).await });
-    wait_open(base - 1);
-    wait_open(base + 1);
+    let (rt, base) = kvroute_sim::serve::start_in_background(profile, 2, 50.0).unwrap();
 
     // Non-streaming chat: a vLLM-shaped body naming its server; the repeat hits the cache.
     let prompt = "You are a careful assistant. ".repeat(40);
@@ -116,7 +94,10 @@ fn live_servers_answer_like_vllm_and_take_faults() {
         "a down server refuses connections"
     );
     assert_eq!(fault(1, r#"{"down":false}"#), 200);
-    wait_open(base + 1);
+    assert!(
+        kvroute_sim::serve::wait_listening(base + 1, Duration::from_secs(10)),
+        "the server did not come back"
+    );
     assert_eq!(http(base + 1, "GET", "/health", "").unwrap().0, 200);
     assert_eq!(
         http(base, "POST", "/v1/chat/completions", "{nope").unwrap().0,

@@ -4,36 +4,17 @@
 
 #![allow(clippy::unwrap_used, clippy::disallowed_methods)] // wall-time test helpers
 
-use std::net::{TcpListener, TcpStream};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kvroute_sim::profile::{Gpu, Model, Profile};
 use kvroute_sim::workload::{generate, GenParams, Generator};
 use kvroute_wasm_tests::envoy::Envoy;
 use kvroute_wasm_tests::http_client;
 
-fn free_base(n: u16) -> u16 {
-    (21_000..41_000)
-        .step_by(131)
-        .find(|b| (b - 1..=b + n).all(|p| TcpListener::bind(("127.0.0.1", p)).is_ok()))
-        .unwrap()
-}
-
-fn wait_open(port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "port {port} never opened");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn simulated_fleet_keeps_prefix_groups_together_and_survives_a_crash() {
-    let base = free_base(4);
     let profile = Profile::new(Gpu::H100_80g, Model::Llama31_8b, 1).unwrap();
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.spawn(async move { kvroute_sim::serve::serve(profile, 4, "127.0.0.1", base, base - 1, 20.0, false).await });
-    (base..base + 4).for_each(wait_open);
+    let (rt, base) = kvroute_sim::serve::start_in_background(profile, 4, 20.0).unwrap();
     let ports: Vec<u16> = (base..base + 4).collect();
     let envoy = Envoy::start("envoy.yaml", &ports, |t| t).unwrap();
     std::thread::sleep(Duration::from_millis(800));

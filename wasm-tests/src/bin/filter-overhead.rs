@@ -171,6 +171,20 @@ mod native {
         })
     }
 
+    /// A wrk script POSTing a fixed chat body of `size` bytes; returns its path.
+    fn post_script(dir: &std::path::Path, size: usize) -> Result<String, String> {
+        let script = dir.join(format!("post-{size}.lua"));
+        let b = body(size, 0).replace('\\', "\\\\").replace('"', "\\\"");
+        std::fs::write(
+            &script,
+            format!(
+                "wrk.method = \"POST\"\nwrk.headers[\"content-type\"] = \"application/json\"\nwrk.body = \"{b}\"\n"
+            ),
+        )
+        .map_err(|e| e.to_string())?;
+        Ok(script.to_string_lossy().to_string())
+    }
+
     pub fn wrk_sweep() -> Result<(), String> {
         let servers = fleet(4)?;
         let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
@@ -181,16 +195,7 @@ mod native {
         println!("| body | connections | req/s without | req/s with kvroute | ratio | p50 without | p50 with | added p50 | p99 without | p99 with | added p99 |");
         println!("|---|---|---|---|---|---|---|---|---|---|---|");
         for size in [1024usize, 32 * 1024, 256 * 1024] {
-            let script = dir.join(format!("post-{size}.lua"));
-            let b = body(size, 0).replace('\\', "\\\\").replace('"', "\\\"");
-            std::fs::write(
-                &script,
-                format!(
-                    "wrk.method = \"POST\"\nwrk.headers[\"content-type\"] = \"application/json\"\nwrk.body = \"{b}\"\n"
-                ),
-            )
-            .map_err(|e| e.to_string())?;
-            let script = script.to_string_lossy().to_string();
+            let script = post_script(&dir, size)?;
             for connections in [1usize, 8, 32] {
                 // Alternate the order to share any drift, 8 s a side.
                 let without = wrk(envoy.port2, &script, connections, 8)?;
@@ -233,16 +238,9 @@ mod native {
         let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
         let envoy = Envoy::start("bench-overhead.yaml", &ports, |t| t)?;
         std::thread::sleep(Duration::from_millis(600));
-        let script = std::env::temp_dir().join(format!("kvroute-presence-{}.lua", std::process::id()));
-        let b = body(1024, 0).replace('"', "\\\"");
-        std::fs::write(
-            &script,
-            format!(
-                "wrk.method = \"POST\"\nwrk.headers[\"content-type\"] = \"application/json\"\nwrk.body = \"{b}\"\n"
-            ),
-        )
-        .map_err(|e| e.to_string())?;
-        let script = script.to_string_lossy().to_string();
+        let dir = std::env::temp_dir().join(format!("kvroute-presence-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let script = post_script(&dir, 1024)?;
         println!("| path (1 KiB POST, 8 connections) | req/s without | req/s with kvroute | ratio |");
         println!("|---|---|---|---|");
         for (label, path) in [
@@ -258,7 +256,7 @@ mod native {
                 with.rps / without.rps
             );
         }
-        let _ = std::fs::remove_file(&script);
+        let _ = std::fs::remove_dir_all(&dir);
         Ok(())
     }
 
