@@ -68,7 +68,7 @@ impl Http {
         let parsed = match parse(kind, body) {
             Ok(p) => p,
             Err(e) => {
-                host::log(LogLevel::Debug, &format!("kvroute: not routing: {e}"));
+                host::log(LogLevel::Debug, &format!("not routing: {e}"));
                 shared.stats.skipped_malformed.inc();
                 self.reason = "malformed";
                 return Action::Continue;
@@ -132,9 +132,9 @@ impl HttpContext for Http {
         if self.strip_client_routing().is_err() {
             host::log(
                 LogLevel::Error,
-                "kvroute: cannot remove a client-sent destination header; refusing the request",
+                "cannot remove a client-sent destination header; refusing the request",
             );
-            let _ = host::send_local_response(500, vec![], b"kvroute: cannot sanitise routing headers\n");
+            let _ = host::send_local_response(500, vec![], b"cannot sanitise routing headers\n");
             return Action::Pause;
         }
         let Some(shared) = self.shared.clone() else {
@@ -260,7 +260,7 @@ impl HttpContext for Http {
             cached_tokens: cached,
         };
         if let Some(flip) = router.on_completed(request_id, &done, host::now()) {
-            host::log(LogLevel::Warn, &format!("kvroute: passive health: {flip:?}"));
+            host::log(LogLevel::Warn, &format!("passive health: {flip:?}"));
         }
     }
 }

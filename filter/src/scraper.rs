@@ -31,7 +31,7 @@ impl Scraper {
         if host::set_tick_period_ms(interval).is_err() {
             host::log(
                 LogLevel::Error,
-                "kvroute: could not set the scrape tick; metrics will not be scraped",
+                "could not set the scrape tick; metrics will not be scraped",
             );
         }
         Scraper {
@@ -66,7 +66,7 @@ impl Scraper {
                 Err(status) => {
                     host::log(
                         LogLevel::Warn,
-                        &format!("kvroute: cannot scrape {id} via cluster {}: {status:?}", scrape.cluster),
+                        &format!("cannot scrape {id} via cluster {}: {status:?}", scrape.cluster),
                     );
                     self.failed(&id, now);
                 }
@@ -96,7 +96,7 @@ impl Scraper {
                 log_flip(&id, flip, "");
             }
             Err(why) => {
-                host::log(LogLevel::Debug, &format!("kvroute: scrape of {id} failed: {why}"));
+                host::log(LogLevel::Debug, &format!("scrape of {id} failed: {why}"));
                 let flip = self.failed(&id, now);
                 log_flip(&id, flip, &why);
             }
@@ -139,17 +139,15 @@ impl Scraper {
             self.stats.healthy_endpoints.set(healthy as u64);
             self.dirty = false;
         } else {
-            host::log(LogLevel::Error, "kvroute: cannot write the snapshot to shared data");
+            host::log(LogLevel::Error, "cannot write the snapshot to shared data");
         }
     }
 }
 
 fn log_flip(id: &EndpointId, flip: Option<Flip>, why: &str) {
     match flip {
-        Some(Flip::BecameHealthy) => host::log(LogLevel::Info, &format!("kvroute: endpoint {id} is healthy")),
-        Some(Flip::BecameUnhealthy) => {
-            host::log(LogLevel::Warn, &format!("kvroute: endpoint {id} is unhealthy: {why}"))
-        }
+        Some(Flip::BecameHealthy) => host::log(LogLevel::Info, &format!("endpoint {id} is healthy")),
+        Some(Flip::BecameUnhealthy) => host::log(LogLevel::Warn, &format!("endpoint {id} is unhealthy: {why}")),
         Some(Flip::Ejected { .. }) | None => {}
     }
 }

@@ -51,7 +51,7 @@ impl Worker {
         if host::set_tick_period_ms(tick).is_err() {
             host::log(
                 LogLevel::Error,
-                "kvroute: could not set the snapshot tick; routing will fall back",
+                "could not set the snapshot tick; routing will fall back",
             );
         }
         let shared = Shared {
@@ -101,10 +101,7 @@ impl Worker {
                 self.published_at = Millis(snapshot.published_at_ms);
                 self.apply(snapshot);
             }
-            Err(e) => host::log(
-                LogLevel::Error,
-                &format!("kvroute: cannot decode the metrics snapshot: {e}"),
-            ),
+            Err(e) => host::log(LogLevel::Error, &format!("cannot decode the metrics snapshot: {e}")),
         }
     }
 

@@ -86,6 +86,9 @@ impl Envoy {
         let cfg = dir.0.join("envoy.yaml");
         let log = dir.0.join("envoy.log");
         std::fs::write(&cfg, text).map_err(|e| e.to_string())?;
+        // Logs go to stderr, captured in a file: Envoy flushes a --log-path file only now
+        // and then, and tests read the log while Envoy runs.
+        let log_file = std::fs::File::create(&log).map_err(|e| e.to_string())?;
         let child = Command::new(&binary)
             .current_dir(&root)
             .args([
@@ -97,10 +100,8 @@ impl Envoy {
                 "-l",
                 "info",
             ])
-            .arg("--log-path")
-            .arg(&log)
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log_file)
             .spawn()
             .map_err(|e| format!("cannot start {}: {e}", binary.display()))?;
         let mut envoy = Envoy {

@@ -1,0 +1,214 @@
+//! Faults end to end: real Envoy + dist/kvroute.wasm in front of the simulator's live
+//! servers, with faults injected at run time through the simulator's admin port. In every
+//! scenario Envoy and its wasm VMs stay up, traffic leaves a bad server within 2 s and
+//! returns when it recovers, and nothing that could be retried safely is lost.
+
+#![allow(clippy::unwrap_used, clippy::disallowed_methods)] // wall-time test helpers
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use kvroute_sim::profile::{Gpu, Model, Profile};
+use kvroute_wasm_tests::envoy::Envoy;
+use kvroute_wasm_tests::http_client;
+
+struct Fleet {
+    _rt: tokio::runtime::Runtime,
+    base: u16,
+    envoy: Envoy,
+}
+
+fn fleet() -> Fleet {
+    let profile = Profile::new(Gpu::H100_80g, Model::Llama31_8b, 1).unwrap();
+    let (rt, base) = kvroute_sim::serve::start_in_background(profile, 4, 20.0).unwrap();
+    let ports: Vec<u16> = (base..base + 4).collect();
+    let debug = |t: String| {
+        t.replace(
+            "\"policy\": \"cost\",",
+            "\"policy\": \"cost\", \"debug_headers\": true,",
+        )
+    };
+    let envoy = Envoy::start("envoy.yaml", &ports, debug).unwrap();
+    sleep(Duration::from_millis(800));
+    Fleet { _rt: rt, base, envoy }
+}
+
+impl Fleet {
+    fn fault(&self, server: u16, fault: &str) {
+        let r = http_client::request(
+            self.base - 1,
+            "POST",
+            &format!("/servers/{server}/fault"),
+            &[],
+            fault.as_bytes(),
+        )
+        .unwrap();
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+
+    fn address(&self, server: u16) -> String {
+        format!("127.0.0.1:{}", self.base + server)
+    }
+
+    /// One chat request with a distinct prompt: (status, endpoint kvroute chose, elapsed).
+    fn chat(&self, n: usize) -> (u16, String, Duration) {
+        let body = format!(
+            r#"{{"model":"m","max_tokens":4,"messages":[{{"role":"user","content":"{} question {n}"}}]}}"#,
+            format!("prompt family {n} ").repeat(30)
+        );
+        let start = Instant::now();
+        let r = http_client::request(self.envoy.port, "POST", "/v1/chat/completions", &[], body.as_bytes()).unwrap();
+        (
+            r.status,
+            r.header("x-kvroute-endpoint").unwrap_or("").to_string(),
+            start.elapsed(),
+        )
+    }
+
+    /// Sends `n` requests; returns how many kvroute sent to `server` and the failures.
+    fn traffic(&self, n: usize, server: u16, offset: usize) -> (usize, Vec<u16>) {
+        let mut chosen = 0;
+        let mut failures = Vec::new();
+        for i in 0..n {
+            let (status, endpoint, _) = self.chat(offset + i);
+            if endpoint == self.address(server) {
+                chosen += 1;
+            }
+            if status != 200 {
+                failures.push(status);
+            }
+        }
+        (chosen, failures)
+    }
+
+    fn assert_vms_up(&mut self) {
+        assert!(self.envoy.alive(), "Envoy died");
+        for stat in [
+            "wasm.kvroute.vm_reload",
+            "wasm.kvroute.vm_reload_failure",
+            "wasm.kvroute.scraper.vm_reload",
+        ] {
+            assert_eq!(self.envoy.stat(stat), 0, "{stat}");
+        }
+    }
+}
+
+#[test]
+fn broken_metrics_take_a_server_out_within_two_seconds_and_back_after_recovery() {
+    let mut f = fleet();
+    for (i, mode) in ["garbage", "404", "huge"].into_iter().enumerate() {
+        f.fault(1, &format!(r#"{{"metrics":"{mode}"}}"#));
+        sleep(Duration::from_secs(2));
+        let (chosen, failures) = f.traffic(24, 1, 1000 * i);
+        assert_eq!(chosen, 0, "{mode}: kvroute still chose the server with broken metrics");
+        assert!(failures.is_empty(), "{mode}: {failures:?}");
+        f.fault(1, "{}");
+        sleep(Duration::from_secs(2));
+        let (chosen, failures) = f.traffic(40, 1, 1000 * i + 500);
+        assert!(chosen > 0, "{mode}: the recovered server got no traffic");
+        assert!(failures.is_empty(), "{mode}: {failures:?}");
+    }
+    assert!(f.envoy.stat("wasmcustom.kvroute.scrape.failure") >= 6);
+    f.assert_vms_up();
+}
+
+#[test]
+fn bursts_of_5xx_eject_a_server_by_passive_health() {
+    let mut f = fleet();
+    f.fault(2, r#"{"error_rate": 1.0}"#);
+    // Until the ejection (3 consecutive failures per Envoy worker) some requests get the 500s.
+    let (_, early) = f.traffic(40, 2, 0);
+    assert!(early.iter().all(|s| *s == 500) && early.len() <= 8, "{early:?}");
+    let (chosen, failures) = f.traffic(30, 2, 100);
+    assert_eq!((chosen, failures.len()), (0, 0), "the failing server was not ejected");
+    let log = f.envoy.log_text();
+    let wasm_lines: Vec<&str> = log.lines().filter(|l| l.contains("wasm")).collect();
+    assert!(
+        log.contains("passive health"),
+        "the ejection was not logged: {:?}",
+        &wasm_lines[wasm_lines.len().saturating_sub(5)..]
+    );
+    f.assert_vms_up();
+}
+
+#[test]
+fn with_every_server_down_envoy_answers_503_quickly_and_recovers() {
+    let mut f = fleet();
+    for s in 0..4 {
+        f.fault(s, r#"{"down": true}"#);
+    }
+    sleep(Duration::from_millis(800));
+    for n in 0..10 {
+        let (status, _, took) = f.chat(n);
+        assert_eq!(status, 503);
+        assert!(took < Duration::from_secs(2), "a 503 took {took:?}");
+    }
+    for s in 0..4 {
+        f.fault(s, "{}");
+    }
+    sleep(Duration::from_secs(1));
+    let (_, failures) = f.traffic(20, 0, 100);
+    assert!(failures.is_empty(), "{failures:?}");
+    f.assert_vms_up();
+}
+
+#[test]
+fn a_flapping_server_loses_no_request_and_returns_when_stable() {
+    let mut f = fleet();
+    let mut n = 0;
+    for _ in 0..3 {
+        f.fault(3, r#"{"down": true}"#);
+        let (_, failures) = f.traffic(15, 3, n);
+        assert!(failures.is_empty(), "down phase: {failures:?}");
+        f.fault(3, "{}");
+        let (_, failures) = f.traffic(15, 3, n + 15);
+        assert!(failures.is_empty(), "up phase: {failures:?}");
+        n += 30;
+    }
+    sleep(Duration::from_secs(2));
+    let (chosen, failures) = f.traffic(40, 3, n);
+    assert!(
+        chosen > 0 && failures.is_empty(),
+        "chosen {chosen}, failures {failures:?}"
+    );
+    f.assert_vms_up();
+}
+
+#[test]
+fn a_server_killed_mid_stream_cuts_that_stream_only() {
+    let mut f = fleet();
+    let body =
+        r#"{"model":"m","max_tokens":3000,"stream":true,"messages":[{"role":"user","content":"tell a long story"}]}"#;
+    let mut s = TcpStream::connect(("127.0.0.1", f.envoy.port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    write!(
+        s,
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut reader = BufReader::new(s);
+    let mut chosen = String::new();
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        if let Some(v) = line.to_lowercase().strip_prefix("x-kvroute-endpoint:") {
+            chosen = v.trim().to_string();
+        }
+        if line == "\r\n" {
+            break;
+        }
+    }
+    let server = chosen.rsplit(':').next().and_then(|p| p.parse::<u16>().ok()).unwrap() - f.base;
+    sleep(Duration::from_millis(300));
+    f.fault(server, r#"{"down": true}"#);
+    let mut rest = String::new();
+    let _ = reader.read_to_string(&mut rest);
+    assert!(rest.contains("data: {"), "the stream had started");
+    assert!(!rest.contains("[DONE]"), "the stream should have been cut");
+    let (_, failures) = f.traffic(20, server, 0);
+    assert!(failures.is_empty(), "new requests failed: {failures:?}");
+    f.assert_vms_up();
+}
