@@ -417,3 +417,23 @@ fn prefill_the_gateway_sent_counts_until_the_first_token_even_after_a_scrape() {
     );
     assert_eq!(pending(&r), Tokens(0), "nothing is released twice");
 }
+
+#[test]
+fn the_same_prompt_from_two_tenants_shares_no_prefix_state() {
+    let mut r = router(PolicyKind::Cost, &idle(4));
+    let parsed = crate::request::parse(
+        crate::request::ApiKind::Completions,
+        format!(r#"{{"model":"m","prompt":"{}"}}"#, "x".repeat(4096)).as_bytes(),
+    )
+    .unwrap();
+    let a = r.request(&parsed, "tenant-a", false);
+    let d = r.route(&a, T0);
+    r.on_routed(1, &a, &d, T0);
+    assert_eq!(r.route(&a, T0).outcome, Outcome::PrefixHit);
+    let b = r.request(&parsed, "tenant-b", false);
+    assert!(
+        a.blocks.iter().all(|h| !b.blocks.contains(h)),
+        "no block hash in common"
+    );
+    assert_eq!(r.route(&b, T0).matched_blocks, 0);
+}
