@@ -7,7 +7,7 @@ WASM_BINDGEN_VERSION := $(shell sed -n '/^name = "wasm-bindgen"$$/{n;s/^version 
 CARGO_BIN := $(or $(CARGO_HOME),$(HOME)/.cargo)/bin
 export PATH := $(CARGO_BIN):$(PATH)
 
-.PHONY: all setup setup-rust setup-wasm-bindgen setup-envoy build build-wasm test test-native test-wasm test-e2e \
+.PHONY: all setup setup-rust setup-wasm-bindgen setup-envoy build build-wasm build-wasm-test-panic test test-native test-wasm test-e2e \
 	validate-envoy check-core-deps lint bench bench-overhead run fmt
 
 ENVOY_VERSION := 1.40.0
@@ -44,6 +44,12 @@ setup-wasm-bindgen:
 build: build-wasm
 	$(CARGO) build --workspace --release
 
+# A test-only build whose filter panics on request (never shipped): checks failure_policy.
+build-wasm-test-panic: setup-rust
+	$(CARGO) build -p kvroute-filter --target wasm32-wasip1 --release --features test-panic --target-dir target/test-panic
+	@mkdir -p dist
+	cp target/test-panic/wasm32-wasip1/release/kvroute_filter.wasm dist/kvroute-test-panic.wasm
+
 build-wasm: setup-rust
 	$(CARGO) build -p kvroute-filter --target wasm32-wasip1 --release
 	@mkdir -p dist
@@ -64,7 +70,7 @@ validate-envoy: setup-envoy build-wasm
 	done
 
 ## test-e2e: real Envoy + dist/kvroute.wasm in front of test vLLM servers on loopback
-test-e2e: setup-envoy build-wasm
+test-e2e: setup-envoy build-wasm build-wasm-test-panic
 	KVROUTE_ENVOY=$(CURDIR)/$(ENVOY) $(CARGO) test -p kvroute-wasm-tests --test e2e --test e2e_simulated --test e2e_faults -- --test-threads 2
 
 test-wasm: setup

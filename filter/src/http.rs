@@ -129,6 +129,11 @@ impl Context for Http {}
 
 impl HttpContext for Http {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        #[cfg(feature = "test-panic")]
+        #[allow(clippy::panic)]
+        if host::request_header("x-kvroute-test-panic").ok().flatten().is_some() {
+            panic!("x-kvroute-test-panic");
+        }
         if self.strip_client_routing().is_err() {
             host::log(
                 LogLevel::Error,

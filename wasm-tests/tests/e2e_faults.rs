@@ -212,3 +212,42 @@ fn a_server_killed_mid_stream_cuts_that_stream_only() {
     assert!(failures.is_empty(), "new requests failed: {failures:?}");
     f.assert_vms_up();
 }
+
+#[test]
+fn a_panicking_filter_fails_open_and_requests_are_still_served() {
+    let root = kvroute_wasm_tests::envoy::repo_root();
+    assert!(
+        root.join("dist/kvroute-test-panic.wasm").exists(),
+        "run `make build-wasm-test-panic`"
+    );
+    let profile = Profile::new(Gpu::H100_80g, Model::Llama31_8b, 1).unwrap();
+    let (_rt, base) = kvroute_sim::serve::start_in_background(profile, 4, 20.0).unwrap();
+    let ports: Vec<u16> = (base..base + 4).collect();
+    let mut envoy = Envoy::start("envoy.yaml", &ports, |t| {
+        t.replace("dist/kvroute.wasm", "dist/kvroute-test-panic.wasm")
+    })
+    .unwrap();
+    sleep(Duration::from_millis(800));
+    let body = r#"{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"hello"}]}"#;
+    let post = |headers: &[(&str, &str)]| {
+        http_client::request(envoy.port, "POST", "/v1/chat/completions", headers, body.as_bytes()).map(|r| r.status)
+    };
+    assert_eq!(post(&[]).unwrap(), 200);
+    // The request that crashes its worker's VM gets whatever Envoy answers; every later
+    // request, on either worker, must be served (FAIL_OPEN: without kvroute, balanced by
+    // the cluster's fallback policy; the client's destination header is still stripped by
+    // Envoy's header_mutation filter).
+    let crashed = post(&[("x-kvroute-test-panic", "1")]);
+    let crashed_again = post(&[("x-kvroute-test-panic", "1")]);
+    for i in 0..20 {
+        let admin = format!("127.0.0.1:{}", envoy.admin);
+        let status = post(&[("x-gateway-destination-endpoint", admin.as_str())]).unwrap();
+        assert_eq!(
+            status, 200,
+            "request {i} after the panics ({crashed:?}, {crashed_again:?})"
+        );
+    }
+    assert!(envoy.alive(), "Envoy died");
+    assert!(envoy.log_text().contains("panicked"), "the panic hook did not log");
+    eprintln!("panicking requests got: {crashed:?}, {crashed_again:?}");
+}
