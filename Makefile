@@ -8,7 +8,7 @@ CARGO_BIN := $(or $(CARGO_HOME),$(HOME)/.cargo)/bin
 export PATH := $(CARGO_BIN):$(PATH)
 
 .PHONY: all setup setup-rust setup-wasm-bindgen setup-envoy build build-wasm build-wasm-test-panic test test-native test-wasm test-e2e \
-	validate-envoy check-core-deps lint bench bench-overhead run fmt
+	validate-envoy check-core-deps lint bench bench-overhead fuzz soak run fmt
 
 ENVOY_VERSION := 1.40.0
 VENV := .venv
@@ -71,7 +71,7 @@ validate-envoy: setup-envoy build-wasm
 
 ## test-e2e: real Envoy + dist/kvroute.wasm in front of test vLLM servers on loopback
 test-e2e: setup-envoy build-wasm build-wasm-test-panic
-	KVROUTE_ENVOY=$(CURDIR)/$(ENVOY) $(CARGO) test -p kvroute-wasm-tests --test e2e --test e2e_simulated --test e2e_faults -- --test-threads 2
+	KVROUTE_ENVOY=$(CURDIR)/$(ENVOY) $(CARGO) test -p kvroute-wasm-tests --test e2e --test e2e_simulated --test e2e_faults --test e2e_soak -- --test-threads 2
 
 test-wasm: setup
 	$(CARGO) test -p kvroute-wasm-tests --target wasm32-unknown-unknown --test core_on_wasm
@@ -103,7 +103,19 @@ bench-overhead: setup-envoy build-wasm
 	@command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk; }
 	KVROUTE_ENVOY=$(CURDIR)/$(ENVOY) $(CARGO) run --release -p kvroute-wasm-tests --bin filter-overhead -- all
 
-## run: simulated vLLM fleet + Envoy with kvroute vs round-robin, one table and a report
+## ## fuzz: every cargo-fuzz target for FUZZ_SECONDS (nightly toolchain; see fuzz/README.md)
+FUZZ_SECONDS ?= 60
+fuzz:
+	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz
+	cd fuzz && for t in metrics request config traces; do \
+		mkdir -p corpus/$$t && cargo +nightly fuzz run $$t corpus/$$t seeds/$$t -- -max_total_time=$(FUZZ_SECONDS) -max_len=65536 || exit 1; \
+	done
+
+## soak: 30 minutes of steady traffic through Envoy + kvroute + the simulated fleet
+soak: setup-envoy build-wasm
+	KVROUTE_ENVOY=$(CURDIR)/$(ENVOY) $(CARGO) run --release -p kvroute-wasm-tests --bin soak -- 1800 40
+
+run: simulated vLLM fleet + Envoy with kvroute vs round-robin, one table and a report
 run: setup-rust setup-envoy build-wasm
 	$(CARGO) build --release -p kvroute-sim
 	bash scripts/demo.sh

@@ -51,6 +51,8 @@ pub struct RequestStats {
     pub reported_cached_tokens: Metric,
     pub estimated_hit_permille: Metric,
     pub snapshot_age_ms: Metric,
+    pub index_entries: Metric,
+    pub inflight: Metric,
     per_endpoint: RefCell<BTreeMap<String, Metric>>,
 }
 
@@ -73,6 +75,8 @@ impl RequestStats {
             reported_cached_tokens: c("tokens.reported_cached"),
             estimated_hit_permille: g("estimated_prefix_hit_permille"),
             snapshot_age_ms: g("snapshot_age_ms"),
+            index_entries: g("index_entries"),
+            inflight: g("inflight_requests"),
             per_endpoint: RefCell::new(BTreeMap::new()),
         }
     }

@@ -78,6 +78,11 @@ impl Worker {
         if self.published_at.0 > 0 {
             self.shared.stats.snapshot_age_ms.set(now.since(self.published_at));
         }
+        // Per worker VM (the last writer wins): bounded by the index budget and MAX_INFLIGHT.
+        if let Ok(router) = self.shared.router.try_borrow() {
+            self.shared.stats.index_entries.set(router.index().entries() as u64);
+            self.shared.stats.inflight.set(router.inflight_requests() as u64);
+        }
         let cached = self.shared.predicted_cached.get().saturating_mul(1000);
         if let Some(permille) = cached.checked_div(self.shared.prompt_tokens.get()) {
             self.shared.stats.estimated_hit_permille.set(permille);

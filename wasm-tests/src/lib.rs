@@ -16,3 +16,5 @@ pub mod envoy;
 pub mod fake_vllm;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod http_client;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod soak;
