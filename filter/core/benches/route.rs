@@ -98,5 +98,47 @@ fn bench_parse(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_route, bench_parse);
+/// The worst bodies we could construct within the filter's 4 MiB cap: many tiny messages,
+/// one string made of escapes, tools nested to serde_json's depth limit.
+fn bench_hostile(c: &mut Criterion) {
+    const CAP: usize = 4 << 20;
+    let one = r#"{"role":"user","content":"hi"},"#;
+    let many = format!(
+        r#"{{"model":"m","messages":[{}{{"role":"user","content":"end"}}]}}"#,
+        one.repeat(CAP / one.len() - 2)
+    );
+    let escapes = format!(
+        r#"{{"model":"m","messages":[{{"role":"user","content":"{}"}}]}}"#,
+        "\\u00e9".repeat(CAP / 6 - 20)
+    );
+    let nested = format!(
+        r#"{{"model":"m","tools":{}{},"messages":[{{"role":"user","content":"x"}}]}}"#,
+        "[".repeat(126),
+        "]".repeat(126)
+    );
+    let mut group = c.benchmark_group("parse_hostile_4mib");
+    group.sample_size(10);
+    for (name, body) in [
+        ("many_messages", &many),
+        ("escaped_string", &escapes),
+        ("nested_tools", &nested),
+    ] {
+        group.bench_with_input(
+            BenchmarkId::from_parameter(format!("{name}_{}KiB", body.len() / 1024)),
+            body,
+            |b, body| {
+                b.iter(|| {
+                    black_box(
+                        parse(ApiKind::Chat, black_box(body.as_bytes()))
+                            .map(|p| p.prompt_tokens)
+                            .unwrap_or(Tokens(0)),
+                    )
+                })
+            },
+        );
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_route, bench_parse, bench_hostile);
 criterion_main!(benches);

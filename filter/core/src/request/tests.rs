@@ -130,3 +130,23 @@ fn paths_select_the_api() {
     assert_eq!(ApiKind::from_path("/v1/models"), None);
     assert_eq!(ApiKind::from_path("/v1/chat/completions/extra"), None);
 }
+
+#[test]
+fn duplicate_keys_are_rejected_not_merged() {
+    let dup = chat(r#"{"model":"a","model":"b","messages":[{"role":"user","content":"x"}]}"#);
+    assert!(
+        matches!(dup, Err(RequestError::Malformed(ref e)) if e.contains("duplicate field")),
+        "{dup:?}"
+    );
+}
+
+#[test]
+fn a_hundred_thousand_messages_parse_and_count() {
+    let one = r#"{"role":"user","content":"hi"},"#;
+    let body = format!(
+        r#"{{"model":"m","messages":[{}{{"role":"user","content":"end"}}]}}"#,
+        one.repeat(100_000)
+    );
+    let r = chat(&body).unwrap();
+    assert!(r.prompt_tokens.0 > 400_000, "{:?}", r.prompt_tokens);
+}
