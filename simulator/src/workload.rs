@@ -169,6 +169,15 @@ fn parse_timestamp_ms(ts: &str) -> anyhow::Result<f64> {
     let ([y, m, day], [hh, mm, ss]) = (d.as_slice(), t.as_slice()) else {
         bail!("bad timestamp {ts:?}")
     };
+    let in_range = (1..=9999).contains(y)
+        && (1..=12).contains(m)
+        && (1..=31).contains(day)
+        && (0.0..24.0).contains(hh)
+        && (0.0..60.0).contains(mm)
+        && (0.0..61.0).contains(ss);
+    if !in_range {
+        bail!("timestamp {ts:?} is out of range");
+    }
     // Days from civil (Howard Hinnant's algorithm).
     let y = if *m <= 2 { y - 1 } else { *y };
     let era = y.div_euclid(400);

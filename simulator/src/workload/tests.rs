@@ -87,3 +87,19 @@ fn generators_are_deterministic_per_seed() {
     let other = GenParams { seed: 1, ..p.clone() };
     assert_ne!(generate(Generator::Rag, &p), generate(Generator::Rag, &other));
 }
+
+#[test]
+fn out_of_range_timestamps_are_errors_not_overflows() {
+    // Found by the `traces` fuzz target (an integer overflow on an absurd date).
+    let crash = include_bytes!("../../tests/fixtures/fuzz-azure-timestamp-overflow.csv");
+    let _ = parse_azure(&String::from_utf8_lossy(crash), 4, 0);
+    for bad in [
+        "99999999999999-01-01 00:00:00",
+        "2023-13-01 00:00:00",
+        "2023-01-01 25:00:00",
+        "-5-01-01 00:00:00",
+    ] {
+        let err = parse_azure(&format!("TIMESTAMP,ContextTokens,GeneratedTokens\n{bad},10,1\n"), 0, 0).unwrap_err();
+        assert!(format!("{err:#}").contains("line 2"), "{bad}: {err:#}");
+    }
+}
