@@ -243,7 +243,15 @@ async fn models(State(srv): State<Arc<SimServer>>) -> Response {
     with_server(Json(body).into_response(), &srv)
 }
 
+/// A hung server never answers, on new and on kept-alive connections alike.
+async fn hang_if_faulted(srv: &SimServer) {
+    if srv.fault().hang {
+        std::future::pending::<()>().await;
+    }
+}
+
 async fn metrics(State(srv): State<Arc<SimServer>>) -> Response {
+    hang_if_faulted(&srv).await;
     let f = srv.fault();
     let text = match f.metrics {
         MetricsFault::NotFound => return with_server(StatusCode::NOT_FOUND.into_response(), &srv),
@@ -276,6 +284,7 @@ struct Extra {
 }
 
 async fn complete(State(srv): State<Arc<SimServer>>, body: Bytes, kind: ApiKind) -> Response {
+    hang_if_faulted(&srv).await;
     let f = srv.fault();
     let n = srv.next_id.fetch_add(1, Ordering::Relaxed);
     if f.error_rate > 0.0 && (kvroute_core::policy::mix(n ^ srv.index as u64) % 10_000) as f64 / 10_000.0 < f.error_rate

@@ -21,14 +21,19 @@ struct Fleet {
 }
 
 fn fleet() -> Fleet {
+    fleet_with(|t| t)
+}
+
+/// A fleet whose envoy.yaml (debug headers on) is further changed by `edit`.
+fn fleet_with(edit: impl Fn(String) -> String) -> Fleet {
     let profile = Profile::new(Gpu::H100_80g, Model::Llama31_8b, 1).unwrap();
     let (rt, base) = kvroute_sim::serve::start_in_background(profile, 4, 20.0).unwrap();
     let ports: Vec<u16> = (base..base + 4).collect();
     let debug = |t: String| {
-        t.replace(
+        edit(t.replace(
             "\"policy\": \"cost\",",
             "\"policy\": \"cost\", \"debug_headers\": true,",
-        )
+        ))
     };
     let envoy = Envoy::start("envoy.yaml", &ports, debug).unwrap();
     sleep(Duration::from_millis(800));
@@ -250,4 +255,28 @@ fn a_panicking_filter_fails_open_and_requests_are_still_served() {
     assert!(envoy.alive(), "Envoy died");
     assert!(envoy.log_text().contains("panicked"), "the panic hook did not log");
     eprintln!("panicking requests got: {crashed:?}, {crashed_again:?}");
+}
+
+#[test]
+fn a_hung_server_costs_one_per_try_timeout_at_most_then_is_avoided() {
+    let mut f = fleet_with(|t| t.replace("per_try_timeout: 30s", "per_try_timeout: 2s"));
+    f.fault(1, r#"{"hang": true}"#);
+    // A request that reaches the hung server is retried elsewhere after the per-try timeout.
+    for n in 0..16 {
+        let (status, _, took) = f.chat(n);
+        assert_eq!(status, 200, "request {n}");
+        assert!(took < Duration::from_secs(4), "request {n} took {took:?}");
+    }
+    // Its scrapes time out (150 ms, twice in a row): kvroute stops choosing it.
+    sleep(Duration::from_secs(2));
+    let (chosen, failures) = f.traffic(24, 1, 100);
+    assert_eq!((chosen, failures.len()), (0, 0), "the hung server was still chosen");
+    f.fault(1, "{}");
+    sleep(Duration::from_secs(2));
+    let (chosen, failures) = f.traffic(40, 1, 200);
+    assert!(
+        chosen > 0 && failures.is_empty(),
+        "chosen {chosen}, failures {failures:?}"
+    );
+    f.assert_vms_up();
 }
