@@ -61,6 +61,8 @@ pub enum MetricsFault {
     #[serde(rename = "404")]
     NotFound,
     Huge,
+    /// A wanted family with more labels than any parser should accept.
+    LabelBomb,
 }
 
 pub struct SimServer {
@@ -257,6 +259,10 @@ async fn metrics(State(srv): State<Arc<SimServer>>) -> Response {
         MetricsFault::NotFound => return with_server(StatusCode::NOT_FOUND.into_response(), &srv),
         MetricsFault::Garbage => "vllm:num_requests_running{engine=\"0 not prometheus {{{\n\u{0}\u{1}".to_string(),
         MetricsFault::Huge => format!("# {}\n", "x".repeat(4 << 20)),
+        MetricsFault::LabelBomb => {
+            let labels: Vec<String> = (0..10_000).map(|i| format!("l{i}=\"{i}\"")).collect();
+            format!("vllm:num_requests_running{{{}}} 1.0\n", labels.join(","))
+        }
         MetricsFault::Ok => srv
             .engine
             .lock()

@@ -11,6 +11,7 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use kvroute_sim::profile::{Gpu, Model, Profile};
+use kvroute_sim::workload::{generate, GenParams, Generator};
 use kvroute_wasm_tests::envoy::Envoy;
 use kvroute_wasm_tests::http_client;
 
@@ -103,7 +104,7 @@ impl Fleet {
 #[test]
 fn broken_metrics_take_a_server_out_within_two_seconds_and_back_after_recovery() {
     let mut f = fleet();
-    for (i, mode) in ["garbage", "404", "huge"].into_iter().enumerate() {
+    for (i, mode) in ["garbage", "404", "huge", "labelbomb"].into_iter().enumerate() {
         f.fault(1, &format!(r#"{{"metrics":"{mode}"}}"#));
         sleep(Duration::from_secs(2));
         let (chosen, failures) = f.traffic(24, 1, 1000 * i);
@@ -277,6 +278,41 @@ fn a_hung_server_costs_one_per_try_timeout_at_most_then_is_avoided() {
     assert!(
         chosen > 0 && failures.is_empty(),
         "chosen {chosen}, failures {failures:?}"
+    );
+    f.assert_vms_up();
+}
+
+#[test]
+fn a_slow_server_gets_a_smaller_share() {
+    let mut f = fleet();
+    f.fault(0, r#"{"slow": 10}"#);
+    sleep(Duration::from_millis(500));
+    // Concurrent traffic (the simulator's load generator), distinct prefixes.
+    let p = GenParams {
+        rate: 60.0,
+        groups: 256,
+        prompts_per_group: 1,
+        output_tokens: 16,
+        ..GenParams::defaults(Generator::SharedPrefix)
+    };
+    let reqs = generate(Generator::SharedPrefix, &p);
+    let url = format!("http://127.0.0.1:{}", f.envoy.port);
+    let (run, servers) = f
+        ._rt
+        .block_on(kvroute_sim::bench::bench(&url, "m", &reqs, 60.0, "slow", |_| {}))
+        .unwrap();
+    assert_eq!(run.failed, 0);
+    let slow = servers
+        .iter()
+        .position(|s| *s == f.address(0))
+        .map_or(0.0, |i| run.per_server[i].share);
+    // Relational: clearly less than the healthy servers get on average.
+    let others = (1.0 - slow) / 3.0;
+    assert!(
+        slow < 0.75 * others,
+        "the slow server got {:.0}% of the requests, the others {:.0}% each on average",
+        slow * 100.0,
+        others * 100.0
     );
     f.assert_vms_up();
 }
