@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -40,6 +40,11 @@ use tokio::task::JoinSet;
 use crate::engine::{Engine, Event, SeqSpec};
 use crate::profile::Profile;
 use crate::tokens::engine_blocks;
+
+mod admin;
+mod testing;
+use admin::{get_fault, set_fault};
+pub use testing::{free_base_port, start_in_background, wait_listening};
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -409,81 +414,4 @@ fn stream_response(
     r.headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     r
-}
-
-type Fleet = Arc<Vec<Arc<SimServer>>>;
-
-async fn get_fault(State(fleet): State<Fleet>, Path(i): Path<usize>) -> Response {
-    match fleet.get(i) {
-        Some(s) => Json(s.fault()).into_response(),
-        None => error(StatusCode::NOT_FOUND, "no such server"),
-    }
-}
-
-async fn set_fault(State(fleet): State<Fleet>, Path(i): Path<usize>, body: Bytes) -> Response {
-    let Some(srv) = fleet.get(i) else {
-        return error(StatusCode::NOT_FOUND, "no such server");
-    };
-    let mut new: Fault = match serde_json::from_slice(&body) {
-        Ok(f) => f,
-        Err(e) => return error(StatusCode::BAD_REQUEST, &format!("fault: {e}")),
-    };
-    if new.slow < 1.0 {
-        new.slow = 1.0;
-    }
-    let was_down = srv.fault().down;
-    if let Ok(mut f) = srv.fault.lock() {
-        *f = new.clone();
-    }
-    if new.down && !was_down {
-        if let Ok(mut c) = srv.connections.lock() {
-            if let Some(mut set) = c.take() {
-                set.abort_all();
-            }
-        }
-    } else if !new.down && was_down {
-        if let Err(e) = listen(srv).await {
-            return error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string());
-        }
-    }
-    Json(new).into_response()
-}
-
-/// A base port `b` with `b − 1 ..= b + n` free on loopback (for tests and scripts that start
-/// `n` servers and the admin listener), or `None`.
-pub fn free_base_port(n: u16) -> Option<u16> {
-    (20_000..40_000u16)
-        .step_by(97)
-        .find(|b| (b - 1..=b + n).all(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok()))
-}
-
-/// Waits until something accepts connections on `port` (false after `timeout`).
-pub fn wait_listening(port: u16, timeout: Duration) -> bool {
-    let deadline = Instant::now() + timeout;
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    true
-}
-
-/// Starts `n` servers on free loopback ports in a runtime of their own (for tests): returns
-/// the runtime (dropping it stops the servers) and the base port; the admin port is base − 1.
-pub fn start_in_background(
-    profile: Profile,
-    n: u16,
-    time_scale: f64,
-) -> anyhow::Result<(tokio::runtime::Runtime, u16)> {
-    let base = free_base_port(n).ok_or_else(|| anyhow::anyhow!("no {n} free ports on loopback"))?;
-    let rt = tokio::runtime::Runtime::new()?;
-    rt.spawn(async move { serve(profile, usize::from(n), "127.0.0.1", base, base - 1, time_scale, false).await });
-    for port in base - 1..base + n {
-        anyhow::ensure!(
-            wait_listening(port, Duration::from_secs(10)),
-            "simulated server on port {port} did not start"
-        );
-    }
-    Ok((rt, base))
 }

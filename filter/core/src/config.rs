@@ -4,12 +4,14 @@
 //! fields rejected, every field defaulted), then `TryFrom` validates it into a [`Config`]
 //! whose fields are private and known-good. Every rejection names the field and the fix.
 
-use std::collections::BTreeSet;
 use std::fmt;
 
 use serde::Deserialize;
 
 use crate::types::EndpointId;
+
+mod validate;
+use validate::{validate_endpoints, validate_hashing, validate_health, validate_scoring, validate_scrape};
 
 /// Which scoring policy picks the endpoint.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -342,158 +344,6 @@ impl TryFrom<RawConfig> for Config {
         }
         Ok(Config { raw, endpoints })
     }
-}
-
-fn validate_endpoints(raw: &RawConfig) -> Result<Vec<EndpointId>, ConfigError> {
-    if raw.cluster_shape == ClusterShape::OriginalDst && raw.endpoints.is_empty() {
-        return Err(reject(
-            "endpoints",
-            "must list the pool when cluster_shape is original_dst: that cluster reaches any address the header names",
-        ));
-    }
-    let mut seen = BTreeSet::new();
-    for address in &raw.endpoints {
-        let Some((host, port)) = address.rsplit_once(':') else {
-            return Err(reject(
-                "endpoints",
-                format!("{address:?} must be host:port, e.g. 10.0.0.7:8000"),
-            ));
-        };
-        if host.is_empty() || port.parse::<u16>().map_or(true, |p| p == 0) {
-            return Err(reject(
-                "endpoints",
-                format!("{address:?} must be host:port with a port in 1-65535"),
-            ));
-        }
-        if address.contains(',') || address.chars().any(char::is_whitespace) {
-            return Err(reject(
-                "endpoints",
-                format!("{address:?} must not contain commas or spaces"),
-            ));
-        }
-        if !seen.insert(address.as_str()) {
-            return Err(reject("endpoints", format!("{address:?} is listed twice")));
-        }
-    }
-    Ok(raw.endpoints.iter().map(EndpointId::new).collect())
-}
-
-fn validate_hashing(h: &RawHashing) -> Result<(), ConfigError> {
-    if !(16..=65_536).contains(&h.block_bytes) {
-        return Err(reject(
-            "hashing.block_bytes",
-            format!("({}) must be in 16..=65536", h.block_bytes),
-        ));
-    }
-    if !(1..=16_384).contains(&h.max_blocks) {
-        return Err(reject(
-            "hashing.max_blocks",
-            format!("({}) must be in 1..=16384", h.max_blocks),
-        ));
-    }
-    Ok(())
-}
-
-fn validate_scrape(s: &RawScrape) -> Result<(), ConfigError> {
-    if s.interval_ms < 10 {
-        return Err(reject(
-            "scrape.interval_ms",
-            format!("({}) must be at least 10", s.interval_ms),
-        ));
-    }
-    if s.timeout_ms == 0 || s.timeout_ms >= s.interval_ms {
-        return Err(reject(
-            "scrape.timeout_ms",
-            format!(
-                "({}) must be above 0 and below scrape.interval_ms ({})",
-                s.timeout_ms, s.interval_ms
-            ),
-        ));
-    }
-    if !s.path.starts_with('/') {
-        return Err(reject("scrape.path", format!("({:?}) must start with '/'", s.path)));
-    }
-    if s.cluster.is_empty() {
-        return Err(reject("scrape.cluster", "must name the Envoy cluster of the vLLM pool"));
-    }
-    if s.max_bytes < 4096 {
-        return Err(reject(
-            "scrape.max_bytes",
-            format!("({}) must be at least 4096", s.max_bytes),
-        ));
-    }
-    Ok(())
-}
-
-fn validate_health(h: &RawHealth, s: &RawScrape) -> Result<(), ConfigError> {
-    if h.unhealthy_after_failures == 0 || h.healthy_after_successes == 0 || h.passive_failures_to_eject == 0 {
-        return Err(reject("health", "failure and success thresholds must be at least 1"));
-    }
-    if h.stale_after_ms <= s.interval_ms {
-        return Err(reject(
-            "health.stale_after_ms",
-            format!(
-                "({}) must be above scrape.interval_ms ({}) or every snapshot is stale",
-                h.stale_after_ms, s.interval_ms
-            ),
-        ));
-    }
-    Ok(())
-}
-
-fn validate_scoring(raw: &RawConfig) -> Result<(), ConfigError> {
-    let c = &raw.cost;
-    if !(c.prefill_tokens_per_s.is_finite() && c.prefill_tokens_per_s > 0.0) {
-        return Err(reject("cost.prefill_tokens_per_s", "must be a positive number"));
-    }
-    for (field, v) in [
-        ("cost.decode_ms_per_running", c.decode_ms_per_running),
-        ("cost.kv_pressure_ms", c.kv_pressure_ms),
-        ("cost.work_weight", c.work_weight),
-    ] {
-        if !(v.is_finite() && v >= 0.0) {
-            return Err(reject(field, format!("({v}) must be a non-negative number")));
-        }
-    }
-    if !(0.0..1.0).contains(&c.kv_pressure_threshold) {
-        return Err(reject(
-            "cost.kv_pressure_threshold",
-            format!("({}) must be in [0, 1)", c.kv_pressure_threshold),
-        ));
-    }
-    if !(0.0..=1.0).contains(&c.cold_tolerance) {
-        return Err(reject(
-            "cost.cold_tolerance",
-            format!("({}) must be in [0, 1]", c.cold_tolerance),
-        ));
-    }
-    let w = &raw.weighted;
-    if [w.queue, w.kv, w.prefix].iter().any(|v| !(v.is_finite() && *v >= 0.0)) || w.queue + w.kv + w.prefix <= 0.0 {
-        return Err(reject(
-            "weighted",
-            "queue, kv and prefix must be non-negative and not all zero",
-        ));
-    }
-    let o = &raw.overload;
-    if !(o.kv_limit > 0.0 && o.kv_limit <= 1.0) {
-        return Err(reject(
-            "overload.kv_limit",
-            format!("({}) must be in (0, 1]", o.kv_limit),
-        ));
-    }
-    if o.queue_limit == 0 {
-        return Err(reject("overload.queue_limit", "must be at least 1"));
-    }
-    if raw.index.max_memory_bytes < 64 * 1024 {
-        return Err(reject(
-            "index.max_memory_bytes",
-            format!("({}) must be at least 65536", raw.index.max_memory_bytes),
-        ));
-    }
-    if raw.index.default_capacity_tokens == 0 {
-        return Err(reject("index.default_capacity_tokens", "must be at least 1"));
-    }
-    Ok(())
 }
 
 #[cfg(test)]
