@@ -111,6 +111,7 @@ fn bench_hostile(c: &mut Criterion) {
         r#"{{"model":"m","messages":[{{"role":"user","content":"{}"}}]}}"#,
         "\\u00e9".repeat(CAP / 6 - 20)
     );
+    let ids = format!(r#"{{"model":"m","prompt":[{}1]}}"#, "1,".repeat(CAP / 2 - 20));
     let nested = format!(
         r#"{{"model":"m","tools":{}{},"messages":[{{"role":"user","content":"x"}}]}}"#,
         "[".repeat(126),
@@ -122,6 +123,7 @@ fn bench_hostile(c: &mut Criterion) {
         ("many_messages", &many),
         ("escaped_string", &escapes),
         ("nested_tools", &nested),
+        ("token_ids", &ids),
     ] {
         group.bench_with_input(
             BenchmarkId::from_parameter(format!("{name}_{}KiB", body.len() / 1024)),

@@ -40,6 +40,9 @@ impl ApiKind {
 }
 
 pub const BYTES_PER_TOKEN: u64 = 4;
+/// Chat messages parsed at most: past this the body is not routed (Envoy balances it). It
+/// bounds the parse cost of a hostile body of tiny messages (≈ 50 ms for 130k natively).
+pub const MAX_MESSAGES: usize = 4096;
 const TOKENS_PER_MESSAGE: u64 = 4;
 
 /// What the router needs to know about one request body.
@@ -83,8 +86,9 @@ impl std::error::Error for RequestError {}
 #[derive(Deserialize)]
 struct Body {
     model: Option<String>,
+    #[serde(default, deserialize_with = "bounded_messages")]
     messages: Option<Vec<Message>>,
-    prompt: Option<Value>,
+    prompt: Option<Prompt>,
     tools: Option<Value>,
     max_tokens: Option<u64>,
     max_completion_tokens: Option<u64>,
@@ -99,6 +103,28 @@ struct Message {
     role: String,
     #[serde(default)]
     content: Option<Value>,
+}
+
+/// Reads `messages` but stops with an error past [`MAX_MESSAGES`] entries.
+fn bounded_messages<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Vec<Message>>, D::Error> {
+    struct Bounded;
+    impl<'de> serde::de::Visitor<'de> for Bounded {
+        type Value = Vec<Message>;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("an array of messages")
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<Message>, A::Error> {
+            let mut out = Vec::new();
+            while let Some(m) = seq.next_element()? {
+                if out.len() == MAX_MESSAGES {
+                    return Err(serde::de::Error::custom(format!("more than {MAX_MESSAGES} messages")));
+                }
+                out.push(m);
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_seq(Bounded).map(Some)
 }
 
 /// Parses a request body of the given API kind.
@@ -173,49 +199,120 @@ fn append_parts(out: &mut Vec<u8>, parts: &[Value]) {
     }
 }
 
-fn completion_canonical(prompt: &Value) -> Result<(Vec<u8>, Tokens), RequestError> {
-    const INVALID: RequestError = RequestError::InvalidField {
-        field: "prompt",
-        reason: "must be a string, an array of strings, or an array of token ids",
-    };
+fn completion_canonical(prompt: &Prompt) -> Result<(Vec<u8>, Tokens), RequestError> {
     match prompt {
-        Value::String(text) => Ok((text.as_bytes().to_vec(), Tokens(text_tokens(text.len())))),
-        Value::Array(items) if items.is_empty() => Err(RequestError::InvalidField {
+        Prompt::Text(text) => Ok((text.as_bytes().to_vec(), Tokens(text_tokens(text.len())))),
+        Prompt::Texts { first, tokens } => Ok((first.as_bytes().to_vec(), Tokens(*tokens))),
+        Prompt::Ids(ids) => Ok((ids_bytes(ids), Tokens(ids.len() as u64))),
+        Prompt::IdBatches { first, tokens } => Ok((ids_bytes(first), Tokens(*tokens))),
+        Prompt::Empty => Err(RequestError::InvalidField {
             field: "prompt",
             reason: "must not be empty",
         }),
-        Value::Array(items) => match &items[0] {
-            Value::String(first) => {
-                let mut total = 0;
-                for item in items {
-                    total += text_tokens(item.as_str().ok_or(INVALID)?.len());
-                }
-                Ok((first.as_bytes().to_vec(), Tokens(total)))
-            }
-            Value::Number(_) => token_ids(items).map(|ids| (ids_bytes(&ids), Tokens(ids.len() as u64))),
-            Value::Array(first) => {
-                // A batch of token-id prompts: the first is canonical, all count.
-                let mut total = 0;
-                for item in items {
-                    total += item.as_array().ok_or(INVALID)?.len() as u64;
-                }
-                token_ids(first).map(|ids| (ids_bytes(&ids), Tokens(total)))
-            }
-            _ => Err(INVALID),
-        },
-        _ => Err(INVALID),
     }
 }
 
-fn token_ids(items: &[Value]) -> Result<Vec<u32>, RequestError> {
-    items
-        .iter()
-        .map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()))
-        .collect::<Option<Vec<u32>>>()
-        .ok_or(RequestError::InvalidField {
-            field: "prompt",
-            reason: "token ids must be integers in 0..2^32",
-        })
+/// The completions `prompt`, read by a visitor instead of into a JSON tree: token ids stay
+/// 4 bytes each (a `Value` costs 32), and of a batch only the first prompt is kept.
+#[derive(Debug)]
+enum Prompt {
+    Text(String),
+    Texts { first: String, tokens: u64 },
+    Ids(Vec<u32>),
+    IdBatches { first: Vec<u32>, tokens: u64 },
+    Empty,
+}
+
+/// One element of a `prompt` array.
+enum PromptItem {
+    Id(u32),
+    Text(String),
+    Ids(Vec<u32>),
+}
+
+const PROMPT_SHAPE: &str = "a string, an array of strings, or an array of token ids (integers in 0..2^32)";
+
+impl<'de> Deserialize<'de> for Prompt {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Prompt, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Prompt;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str(PROMPT_SHAPE)
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Prompt, E> {
+                Ok(Prompt::Text(v.to_owned()))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Prompt, A::Error> {
+                let mut out = Prompt::Empty;
+                while let Some(item) = seq.next_element::<PromptItem>()? {
+                    out = match (out, item) {
+                        (Prompt::Empty, PromptItem::Id(id)) => Prompt::Ids(vec![id]),
+                        (Prompt::Ids(mut ids), PromptItem::Id(id)) => {
+                            ids.push(id);
+                            Prompt::Ids(ids)
+                        }
+                        (Prompt::Empty, PromptItem::Text(t)) => Prompt::Texts {
+                            tokens: text_tokens(t.len()),
+                            first: t,
+                        },
+                        (Prompt::Texts { first, tokens }, PromptItem::Text(t)) => Prompt::Texts {
+                            first,
+                            tokens: tokens + text_tokens(t.len()),
+                        },
+                        (Prompt::Empty, PromptItem::Ids(ids)) => Prompt::IdBatches {
+                            tokens: ids.len() as u64,
+                            first: ids,
+                        },
+                        (Prompt::IdBatches { first, tokens }, PromptItem::Ids(ids)) => Prompt::IdBatches {
+                            first,
+                            tokens: tokens + ids.len() as u64,
+                        },
+                        _ => {
+                            return Err(serde::de::Error::custom(format!(
+                                "prompt mixes kinds: it must be {PROMPT_SHAPE}"
+                            )))
+                        }
+                    };
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl<'de> Deserialize<'de> for PromptItem {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<PromptItem, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = PromptItem;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str(PROMPT_SHAPE)
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<PromptItem, E> {
+                u32::try_from(v)
+                    .map(PromptItem::Id)
+                    .map_err(|_| E::custom("token ids must be integers in 0..2^32"))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<PromptItem, E> {
+                u32::try_from(v)
+                    .map(PromptItem::Id)
+                    .map_err(|_| E::custom("token ids must be integers in 0..2^32"))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<PromptItem, E> {
+                Ok(PromptItem::Text(v.to_owned()))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<PromptItem, A::Error> {
+                let mut ids = Vec::new();
+                while let Some(id) = seq.next_element::<u32>()? {
+                    ids.push(id);
+                }
+                Ok(PromptItem::Ids(ids))
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 fn ids_bytes(ids: &[u32]) -> Vec<u8> {

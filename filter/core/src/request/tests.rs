@@ -93,15 +93,15 @@ fn malformed_bodies_say_what_is_wrong() {
     ));
     assert!(matches!(
         completion(r#"{"model":"m","prompt":5}"#),
-        Err(RequestError::InvalidField { .. })
+        Err(RequestError::Malformed(ref e)) if e.contains("an array of token ids")
     ));
     assert!(matches!(
         completion(r#"{"model":"m","prompt":[-1]}"#),
-        Err(RequestError::InvalidField { .. })
+        Err(RequestError::Malformed(ref e)) if e.contains("token ids must be integers")
     ));
     assert!(matches!(
         completion(r#"{"model":"m","prompt":["a", 1]}"#),
-        Err(RequestError::InvalidField { .. })
+        Err(RequestError::Malformed(ref e)) if e.contains("mixes kinds")
     ));
     assert!(matches!(
         completion(r#"{"model":7,"prompt":"a"}"#),
@@ -141,12 +141,39 @@ fn duplicate_keys_are_rejected_not_merged() {
 }
 
 #[test]
-fn a_hundred_thousand_messages_parse_and_count() {
+fn more_messages_than_the_cap_are_refused_early_and_the_cap_itself_parses() {
     let one = r#"{"role":"user","content":"hi"},"#;
-    let body = format!(
-        r#"{{"model":"m","messages":[{}{{"role":"user","content":"end"}}]}}"#,
-        one.repeat(100_000)
+    let body = |n: usize| {
+        format!(
+            r#"{{"model":"m","messages":[{}{{"role":"user","content":"end"}}]}}"#,
+            one.repeat(n)
+        )
+    };
+    let r = chat(&body(MAX_MESSAGES - 1)).unwrap();
+    assert!(r.prompt_tokens.0 > 4 * MAX_MESSAGES as u64, "{:?}", r.prompt_tokens);
+    let err = chat(&body(100_000)).unwrap_err();
+    assert!(
+        matches!(err, RequestError::Malformed(ref e) if e.contains("more than 4096 messages")),
+        "{err:?}"
     );
-    let r = chat(&body).unwrap();
-    assert!(r.prompt_tokens.0 > 400_000, "{:?}", r.prompt_tokens);
+}
+
+#[test]
+fn token_id_prompts_stay_compact_and_batches_keep_only_the_first() {
+    let ids = completion(&format!(r#"{{"model":"m","prompt":[{}7]}}"#, "1,".repeat(100_000))).unwrap();
+    assert_eq!(ids.prompt_tokens, Tokens(100_001));
+    assert_eq!(ids.canonical.len(), 4 * 100_001);
+    let too_big = completion(r#"{"model":"m","prompt":[4294967296]}"#).unwrap_err();
+    assert!(
+        matches!(too_big, RequestError::Malformed(ref e) if e.contains("0..2^32")),
+        "{too_big:?}"
+    );
+    assert!(matches!(
+        completion(r#"{"model":"m","prompt":[[1],"a"]}"#),
+        Err(RequestError::Malformed(_))
+    ));
+    assert!(matches!(
+        completion(r#"{"model":"m","prompt":[1.5]}"#),
+        Err(RequestError::Malformed(_))
+    ));
 }
