@@ -8,7 +8,7 @@ CARGO_BIN := $(or $(CARGO_HOME),$(HOME)/.cargo)/bin
 export PATH := $(CARGO_BIN):$(PATH)
 
 .PHONY: all setup setup-rust setup-wasm-bindgen setup-envoy build build-wasm build-wasm-test-panic test test-native test-wasm test-e2e \
-	validate-envoy check-core-deps lint bench bench-overhead fuzz soak run fmt
+	validate-envoy check-targets check-core-deps lint bench bench-overhead fuzz soak run fmt
 
 ENVOY_VERSION := 1.40.0
 VENV := .venv
@@ -58,7 +58,12 @@ build-wasm: setup-rust
 
 ## test: lint, the core's dependency rule, native tests, Envoy config validation,
 ## end-to-end tests through real Envoy, the core under wasm32 on node
-test: lint check-core-deps test-native validate-envoy test-e2e test-wasm
+test: check-targets lint check-core-deps test-native validate-envoy test-e2e test-wasm
+
+## check-targets: every user-facing target still parses and resolves (a dry run, nothing executes)
+check-targets:
+	@$(MAKE) --no-print-directory -n run bench bench-overhead fuzz soak setup build >/dev/null
+	@echo "make targets resolve: run bench bench-overhead fuzz soak setup build"
 
 test-native:
 	$(CARGO) test --workspace --exclude kvroute-wasm-tests
@@ -103,7 +108,7 @@ bench-overhead: setup-envoy build-wasm
 	@command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk; }
 	KVROUTE_ENVOY=$(CURDIR)/$(ENVOY) $(CARGO) run --release -p kvroute-wasm-tests --bin filter-overhead -- all
 
-## ## fuzz: every cargo-fuzz target for FUZZ_SECONDS (nightly toolchain; see fuzz/README.md)
+## fuzz: every cargo-fuzz target for FUZZ_SECONDS (nightly toolchain; see fuzz/README.md)
 FUZZ_SECONDS ?= 60
 fuzz:
 	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz
@@ -115,7 +120,7 @@ fuzz:
 soak: setup-envoy build-wasm
 	KVROUTE_ENVOY=$(CURDIR)/$(ENVOY) $(CARGO) run --release -p kvroute-wasm-tests --bin soak -- 1800 40
 
-run: simulated vLLM fleet + Envoy with kvroute vs round-robin, one table and a report
+## run: simulated vLLM fleet + Envoy with kvroute vs round-robin, one table and a report
 run: setup-rust setup-envoy build-wasm
 	$(CARGO) build --release -p kvroute-sim
 	bash scripts/demo.sh
