@@ -43,6 +43,8 @@ pub struct Worker {
     shared: Rc<Shared>,
     seen_version: u64,
     published_at: Millis,
+    reported_entries: Cell<u64>,
+    reported_inflight: Cell<u64>,
 }
 
 impl Worker {
@@ -65,6 +67,8 @@ impl Worker {
             shared: Rc::new(shared),
             seen_version: 0,
             published_at: Millis(0),
+            reported_entries: Cell::new(0),
+            reported_inflight: Cell::new(0),
         }
     }
 
@@ -78,10 +82,15 @@ impl Worker {
         if self.published_at.0 > 0 {
             self.shared.stats.snapshot_age_ms.set(now.since(self.published_at));
         }
-        // Per worker VM (the last writer wins): bounded by the index budget and MAX_INFLIGHT.
+        // Summed over the worker VMs: each adds its change since its last report.
         if let Ok(router) = self.shared.router.try_borrow() {
-            self.shared.stats.index_entries.set(router.index().entries() as u64);
-            self.shared.stats.inflight.set(router.inflight_requests() as u64);
+            let stats = &self.shared.stats;
+            stats
+                .index_entries
+                .contribute(&self.reported_entries, router.index().entries() as u64);
+            stats
+                .inflight
+                .contribute(&self.reported_inflight, router.inflight_requests() as u64);
         }
         let cached = self.shared.predicted_cached.get().saturating_mul(1000);
         if let Some(permille) = cached.checked_div(self.shared.prompt_tokens.get()) {
