@@ -158,7 +158,10 @@ impl HttpContext for Http {
             shared.stats.skipped_malformed.inc();
             return Action::Continue;
         }
-        let router = shared.router.borrow();
+        let Ok(router) = shared.router.try_borrow() else {
+            shared.stats.skipped_error.inc();
+            return Action::Continue;
+        };
         let config = router.config();
         let length = host::request_header("content-length")
             .ok()

@@ -99,14 +99,18 @@ impl RequestStats {
         let Ok(mut map) = self.per_endpoint.try_borrow_mut() else {
             return;
         };
-        let metric = *map.entry(endpoint.to_string()).or_insert_with(|| {
-            let safe: String = endpoint
-                .chars()
-                .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-                .collect();
-            Metric::define(MetricType::Counter, &format!("kvroute.endpoint.{safe}.chosen"))
-        });
+        if let Some(metric) = map.get(endpoint) {
+            metric.inc();
+            return;
+        }
+        // First request to this endpoint in this VM: define its counter (allocates once).
+        let safe: String = endpoint
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect();
+        let metric = Metric::define(MetricType::Counter, &format!("kvroute.endpoint.{safe}.chosen"));
         metric.inc();
+        map.insert(endpoint.to_string(), metric);
     }
 }
 
