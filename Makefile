@@ -7,7 +7,7 @@ WASM_BINDGEN_VERSION := $(shell sed -n '/^name = "wasm-bindgen"$$/{n;s/^version 
 CARGO_BIN := $(or $(CARGO_HOME),$(HOME)/.cargo)/bin
 export PATH := $(CARGO_BIN):$(PATH)
 
-.PHONY: all setup setup-rust setup-wasm-bindgen setup-envoy build build-wasm build-wasm-test-panic test test-native test-wasm test-e2e \
+.PHONY: all setup setup-rust setup-wasm-bindgen setup-envoy build build-wasm build-wasm-empty build-wasm-test-panic test test-native test-wasm test-e2e \
 	validate-envoy check-targets check-core-deps lint bench bench-overhead fuzz soak run fmt
 
 ENVOY_VERSION := 1.40.0
@@ -50,6 +50,12 @@ build-wasm-test-panic: setup-rust
 	@mkdir -p dist
 	cp target/test-panic/wasm32-wasip1/release/kvroute_filter.wasm dist/kvroute-test-panic.wasm
 
+# The overhead benchmark's floor: an empty Rust proxy-wasm filter (never shipped).
+build-wasm-empty: setup-rust
+	$(CARGO) build -p kvroute-filter --target wasm32-wasip1 --release --example empty_filter
+	@mkdir -p dist
+	cp target/wasm32-wasip1/release/examples/empty_filter.wasm dist/empty-filter.wasm
+
 build-wasm: setup-rust
 	$(CARGO) build -p kvroute-filter --target wasm32-wasip1 --release
 	@mkdir -p dist
@@ -69,7 +75,7 @@ test-native:
 	$(CARGO) test --workspace --exclude kvroute-wasm-tests
 	$(CARGO) test -p kvroute-wasm-tests --lib
 
-validate-envoy: setup-envoy build-wasm
+validate-envoy: setup-envoy build-wasm build-wasm-empty
 	@for f in envoy/*.yaml; do \
 		$(ENVOY) --mode validate -c $$f -l error >/dev/null 2>&1 && echo "valid: $$f" || { $(ENVOY) --mode validate -c $$f -l error; exit 1; }; \
 	done
@@ -104,7 +110,7 @@ bench:
 
 ## bench-overhead: kvroute's cost in real Envoy: added latency (1/32 KiB), wrk throughput
 ## ratio and latency (1/32/256 KiB, 1/8/32 connections), Envoy RSS, scraping CPU (4 vs 64 servers)
-bench-overhead: setup-envoy build-wasm
+bench-overhead: setup-envoy build-wasm build-wasm-empty
 	@command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk; }
 	KVROUTE_ENVOY=$(CURDIR)/$(ENVOY) $(CARGO) run --release -p kvroute-wasm-tests --bin filter-overhead -- all
 

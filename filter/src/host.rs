@@ -21,24 +21,27 @@ pub fn log(level: LogLevel, message: &str) {
     let _ = hostcalls::log(level, message);
 }
 
-pub fn request_header(name: &str) -> HostResult<Option<String>> {
-    hostcalls::get_map_value(MapType::HttpRequestHeaders, name)
+/// Every request header in one host call (cheaper than one call per header). Values are
+/// bytes: Envoy passes obs-text (bytes above 0x7f) through, and the SDK's string getters
+/// would panic on it. Names are lower-case tokens.
+pub fn request_headers() -> HostResult<Vec<(String, Vec<u8>)>> {
+    hostcalls::get_map_bytes(MapType::HttpRequestHeaders)
 }
 
 pub fn set_request_header(name: &str, value: Option<&str>) -> HostResult<()> {
     hostcalls::set_map_value(MapType::HttpRequestHeaders, name, value)
 }
 
-pub fn response_header(name: &str) -> HostResult<Option<String>> {
-    hostcalls::get_map_value(MapType::HttpResponseHeaders, name)
+pub fn response_header(name: &str) -> HostResult<Option<Vec<u8>>> {
+    hostcalls::get_map_value_bytes(MapType::HttpResponseHeaders, name)
 }
 
 pub fn add_response_header(name: &str, value: &str) -> HostResult<()> {
     hostcalls::add_map_value(MapType::HttpResponseHeaders, name, value)
 }
 
-pub fn call_response_header(name: &str) -> HostResult<Option<String>> {
-    hostcalls::get_map_value(MapType::HttpCallResponseHeaders, name)
+pub fn call_response_header(name: &str) -> HostResult<Option<Vec<u8>>> {
+    hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, name)
 }
 
 pub fn buffer(kind: BufferType, start: usize, len: usize) -> HostResult<Vec<u8>> {

@@ -56,9 +56,10 @@ impl Http {
     /// A client must never choose the upstream: remove the header on every request. The
     /// removal is unconditional because a request-header change also makes Envoy pick the
     /// route again, which matters when Envoy's own header_mutation filter already stripped
-    /// the header after the route was first chosen on it.
-    fn strip_client_routing(&self) -> Result<(), ()> {
-        if let (Some(s), Ok(Some(_))) = (&self.shared, host::request_header(DESTINATION_HEADER)) {
+    /// the header after the route was first chosen on it (envoy-original-dst.yaml routes on
+    /// its presence).
+    fn strip_client_routing(&self, headers: &Headers) -> Result<(), ()> {
+        if let (Some(s), Some(_)) = (&self.shared, headers.get(DESTINATION_HEADER)) {
             s.stats.client_header_removed.inc();
         }
         host::set_request_header(DESTINATION_HEADER, None).map_err(|_| ())
@@ -125,32 +126,69 @@ impl Http {
     }
 }
 
+impl Http {
+    /// The destination header could not be checked or removed: refuse rather than risk a
+    /// client choosing the upstream.
+    fn refuse_unsanitised(&self) -> Action {
+        host::log(
+            LogLevel::Error,
+            "cannot check or remove a client-sent destination header; refusing the request",
+        );
+        let _ = host::send_local_response(500, vec![], b"cannot sanitise routing headers\n");
+        Action::Pause
+    }
+}
+
+/// The request headers, read once.
+struct Headers(Vec<(String, Vec<u8>)>);
+
+impl Headers {
+    fn get(&self, name: &str) -> Option<&[u8]> {
+        self.0
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_slice())
+    }
+
+    /// A header's value when it is UTF-8 (names and values kvroute parses are ASCII).
+    fn text(&self, name: &str) -> Option<&str> {
+        self.get(name).and_then(|v| std::str::from_utf8(v).ok())
+    }
+}
+
+/// The tenant's affinity key: the header value itself when it is UTF-8; otherwise a NUL
+/// (which no header value can hold) and the bytes in hex, so distinct byte strings never
+/// share a key.
+fn tenant_key(value: &[u8]) -> String {
+    match std::str::from_utf8(value) {
+        Ok(s) => s.to_string(),
+        Err(_) => std::iter::once("\0".to_string())
+            .chain(value.iter().map(|b| format!("{b:02x}")))
+            .collect(),
+    }
+}
+
 impl Context for Http {}
 
 impl HttpContext for Http {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        let headers = match host::request_headers() {
+            Ok(h) => Headers(h),
+            Err(_) => return self.refuse_unsanitised(),
+        };
         #[cfg(feature = "test-panic")]
         #[allow(clippy::panic)]
-        if host::request_header("x-kvroute-test-panic").ok().flatten().is_some() {
+        if headers.get("x-kvroute-test-panic").is_some() {
             panic!("x-kvroute-test-panic");
         }
-        if self.strip_client_routing().is_err() {
-            host::log(
-                LogLevel::Error,
-                "cannot remove a client-sent destination header; refusing the request",
-            );
-            let _ = host::send_local_response(500, vec![], b"cannot sanitise routing headers\n");
-            return Action::Pause;
+        if self.strip_client_routing(&headers).is_err() {
+            return self.refuse_unsanitised();
         }
         let Some(shared) = self.shared.clone() else {
             return Action::Continue;
         };
-        let method = host::request_header(":method").ok().flatten();
-        let kind = host::request_header(":path")
-            .ok()
-            .flatten()
-            .and_then(|p| ApiKind::from_path(&p));
-        let (Some("POST"), Some(kind)) = (method.as_deref(), kind) else {
+        let kind = headers.text(":path").and_then(ApiKind::from_path);
+        let (Some("POST"), Some(kind)) = (headers.text(":method"), kind) else {
             shared.stats.passthrough.inc();
             return Action::Continue;
         };
@@ -163,22 +201,15 @@ impl HttpContext for Http {
             return Action::Continue;
         };
         let config = router.config();
-        let length = host::request_header("content-length")
-            .ok()
-            .flatten()
-            .and_then(|v| v.parse::<usize>().ok());
+        let length = headers.text("content-length").and_then(|v| v.parse::<usize>().ok());
         if length.is_some_and(|n| n > config.max_body_bytes()) {
             shared.stats.skipped_over_limit.inc();
             self.reason = "over_limit";
             return Action::Continue;
         }
-        self.tenant = host::request_header(config.tenant_header())
-            .ok()
-            .flatten()
-            .unwrap_or_default();
-        self.sheddable = host::request_header(config.priority_header())
-            .ok()
-            .flatten()
+        self.tenant = headers.get(config.tenant_header()).map(tenant_key).unwrap_or_default();
+        self.sheddable = headers
+            .text(config.priority_header())
             .and_then(|v| v.trim().parse::<i64>().ok())
             .is_some_and(|p| p < 0);
         self.phase = Phase::Buffering(kind);
@@ -222,7 +253,7 @@ impl HttpContext for Http {
         self.status = host::response_header(":status")
             .ok()
             .flatten()
-            .and_then(|s| s.parse().ok())
+            .and_then(|s| std::str::from_utf8(&s).ok().and_then(|s| s.parse().ok()))
             .unwrap_or(0);
         let debug = self
             .shared

@@ -79,6 +79,7 @@ impl Scraper {
         let now = host::now();
         let max = self.router.config().scrape().max_bytes;
         let status = host::call_response_header(":status").ok().flatten();
+        let status = status.as_deref().map(String::from_utf8_lossy);
         let result = match status.as_deref() {
             Some("200") if body_size > max => {
                 Err(format!("body of {body_size} bytes is over scrape.max_bytes ({max})"))

@@ -26,6 +26,8 @@ pub struct Envoy {
     pub port: u16,
     /// The second listener of configs that have one (`port_value: 10001`).
     pub port2: u16,
+    /// The third listener of configs that have one (`port_value: 10002`).
+    pub port3: u16,
     pub admin: u16,
     pub log: PathBuf,
     _dir: tempdir::Dir,
@@ -62,7 +64,7 @@ impl Envoy {
         if !root.join("dist/kvroute.wasm").exists() {
             return Err("no dist/kvroute.wasm: run `make build-wasm`".into());
         }
-        let (port, port2, admin) = (free_port(), free_port(), free_port());
+        let (port, port2, port3, admin) = (free_port(), free_port(), free_port(), free_port());
         for (i, p) in pool.iter().enumerate() {
             let old = 8001 + i;
             text = text.replace(&format!("127.0.0.1:{old}"), &format!("127.0.0.1:{p}"));
@@ -78,6 +80,7 @@ impl Envoy {
         }
         text = text.replace("port_value: 10000", &format!("port_value: {port}"));
         text = text.replace("port_value: 10001", &format!("port_value: {port2}"));
+        text = text.replace("port_value: 10002", &format!("port_value: {port3}"));
         text = text.replace("port_value: 9901", &format!("port_value: {admin}"));
         let text = edit(text);
         let dir = std::env::temp_dir().join(format!("kvroute-e2e-{}-{port}", std::process::id()));
@@ -108,6 +111,7 @@ impl Envoy {
             child,
             port,
             port2,
+            port3,
             admin,
             log,
             _dir: dir,

@@ -139,8 +139,10 @@ fn read_request(reader: &mut BufReader<TcpStream>) -> Option<Request> {
     let (method, path) = (parts.next()?.to_string(), parts.next()?.to_string());
     let mut length = 0usize;
     loop {
-        let mut h = String::new();
-        reader.read_line(&mut h).ok().filter(|n| *n > 0)?;
+        // Header values may hold bytes that are not UTF-8 (obs-text): read bytes.
+        let mut raw = Vec::new();
+        reader.read_until(b'\n', &mut raw).ok().filter(|n| *n > 0)?;
+        let h = String::from_utf8_lossy(&raw);
         let h = h.trim_end();
         if h.is_empty() {
             break;

@@ -41,6 +41,18 @@ pub fn request(port: u16, method: &str, path: &str, headers: &[(&str, &str)], bo
     parse(&raw)
 }
 
+/// Sends `raw` (a whole HTTP/1.1 request, bytes as given: for header values that are not
+/// UTF-8) on a new connection and reads the response.
+pub fn request_raw(port: u16, raw: &[u8]) -> Result<Response, String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).map_err(|e| format!("connect {port}: {e}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(20)))
+        .map_err(|e| e.to_string())?;
+    s.write_all(raw).map_err(|e| format!("write: {e}"))?;
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).map_err(|e| format!("read: {e}"))?;
+    parse(&out)
+}
+
 fn parse(raw: &[u8]) -> Result<Response, String> {
     let split = raw.windows(4).position(|w| w == b"\r\n\r\n").ok_or("no header end")?;
     let head = String::from_utf8_lossy(&raw[..split]).to_string();

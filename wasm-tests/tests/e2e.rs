@@ -284,6 +284,45 @@ fn odd_requests_pass_and_envoy_stays_healthy() {
     }
 }
 
+/// Envoy passes header values with bytes above 0x7f (obs-text) to the filter; none of them
+/// may crash its VM, whichever header they are in.
+#[test]
+fn header_values_that_are_not_utf8_neither_crash_the_vm_nor_stop_routing() {
+    for shape in SHAPES {
+        let mut f = fleet(shape, vec![Load::idle(), Load::idle()]);
+        let body = chat_body("obs-text headers", "q", false);
+        for header in [
+            "x-kvroute-tenant",
+            "x-gateway-destination-endpoint",
+            "x-kvroute-priority",
+            "content-type",
+        ] {
+            let mut raw = format!(
+                "POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\ncontent-length: {}\r\n",
+                body.len()
+            )
+            .into_bytes();
+            raw.extend_from_slice(header.as_bytes());
+            raw.extend_from_slice(b": caf\xe9 \xff\xfe\r\n\r\n");
+            raw.extend_from_slice(body.as_bytes());
+            let r = http_client::request_raw(f.envoy.port, &raw)
+                .unwrap_or_else(|e| panic!("{shape} {header}: {e}\n{}", f.envoy.log_text()));
+            assert_eq!(r.status, 200, "{shape} {header}: {:?} {}", r.headers, r.body);
+        }
+        // The VM still routes afterwards.
+        let (status, _, reason) = f.chat("after obs-text", "q");
+        assert_eq!((status, reason.as_str()), (200, "cold"), "{shape}");
+        assert!(f.envoy.alive(), "{shape}: Envoy died");
+        assert_eq!(f.envoy.stat("wasm.kvroute.vm_reload"), 0, "{shape}");
+        assert_eq!(f.stat("skipped.error"), 0, "{shape}");
+        assert!(
+            !f.envoy.log_text().contains("panicked"),
+            "{shape}: {}",
+            f.envoy.log_text()
+        );
+    }
+}
+
 #[test]
 fn stats_move_as_the_decisions_did() {
     for shape in SHAPES {

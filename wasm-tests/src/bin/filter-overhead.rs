@@ -1,9 +1,9 @@
 //! kvroute's cost inside real Envoy, three measurements (`all` runs them in order):
 //!
-//! - `latency [N]`: one Envoy (envoy/bench-overhead.yaml) with two listeners on the same
-//!   route and cluster, one with kvroute and one without, in front of fast fixed-response
-//!   test servers; one keep-alive client alternates requests between them (drift hits both
-//!   sides alike); N measured requests per body size.
+//! - `latency [N]`: one Envoy (envoy/bench-overhead.yaml) with three listeners on the same
+//!   route and cluster: no filter, an empty Rust wasm filter, kvroute; in front of fast
+//!   fixed-response test servers; one keep-alive client per listener, requests alternating
+//!   between them (drift hits every side alike); N measured requests per body size.
 //! - `wrk`: the same Envoy under `wrk` (Debian's HTTP load tool) at 1 KiB, 32 KiB and 256 KiB
 //!   bodies and several connection counts: requests/s with and without kvroute, their ratio,
 //!   and latency p50/p99; then Envoy's resident memory.
@@ -26,6 +26,9 @@ fn main() {}
 #[cfg(not(target_arch = "wasm32"))]
 fn main() -> Result<(), String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if !kvroute_wasm_tests::envoy::repo_root().join("dist/empty-filter.wasm").exists() {
+        return Err("no dist/empty-filter.wasm (the benchmark's floor): run `make build-wasm-empty`".into());
+    }
     match args.first().map(String::as_str).unwrap_or("all") {
         "latency" => native::latency(args.get(1).and_then(|a| a.parse().ok()).unwrap_or(2000)),
         "wrk" => native::wrk_sweep(),
@@ -72,15 +75,19 @@ mod native {
         let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
         let envoy = Envoy::start("bench-overhead.yaml", &ports, |t| t)?;
         std::thread::sleep(Duration::from_millis(600)); // a few scrapes reach the workers
-        println!("| body | requests | p50 without | p50 with kvroute | added p50 | p99 without | p99 with kvroute | added p99 |");
-        println!("|---|---|---|---|---|---|---|---|");
-        for size in [1024usize, 32 * 1024] {
-            let (mut with, mut without) = (KeepAlive::connect(envoy.port)?, KeepAlive::connect(envoy.port2)?);
-            let (mut t_with, mut t_without) = (Vec::with_capacity(requests), Vec::with_capacity(requests));
+        println!("| body | requests | p50 none | p50 empty filter | p50 kvroute | kvroute added p50 | p99 none | p99 empty filter | p99 kvroute | kvroute added p99 |");
+        println!("|---|---|---|---|---|---|---|---|---|---|");
+        for size in [1024usize, 32 * 1024, 256 * 1024] {
+            let mut clients = [
+                KeepAlive::connect(envoy.port2)?,
+                KeepAlive::connect(envoy.port3)?,
+                KeepAlive::connect(envoy.port)?,
+            ];
+            let mut times: [Vec<Duration>; 3] = [Vec::new(), Vec::new(), Vec::new()];
             for n in 0..requests + 100 {
                 // Distinct prompts (cold prefixes): the filter hashes, scores and routes each one.
                 let b = body(size, n);
-                for (client, times) in [(&mut with, &mut t_with), (&mut without, &mut t_without)] {
+                for (client, times) in clients.iter_mut().zip(times.iter_mut()) {
                     let start = Instant::now();
                     let status = client.post("/v1/chat/completions", b.as_bytes())?;
                     let took = start.elapsed();
@@ -92,15 +99,16 @@ mod native {
                     }
                 }
             }
-            t_with.sort();
-            t_without.sort();
-            let (p50w, p50o) = (percentile(&t_with, 0.5), percentile(&t_without, 0.5));
-            let (p99w, p99o) = (percentile(&t_with, 0.99), percentile(&t_without, 0.99));
+            for t in &mut times {
+                t.sort();
+            }
+            let [p50n, p50e, p50k] = [0, 1, 2].map(|i| percentile(&times[i], 0.5));
+            let [p99n, p99e, p99k] = [0, 1, 2].map(|i| percentile(&times[i], 0.99));
             println!(
-                "| {} KiB | {requests} | {p50o:.0} µs | {p50w:.0} µs | {:+.0} µs | {p99o:.0} µs | {p99w:.0} µs | {:+.0} µs |",
+                "| {} KiB | {requests} | {p50n:.0} µs | {p50e:.0} µs | {p50k:.0} µs | {:+.0} µs | {p99n:.0} µs | {p99e:.0} µs | {p99k:.0} µs | {:+.0} µs |",
                 size / 1024,
-                p50w - p50o,
-                p99w - p99o
+                p50k - p50n,
+                p99k - p99n
             );
         }
         let routed =
@@ -113,7 +121,18 @@ mod native {
         rps: f64,
         p50_us: f64,
         p99_us: f64,
+        /// Envoy's CPU time (all threads, user + system) per request served in the run.
+        envoy_cpu_us: f64,
         errors: bool,
+    }
+
+    /// CPU seconds (user + system, all threads) of process `pid`.
+    fn process_cpu_s(pid: u32) -> Option<f64> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let after = &stat[stat.rfind(')')? + 2..];
+        let f: Vec<&str> = after.split_whitespace().collect();
+        let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+        Some(ticks / 100.0) // USER_HZ is 100 on Linux
     }
 
     fn micros(v: &str) -> Option<f64> {
@@ -128,11 +147,15 @@ mod native {
         })
     }
 
-    fn wrk(port: u16, script: &str, connections: usize, seconds: u32) -> Result<WrkResult, String> {
-        wrk_path(port, "/v1/chat/completions", script, connections, seconds)
-    }
-
-    fn wrk_path(port: u16, path: &str, script: &str, connections: usize, seconds: u32) -> Result<WrkResult, String> {
+    fn wrk_path(
+        envoy: &Envoy,
+        port: u16,
+        path: &str,
+        script: &str,
+        connections: usize,
+        seconds: u32,
+    ) -> Result<WrkResult, String> {
+        let cpu_before = process_cpu_s(envoy.pid()).ok_or("cannot read Envoy's CPU time")?;
         let out = Command::new("wrk")
             .args([
                 "-t",
@@ -162,11 +185,21 @@ mod native {
         let p99 = find("99%")
             .and_then(|v| micros(&v))
             .ok_or(format!("wrk output: {text}"))?;
+        let cpu = process_cpu_s(envoy.pid()).ok_or("cannot read Envoy's CPU time")? - cpu_before;
+        let requests: f64 = text
+            .lines()
+            .find_map(|l| {
+                l.trim()
+                    .split_once(" requests in")
+                    .and_then(|(n, _)| n.trim().parse().ok())
+            })
+            .ok_or(format!("wrk output: {text}"))?;
         let errors = text.contains("Non-2xx") || text.contains("Socket errors");
         Ok(WrkResult {
             rps,
             p50_us: p50,
             p99_us: p99,
+            envoy_cpu_us: cpu * 1e6 / requests.max(1.0),
             errors,
         })
     }
@@ -185,6 +218,32 @@ mod native {
         Ok(script.to_string_lossy().to_string())
     }
 
+    /// wrk on each listener in the order A B C C B A (linear drift hits every side alike);
+    /// each side's figures are the mean of its two runs.
+    fn wrk_abccba(
+        envoy: &Envoy,
+        path: &str,
+        script: &str,
+        connections: usize,
+        seconds: u32,
+    ) -> Result<[WrkResult; 3], String> {
+        let ports = [envoy.port2, envoy.port3, envoy.port];
+        let mut runs: [Vec<WrkResult>; 3] = [Vec::new(), Vec::new(), Vec::new()];
+        for side in [0usize, 1, 2, 2, 1, 0] {
+            runs[side].push(wrk_path(envoy, ports[side], path, script, connections, seconds)?);
+        }
+        Ok(runs.map(|r| {
+            let n = r.len() as f64;
+            WrkResult {
+                rps: r.iter().map(|x| x.rps).sum::<f64>() / n,
+                p50_us: r.iter().map(|x| x.p50_us).sum::<f64>() / n,
+                p99_us: r.iter().map(|x| x.p99_us).sum::<f64>() / n,
+                envoy_cpu_us: r.iter().map(|x| x.envoy_cpu_us).sum::<f64>() / n,
+                errors: r.iter().any(|x| x.errors),
+            }
+        }))
+    }
+
     pub fn wrk_sweep() -> Result<(), String> {
         let servers = fleet(4)?;
         let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
@@ -192,27 +251,38 @@ mod native {
         std::thread::sleep(Duration::from_millis(600));
         let dir = std::env::temp_dir().join(format!("kvroute-wrk-{}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-        println!("| body | connections | req/s without | req/s with kvroute | ratio | p50 without | p50 with | added p50 | p99 without | p99 with | added p99 |");
-        println!("|---|---|---|---|---|---|---|---|---|---|---|");
+        println!("Each cell: wrk 4 s per listener in the order none, empty, kvroute, kvroute, empty, none; means of the two runs.\n");
+        println!("| body | conns | req/s no filter | req/s empty filter | req/s kvroute | empty/none | kvroute/none | kvroute/empty | p50 none | p50 empty | p50 kvroute | added p50 | p99 none | p99 empty | p99 kvroute | added p99 | Envoy CPU/req none | empty | kvroute |");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
         for size in [1024usize, 32 * 1024, 256 * 1024] {
             let script = post_script(&dir, size)?;
             for connections in [1usize, 8, 32] {
-                // Alternate the order to share any drift, 8 s a side.
-                let without = wrk(envoy.port2, &script, connections, 8)?;
-                let with = wrk(envoy.port, &script, connections, 8)?;
-                let flag = if with.errors || without.errors { " (errors)" } else { "" };
+                let [none, empty, with] = wrk_abccba(&envoy, "/v1/chat/completions", &script, connections, 4)?;
+                let flag = if with.errors || none.errors || empty.errors {
+                    " (errors)"
+                } else {
+                    ""
+                };
                 println!(
-                    "| {} KiB | {connections} | {:.0} | {:.0} | {:.3}{flag} | {:.0} µs | {:.0} µs | {:+.0} µs | {:.0} µs | {:.0} µs | {:+.0} µs |",
+                    "| {} KiB | {connections} | {:.0} | {:.0} | {:.0} | {:.3} | {:.3}{flag} | {:.3} | {:.0} µs | {:.0} µs | {:.0} µs | {:+.0} µs | {:.0} µs | {:.0} µs | {:.0} µs | {:+.0} µs | {:.0} µs | {:.0} µs | {:.0} µs |",
                     size / 1024,
-                    without.rps,
+                    none.rps,
+                    empty.rps,
                     with.rps,
-                    with.rps / without.rps,
-                    without.p50_us,
+                    empty.rps / none.rps,
+                    with.rps / none.rps,
+                    with.rps / empty.rps,
+                    none.p50_us,
+                    empty.p50_us,
                     with.p50_us,
-                    with.p50_us - without.p50_us,
-                    without.p99_us,
+                    with.p50_us - none.p50_us,
+                    none.p99_us,
+                    empty.p99_us,
                     with.p99_us,
-                    with.p99_us - without.p99_us
+                    with.p99_us - none.p99_us,
+                    none.envoy_cpu_us,
+                    empty.envoy_cpu_us,
+                    with.envoy_cpu_us
                 );
             }
         }
@@ -241,19 +311,24 @@ mod native {
         let dir = std::env::temp_dir().join(format!("kvroute-presence-{}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
         let script = post_script(&dir, 1024)?;
-        println!("| path (1 KiB POST, 8 connections) | req/s without | req/s with kvroute | ratio |");
-        println!("|---|---|---|---|");
+        println!("| path (1 KiB POST, 8 connections) | req/s no filter | req/s empty filter | req/s kvroute | empty/none | kvroute/none | kvroute/empty | Envoy CPU/req none | empty | kvroute |");
+        println!("|---|---|---|---|---|---|---|---|---|---|");
         for (label, path) in [
             ("pass-through (/v1/unknown, answered 404)", "/v1/unknown"),
             ("inference (/v1/chat/completions)", "/v1/chat/completions"),
         ] {
-            let without = wrk_path(envoy.port2, path, &script, 8, 8)?;
-            let with = wrk_path(envoy.port, path, &script, 8, 8)?;
+            let [none, empty, with] = wrk_abccba(&envoy, path, &script, 8, 4)?;
             println!(
-                "| {label} | {:.0} | {:.0} | {:.3} |",
-                without.rps,
+                "| {label} | {:.0} | {:.0} | {:.0} | {:.3} | {:.3} | {:.3} | {:.1} µs | {:.1} µs | {:.1} µs |",
+                none.rps,
+                empty.rps,
                 with.rps,
-                with.rps / without.rps
+                empty.rps / none.rps,
+                with.rps / none.rps,
+                with.rps / empty.rps,
+                none.envoy_cpu_us,
+                empty.envoy_cpu_us,
+                with.envoy_cpu_us
             );
         }
         let _ = std::fs::remove_dir_all(&dir);
