@@ -258,6 +258,53 @@ fn a_panicking_filter_fails_open_and_requests_are_still_served() {
     eprintln!("panicking requests got: {crashed:?}, {crashed_again:?}");
 }
 
+/// The alternative failure policy, measured so the README can say what it does: FAIL_RELOAD
+/// brings routing back after a crash (a new VM per crash), but while Envoy backs off between
+/// reloads (1 s by default) the worker's innocent requests fail (503 or a reset), which is why the
+/// shipped configs keep FAIL_OPEN.
+#[test]
+fn fail_reload_restores_routing_after_a_crash() {
+    let profile = Profile::new(Gpu::H100_80g, Model::Llama31_8b, 1).unwrap();
+    let (_rt, base) = kvroute_sim::serve::start_in_background(profile, 4, 20.0).unwrap();
+    let ports: Vec<u16> = (base..base + 4).collect();
+    let mut envoy = Envoy::start("envoy.yaml", &ports, |t| {
+        t.replace("dist/kvroute.wasm", "dist/kvroute-test-panic.wasm")
+            .replace("failure_policy: FAIL_OPEN", "failure_policy: FAIL_RELOAD")
+            .replace("\"policy\": \"cost\",", "\"policy\": \"cost\", \"debug_headers\": true,")
+    })
+    .unwrap();
+    sleep(Duration::from_millis(800));
+    let body = r#"{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"hello"}]}"#;
+    let post = |headers: &[(&str, &str)]| {
+        http_client::request(envoy.port, "POST", "/v1/chat/completions", headers, body.as_bytes())
+            .map(|r| (r.status, r.header("x-kvroute-reason").unwrap_or("").to_string()))
+            .unwrap_or((0, String::new())) // 0: the connection was reset
+    };
+    assert_eq!(post(&[]).0, 200);
+    let mut innocent_failed = 0;
+    for _ in 0..6 {
+        assert_ne!(post(&[("x-kvroute-test-panic", "1")]).0, 200);
+        innocent_failed += usize::from(post(&[]).0 != 200);
+    }
+    // After the last backoff, every request is served and routed by a reloaded VM.
+    sleep(Duration::from_millis(2500));
+    for i in 0..10 {
+        let (status, reason) = post(&[]);
+        assert_eq!(status, 200, "request {i} after the reloads");
+        assert!(
+            ["cold", "prefix_hit", "fallback_no_metrics"].contains(&reason.as_str()),
+            "request {i}: reason {reason:?}: kvroute is not routing"
+        );
+    }
+    assert!(envoy.alive(), "Envoy died");
+    assert!(envoy.stat("wasm.kvroute.vm_reload_success") >= 1, "no VM was reloaded");
+    eprintln!(
+        "FAIL_RELOAD: {innocent_failed} of 6 requests sent right after a crash failed (503 or reset); reloads: {}, backoffs: {}",
+        envoy.stat("wasm.kvroute.vm_reload_success"),
+        envoy.stat("wasm.kvroute.vm_reload_backoff")
+    );
+}
+
 #[test]
 fn a_hung_server_costs_one_per_try_timeout_at_most_then_is_avoided() {
     let mut f = fleet_with(|t| t.replace("per_try_timeout: 30s", "per_try_timeout: 2s"));
