@@ -41,6 +41,10 @@ pub struct MatrixArgs {
     /// Azure: prefix overlay groups.
     #[arg(long, default_value_t = 32)]
     prefix_overlay: u64,
+    /// Runs per cell: the workload as given plus perturbed copies (jittered arrivals);
+    /// tables and verdicts use the medians.
+    #[arg(long, default_value_t = 3)]
+    replicas: u64,
     #[arg(long)]
     router_config: Option<PathBuf>,
     #[arg(long)]
@@ -81,8 +85,9 @@ pub fn matrix_cmd(a: &MatrixArgs) -> anyhow::Result<()> {
             other => anyhow::bail!("unknown workload {other:?}"),
         };
         let started = Instant::now();
-        let (cap, cells) =
-            kvroute_sim::matrix::cells(&setup, w, &requests, &a.loads, &a.policy, &|m| eprintln!("  {m}"));
+        let (cap, cells) = kvroute_sim::matrix::cells(&setup, w, &requests, &a.loads, &a.policy, a.replicas, &|m| {
+            eprintln!("  {m}")
+        });
         eprintln!("{w}: done in {:.0} s", started.elapsed().as_secs_f64());
         capacities.push(serde_json::json!({"workload": w, "capacity_req_s": cap, "requests": requests.len()}));
         all.extend(cells);

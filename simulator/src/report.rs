@@ -71,6 +71,12 @@ pub struct Throughput {
     pub input_tok_s: f64,
     pub output_tok_s: f64,
     pub req_s: f64,
+    /// Output tokens per second while requests still arrive (from 10% into the arrival span
+    /// to the last arrival; each request's tokens spread evenly from its first token to its
+    /// end): the rate the fleet sustains, without the drain of the last requests that
+    /// `output_tok_s` includes. Equal to `output_tok_s` when all requests arrive at once.
+    #[serde(default)]
+    pub steady_output_tok_s: f64,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -153,6 +159,10 @@ impl RunReport {
                 input_tok_s: round3(prompt as f64 / span_s),
                 output_tok_s: round3(done.iter().map(|r| r.output_tokens).sum::<u64>() as f64 / span_s),
                 req_s: round3(done.len() as f64 / span_s),
+                steady_output_tok_s: round3(
+                    steady_output_tok_s(done)
+                        .unwrap_or(done.iter().map(|r| r.output_tokens).sum::<u64>() as f64 / span_s),
+                ),
             },
             prefix_hit_rate: round3(if prompt == 0 {
                 0.0
@@ -166,6 +176,35 @@ impl RunReport {
             ttft_cdf_ms,
         }
     }
+}
+
+/// Output tokens per second inside the steady window (see `Throughput`), or `None` when the
+/// arrivals span no time.
+fn steady_output_tok_s(done: &[Record]) -> Option<f64> {
+    let first = done.iter().map(|r| r.arrival_ms).fold(f64::MAX, f64::min);
+    let last = done.iter().map(|r| r.arrival_ms).fold(0.0, f64::max);
+    let (t0, t1) = (first + 0.1 * (last - first), last);
+    if done.is_empty() || t1 - t0 < 1.0 {
+        return None;
+    }
+    let tokens: f64 = done
+        .iter()
+        .map(|r| {
+            let start = r.arrival_ms + r.ttft_ms;
+            let len = r.finish_ms - start;
+            if len <= 1e-6 {
+                // All of its tokens at one instant.
+                return if (t0..=t1).contains(&start) {
+                    r.output_tokens as f64
+                } else {
+                    0.0
+                };
+            }
+            let overlap = (r.finish_ms.min(t1) - start.max(t0)).max(0.0);
+            r.output_tokens as f64 * (overlap / len).min(1.0)
+        })
+        .sum();
+    Some(tokens / ((t1 - t0) / 1000.0))
 }
 
 /// The side-by-side table.
@@ -343,5 +382,50 @@ impl RunReport {
         for v in [&mut t.input_tok_s, &mut t.output_tok_s, &mut t.req_s] {
             *v = round3(*v / k);
         }
+    }
+}
+
+#[cfg(test)]
+mod steady_tests {
+    use super::*;
+
+    fn record(arrival_ms: f64, ttft_ms: f64, finish_ms: f64, output_tokens: u64) -> Record {
+        Record {
+            server: 0,
+            arrival_ms,
+            finish_ms,
+            ttft_ms,
+            itl_ms: 1.0,
+            e2e_ms: finish_ms - arrival_ms,
+            prompt_tokens: 10,
+            cached_tokens: 0,
+            output_tokens,
+        }
+    }
+
+    #[test]
+    fn steady_throughput_is_the_rate_served_while_requests_arrive_without_the_drain() {
+        // One request per second for 100 s, each 100 tokens over 1 s; then a long straggler.
+        let mut done: Vec<Record> = (0..100)
+            .map(|i| {
+                let t = i as f64 * 1000.0;
+                record(t, 10.0, t + 1010.0, 100)
+            })
+            .collect();
+        done.push(record(99_000.0, 10.0, 400_000.0, 100));
+        let r = RunReport::from_records("p", done.len(), &done, &[], 1);
+        assert!(
+            (r.throughput.steady_output_tok_s - 100.0).abs() < 2.0,
+            "{}",
+            r.throughput.steady_output_tok_s
+        );
+        assert!(r.throughput.output_tok_s < 30.0, "the drain dilutes the overall figure");
+    }
+
+    #[test]
+    fn a_burst_falls_back_to_the_overall_rate() {
+        let done = vec![record(0.0, 10.0, 1010.0, 100), record(0.0, 20.0, 2020.0, 100)];
+        let r = RunReport::from_records("p", 2, &done, &[], 1);
+        assert_eq!(r.throughput.steady_output_tok_s, r.throughput.output_tok_s);
     }
 }

@@ -21,6 +21,9 @@ pub struct SoakReport {
     pub rss_end_kib: u64,
     pub index_entries: u64,
     pub inflight_at_end: u64,
+    /// (seconds into the measured phase, Envoy RSS in KiB, kvroute index entries), about 30
+    /// samples evenly spread: the trend, not only the two ends.
+    pub samples: Vec<(u64, u64, u64)>,
 }
 
 impl SoakReport {
@@ -67,7 +70,24 @@ pub fn soak(seconds: u64, rate: f64) -> Result<SoakReport, String> {
     let warmup = (seconds / 4).clamp(5, 300);
     let (w, _) = phase(warmup, 1)?;
     let rss_after_warmup_kib = rss_kib(envoy.pid());
-    let (run, _) = phase(seconds, 2)?;
+    let every = Duration::from_secs((seconds / 30).max(1));
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let (run, samples) = std::thread::scope(|scope| {
+        let sampler = scope.spawn(|| {
+            let mut samples = Vec::new();
+            let mut at = 0;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(every);
+                at += every.as_secs();
+                samples.push((at, rss_kib(envoy.pid()), envoy.stat("wasmcustom.kvroute.index_entries")));
+            }
+            samples
+        });
+        let run = phase(seconds, 2);
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        (run, sampler.join().unwrap_or_default())
+    });
+    let (run, _) = run?;
     std::thread::sleep(Duration::from_millis(500)); // a worker tick publishes the gauges
     Ok(SoakReport {
         seconds,
@@ -79,5 +99,6 @@ pub fn soak(seconds: u64, rate: f64) -> Result<SoakReport, String> {
         rss_end_kib: rss_kib(envoy.pid()),
         index_entries: envoy.stat("wasmcustom.kvroute.index_entries"),
         inflight_at_end: envoy.stat("wasmcustom.kvroute.inflight_requests"),
+        samples,
     })
 }

@@ -270,7 +270,10 @@ fn fail_reload_restores_routing_after_a_crash() {
     let mut envoy = Envoy::start("envoy.yaml", &ports, |t| {
         t.replace("dist/kvroute.wasm", "dist/kvroute-test-panic.wasm")
             .replace("failure_policy: FAIL_OPEN", "failure_policy: FAIL_RELOAD")
-            .replace("\"policy\": \"cost\",", "\"policy\": \"cost\", \"debug_headers\": true,")
+            .replace(
+                "\"policy\": \"cost\",",
+                "\"policy\": \"cost\", \"debug_headers\": true,",
+            )
     })
     .unwrap();
     sleep(Duration::from_millis(800));
