@@ -3,8 +3,9 @@
 //!
 //! - `cost` (default): predicted time to first token in ms, in the spirit of NVIDIA Dynamo's
 //!   KV router (prefill blocks − overlap + decode load) but in one physical unit:
-//!   `prefill = (queued prefill tokens + (1 + work_weight) × this request's uncached
-//!   tokens) / prefill rate`,
+//!   `prefill = (queued prefill tokens + (1 + work_weight × (1 + backlog)) × this
+//!   request's uncached tokens) / prefill rate`, where `backlog` is the number of requests
+//!   waiting on the least-loaded candidate,
 //!   `decode = running sequences × per-sequence step cost`, plus a KV-pressure term that
 //!   grows quadratically past `kv_pressure_threshold`. Queued prefill tokens are the
 //!   larger of two lower bounds: the scraped waiting requests times the gateway's running
@@ -13,7 +14,11 @@
 //!   (prefills already running are invisible in vLLM's metrics). The `work_weight` share
 //!   charges the prefill this request adds to the fleet, which delays the requests after
 //!   it: without it a greedy TTFT estimate sees no difference between joining a sibling
-//!   that is still prefilling the same prefix and recomputing that prefix elsewhere.
+//!   that is still prefilling the same prefix and recomputing that prefix elsewhere. The
+//!   backlog factor makes that charge grow when no endpoint is free: then every recomputed
+//!   token delays the requests already queued and those still arriving, so a cached prefix
+//!   is worth more than a slightly shorter queue (0 when any candidate has no waiting
+//!   request, so an under-loaded fleet is scored as before).
 //! - `weighted`: the Gateway API Inference Extension's shape: queue (min-max normalised),
 //!   KV (1 − usage) and prefix (matched fraction) scorers in [0, 1], weighted 2/2/3.
 //! - `least_request`, `round_robin`, `random` (seeded): the classic baselines.
@@ -41,6 +46,8 @@ impl Candidate<'_> {
 /// Per-request facts a policy may use beyond the candidate itself.
 pub struct ScoreContext {
     pub total_blocks: usize,
+    /// Requests waiting on the least-loaded candidate: how overloaded the whole fleet is.
+    pub fleet_backlog: f64,
     pub mean_uncached_tokens: f64,
     pub rotation: u64,
     pub seed: u64,
@@ -92,7 +99,7 @@ pub fn predicted_ttft(config: &Config, c: &Candidate, ctx: &ScoreContext) -> Ter
     // there still without a first token (which also covers prefills already running).
     let scraped = c.metrics.waiting as f64 * ctx.mean_uncached_tokens + c.endpoint.sent_tokens_since_scrape.0 as f64;
     let queued_tokens = scraped.max(c.endpoint.pending_prefill_tokens.0 as f64);
-    let own = (1.0 + p.work_weight) * c.uncached.0 as f64;
+    let own = (1.0 + p.work_weight * (1.0 + ctx.fleet_backlog)) * c.uncached.0 as f64;
     let prefill_ms = (queued_tokens + own) * 1000.0 / p.prefill_tokens_per_s;
     let running = c.metrics.running as f64 + f64::from(c.endpoint.sent_since_scrape);
     let decode_ms = running * p.decode_ms_per_running;

@@ -201,6 +201,11 @@ impl Router {
 
         let ctx = ScoreContext {
             total_blocks: req.blocks.len(),
+            fleet_backlog: cands
+                .iter()
+                .map(|(_, c)| c.metrics.waiting as f64)
+                .fold(f64::INFINITY, f64::min)
+                .min(1e6),
             mean_uncached_tokens: self.mean_uncached,
             rotation: self.rotation,
             seed: self.config.seed(),

@@ -104,6 +104,35 @@ fn a_swamped_prefix_holder_loses_to_an_idle_endpoint() {
 }
 
 #[test]
+fn when_every_endpoint_has_a_queue_recomputing_a_prefix_costs_more() {
+    // The same shape twice: the holder has 12 waiting, the other endpoint `waiting_other`.
+    let pick = |waiting_other: u64| {
+        let mut r = router(PolicyKind::Cost, &idle(2));
+        let d = r.route(&req(4, 32), T0);
+        r.on_routed(1, &req(4, 32), &d, T0);
+        let holder = d.best().unwrap().clone();
+        let other = if holder == ep(0) { ep(1) } else { ep(0) };
+        let done = Completion {
+            served_by: Some(holder.clone()),
+            status: 200,
+            cached_tokens: None,
+        };
+        r.on_completed(1, &done, T0);
+        r.on_metrics(&holder, load(8, 12, 0.5), Millis(T0.0 + 1));
+        r.on_metrics(&other, load(8, waiting_other, 0.5), Millis(T0.0 + 1));
+        let d = r.route(&req(4, 32), Millis(T0.0 + 1));
+        (d.best() == Some(&holder), d)
+    };
+    // A shorter queue elsewhere, but no endpoint is free: the 2k-token prefix the holder
+    // has would be recomputed ahead of every request queued behind it, so it stays.
+    let (stays, d) = pick(2);
+    assert!(stays, "{:?}", d.breakdown);
+    // With an idle endpoint in the fleet, the same queue gap moves the request.
+    let (stays, d) = pick(0);
+    assert!(!stays, "{:?}", d.breakdown);
+}
+
+#[test]
 fn cost_rises_with_every_kind_of_load() {
     let base = router(PolicyKind::Cost, &[load(2, 2, 0.5)])
         .route(&req(1, 8), T0)
