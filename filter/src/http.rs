@@ -36,6 +36,8 @@ pub struct Http {
     chosen: Option<String>,
     reason: &'static str,
     status: u16,
+    /// Keep the response tail: the response will carry `usage` (see `reports_usage`).
+    read_usage: bool,
     tail: Vec<u8>,
 }
 
@@ -49,6 +51,7 @@ impl Http {
             chosen: None,
             reason: "passthrough",
             status: 0,
+            read_usage: false,
             tail: Vec::new(),
         }
     }
@@ -121,6 +124,9 @@ impl Http {
         let predicted = u64::from(decision.matched_blocks) * (router.config().hashing().block_bytes as u64 / 4);
         shared.count_tokens(req.prompt_tokens.0, predicted.min(req.prompt_tokens.0));
         self.chosen = Some(best);
+        // A stream without `include_usage` never reports cached tokens: copying its chunks
+        // into the VM (one host call each) would buy nothing.
+        self.read_usage = parsed.reports_usage;
         self.phase = Phase::Routed { request_id };
         Action::Continue
     }
@@ -269,7 +275,7 @@ impl HttpContext for Http {
     }
 
     fn on_http_response_body(&mut self, body_size: usize, _end_of_stream: bool) -> Action {
-        if matches!(self.phase, Phase::Routed { .. }) && body_size > 0 {
+        if self.read_usage && matches!(self.phase, Phase::Routed { .. }) && body_size > 0 {
             let start = body_size.saturating_sub(TAIL_BYTES);
             if let Ok(chunk) = host::buffer(BufferType::HttpResponseBody, start, body_size - start) {
                 self.tail.extend_from_slice(&chunk);

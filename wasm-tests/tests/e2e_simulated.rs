@@ -36,6 +36,10 @@ fn simulated_fleet_keeps_prefix_groups_together_and_survives_a_crash() {
     // With affinity a group misses once per Envoy worker at most: ≥ 4 of 6 hit 2048 of 2180 tokens.
     assert!(run.prefix_hit_rate > 0.6, "hit rate {}", run.prefix_hit_rate);
     assert!(servers.len() >= 3, "groups should spread: {servers:?}");
+    // The streams asked for usage (`include_usage`): the filter read the servers' cached
+    // token counts from their last chunks.
+    let reported = envoy.stat("wasmcustom.kvroute.tokens.reported_cached");
+    assert!(reported > 0, "no cached tokens read from the streams");
 
     // Crash server 0 (listener and connections closed). Once the scrapes have marked it
     // down (well under 2 s), kvroute never picks it again and no request fails.

@@ -54,6 +54,9 @@ pub struct ParsedRequest {
     pub prompt_tokens: Tokens,
     pub max_tokens: Option<u64>,
     pub stream: bool,
+    /// Whether the response carries `usage` (with `prompt_tokens_details.cached_tokens`):
+    /// always for a whole response, only with `stream_options.include_usage` for a stream.
+    pub reports_usage: bool,
     pub user: Option<String>,
     pub cache_salt: Option<String>,
 }
@@ -94,6 +97,7 @@ struct Body {
     max_completion_tokens: Option<u64>,
     #[serde(default)]
     stream: bool,
+    stream_options: Option<Value>,
     user: Option<String>,
     cache_salt: Option<String>,
 }
@@ -146,6 +150,13 @@ pub fn parse(kind: ApiKind, body: &[u8]) -> Result<ParsedRequest, RequestError> 
         prompt_tokens,
         max_tokens: body.max_completion_tokens.or(body.max_tokens),
         stream: body.stream,
+        reports_usage: !body.stream
+            || body
+                .stream_options
+                .as_ref()
+                .and_then(|o| o.get("include_usage"))
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
         user: body.user,
         cache_salt: body.cache_salt,
     })

@@ -62,6 +62,30 @@ fn sampling_fields_are_read() {
 }
 
 #[test]
+fn usage_is_expected_in_whole_responses_and_in_streams_that_ask_for_it() {
+    let body = |extra: &str| format!(r#"{{"model":"m","messages":[{{"role":"user","content":"q"}}]{extra}}}"#);
+    assert!(chat(&body("")).unwrap().reports_usage);
+    assert!(chat(&body(r#","stream":false"#)).unwrap().reports_usage);
+    assert!(!chat(&body(r#","stream":true"#)).unwrap().reports_usage);
+    assert!(
+        !chat(&body(r#","stream":true,"stream_options":{"include_usage":false}"#))
+            .unwrap()
+            .reports_usage
+    );
+    assert!(
+        chat(&body(r#","stream":true,"stream_options":{"include_usage":true}"#))
+            .unwrap()
+            .reports_usage
+    );
+    // An odd stream_options is not a reason to refuse routing.
+    assert!(
+        !chat(&body(r#","stream":true,"stream_options":"yes""#))
+            .unwrap()
+            .reports_usage
+    );
+}
+
+#[test]
 fn completion_prompt_forms() {
     let s = completion(r#"{"model":"m","prompt":"abcdefgh"}"#).unwrap();
     assert_eq!((s.canonical.as_slice(), s.prompt_tokens), (&b"abcdefgh"[..], Tokens(2)));
