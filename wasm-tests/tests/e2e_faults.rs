@@ -122,7 +122,14 @@ fn broken_metrics_take_a_server_out_within_two_seconds_and_back_after_recovery()
 
 #[test]
 fn bursts_of_5xx_eject_a_server_by_passive_health() {
-    let mut f = fleet();
+    // An ejection long enough to outlast both phases on a busy CI machine (with the default
+    // 5 s, a slow first phase let the ejection expire and one probe reached the server).
+    let mut f = fleet_with(|t| {
+        t.replace(
+            "\"policy\": \"cost\",",
+            "\"policy\": \"cost\", \"health\": {\"eject_ms\": 60000},",
+        )
+    });
     f.fault(2, r#"{"error_rate": 1.0}"#);
     // Until the ejection (3 consecutive failures per Envoy worker) some requests get the 500s.
     let (_, early) = f.traffic(40, 2, 0);
