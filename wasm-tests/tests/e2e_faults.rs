@@ -66,6 +66,16 @@ impl Fleet {
         );
         let start = Instant::now();
         let r = http_client::request(self.envoy.port, "POST", "/v1/chat/completions", &[], body.as_bytes()).unwrap();
+        if r.status != 200 {
+            // Envoy's response details say which attempt failed how (kept for a flaky run).
+            eprintln!(
+                "request {n}: {} from {:?}: {:?} {}",
+                r.status,
+                r.header("x-kvroute-endpoint"),
+                r.header("x-envoy-upstream-service-time"),
+                &r.body[..r.body.len().min(300)]
+            );
+        }
         (
             r.status,
             r.header("x-kvroute-endpoint").unwrap_or("").to_string(),
