@@ -1,15 +1,21 @@
 //! Helpers for tests and scripts that run a simulated fleet on loopback.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use super::serve;
 use crate::profile::Profile;
 
 /// A base port `b` with `b − 1 ..= b + n` free on loopback (for tests and scripts that start
-/// `n` servers and the admin listener), or `None`.
+/// `n` servers and the admin listener), or `None`. Concurrent callers (tests run in parallel
+/// threads and processes) start their scans at different places, so they rarely race for the
+/// same ports; `start_in_background` also detects a lost race and moves on.
 pub fn free_base_port(n: u16) -> Option<u16> {
-    (20_000..40_000u16)
-        .step_by(97)
+    static CALLS: AtomicUsize = AtomicUsize::new(0);
+    let slots: Vec<u16> = (20_000..40_000u16).step_by(97).collect();
+    let start = (std::process::id() as usize).wrapping_mul(31) + CALLS.fetch_add(1, Ordering::Relaxed) * 7;
+    (0..slots.len())
+        .map(|i| slots[(start + i) % slots.len()])
         .find(|b| (b - 1..=b + n).all(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok()))
 }
 
@@ -32,14 +38,24 @@ pub fn start_in_background(
     n: u16,
     time_scale: f64,
 ) -> anyhow::Result<(tokio::runtime::Runtime, u16)> {
-    let base = free_base_port(n).ok_or_else(|| anyhow::anyhow!("no {n} free ports on loopback"))?;
-    let rt = tokio::runtime::Runtime::new()?;
-    rt.spawn(async move { serve(profile, usize::from(n), "127.0.0.1", base, base - 1, time_scale, false).await });
-    for port in base - 1..base + n {
-        anyhow::ensure!(
-            wait_listening(port, Duration::from_secs(10)),
-            "simulated server on port {port} did not start"
-        );
+    for _ in 0..5 {
+        let base = free_base_port(n).ok_or_else(|| anyhow::anyhow!("no {n} free ports on loopback"))?;
+        let rt = tokio::runtime::Runtime::new()?;
+        let p = profile.clone();
+        let task =
+            rt.spawn(async move { serve(p, usize::from(n), "127.0.0.1", base, base - 1, time_scale, false).await });
+        for port in base - 1..base + n {
+            anyhow::ensure!(
+                wait_listening(port, Duration::from_secs(10)),
+                "simulated server on port {port} did not start"
+            );
+        }
+        // Someone listens on every port; if our servers could not bind (another caller took
+        // the ports between the scan and the bind), `serve` has returned: try elsewhere.
+        std::thread::sleep(Duration::from_millis(100));
+        if !task.is_finished() {
+            return Ok((rt, base));
+        }
     }
-    Ok((rt, base))
+    anyhow::bail!("could not start {n} simulated servers: every port range tried was taken")
 }
