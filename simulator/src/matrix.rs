@@ -132,8 +132,8 @@ pub fn at_rate(requests: &[SimRequest], rate: f64) -> Vec<SimRequest> {
         .collect()
 }
 
-/// One workload's cells, `replicas` runs of each (in parallel, one thread per replica up to
-/// the machine's cores), `progress` told each finished run.
+/// One workload's cells, `replicas` runs of each (in parallel, one thread per replica),
+/// `progress` told each finished run.
 pub fn cells(
     setup: &ReplaySetup,
     name: &str,
@@ -145,44 +145,32 @@ pub fn cells(
 ) -> (f64, Vec<Cell>) {
     let cap = capacity(setup, requests);
     progress(&format!("{name}: capacity {cap:.2} req/s"));
-    let threads = std::thread::available_parallelism().map_or(1, usize::from).max(1);
     let mut out = Vec::new();
     for load in loads {
         let rate = cap * f64::from(*load) / 100.0;
         let base = at_rate(requests, rate);
-        let ks: Vec<u64> = (0..replicas.max(1)).collect();
-        let mut by_replica: Vec<(u64, Vec<RunReport>)> = Vec::new();
-        for chunk in ks.chunks(threads) {
-            std::thread::scope(|scope| {
-                let handles: Vec<_> = chunk
-                    .iter()
-                    .map(|&k| {
-                        let base = &base;
-                        scope.spawn(move || {
-                            let reqs = perturbed(base, k);
-                            let setup = ReplaySetup {
-                                seed: setup.seed.wrapping_add(k),
-                                ..setup.clone()
-                            };
-                            let runs: Vec<RunReport> = policies
-                                .iter()
-                                .map(|p| {
-                                    let r = run(&setup, *p, &reqs, &|_| {});
-                                    progress(&format!("{name} {load}% replica {k} {p}"));
-                                    r
-                                })
-                                .collect();
-                            (k, runs)
-                        })
-                    })
-                    .collect();
-                for h in handles {
-                    if let Ok(done) = h.join() {
-                        by_replica.push(done);
-                    }
-                }
-            });
-        }
+        let run_replica = |k: u64| {
+            let reqs = perturbed(&base, k);
+            let setup = ReplaySetup {
+                seed: setup.seed.wrapping_add(k),
+                ..setup.clone()
+            };
+            let runs: Vec<RunReport> = policies
+                .iter()
+                .map(|p| {
+                    let r = run(&setup, *p, &reqs, &|_| {});
+                    progress(&format!("{name} {load}% replica {k} {p}"));
+                    r
+                })
+                .collect();
+            (k, runs)
+        };
+        let mut by_replica: Vec<(u64, Vec<RunReport>)> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..replicas.max(1))
+                .map(|k| scope.spawn(move || run_replica(k)))
+                .collect();
+            handles.into_iter().filter_map(|h| h.join().ok()).collect()
+        });
         by_replica.sort_by_key(|(k, _)| *k);
         out.push(Cell {
             workload: name.to_string(),

@@ -128,6 +128,7 @@ impl RunReport {
         let span_s = ((end - start) / 1000.0).max(1e-9);
         let prompt: u64 = done.iter().map(|r| r.prompt_tokens).sum();
         let cached: u64 = done.iter().map(|r| r.cached_tokens).sum();
+        let output_tok_s = done.iter().map(|r| r.output_tokens).sum::<u64>() as f64 / span_s;
         let per_server = (0..servers)
             .map(|s| {
                 let mine: Vec<&Record> = done.iter().filter(|r| r.server == s).collect();
@@ -157,12 +158,9 @@ impl RunReport {
             e2e_ms: Percentiles::of(&mut e2e),
             throughput: Throughput {
                 input_tok_s: round3(prompt as f64 / span_s),
-                output_tok_s: round3(done.iter().map(|r| r.output_tokens).sum::<u64>() as f64 / span_s),
+                output_tok_s: round3(output_tok_s),
                 req_s: round3(done.len() as f64 / span_s),
-                steady_output_tok_s: round3(
-                    steady_output_tok_s(done)
-                        .unwrap_or(done.iter().map(|r| r.output_tokens).sum::<u64>() as f64 / span_s),
-                ),
+                steady_output_tok_s: round3(steady_output_tok_s(done).unwrap_or(output_tok_s)),
             },
             prefix_hit_rate: round3(if prompt == 0 {
                 0.0

@@ -238,24 +238,27 @@ fn a_server_killed_mid_stream_cuts_that_stream_only() {
     f.assert_vms_up();
 }
 
-#[test]
-fn a_panicking_filter_fails_open_and_requests_are_still_served() {
+/// A fleet behind the test-only build that panics on `x-kvroute-test-panic`, under `policy`.
+fn panicking_fleet(policy: &'static str) -> Fleet {
     let root = kvroute_wasm_tests::envoy::repo_root();
     assert!(
         root.join("dist/kvroute-test-panic.wasm").exists(),
         "run `make build-wasm-test-panic`"
     );
-    let profile = Profile::new(Gpu::H100_80g, Model::Llama31_8b, 1).unwrap();
-    let (_rt, base) = kvroute_sim::serve::start_in_background(profile, 4, 20.0).unwrap();
-    let ports: Vec<u16> = (base..base + 4).collect();
-    let mut envoy = Envoy::start("envoy.yaml", &ports, |t| {
+    fleet_with(move |t| {
         t.replace("dist/kvroute.wasm", "dist/kvroute-test-panic.wasm")
+            .replace("failure_policy: FAIL_OPEN", &format!("failure_policy: {policy}"))
     })
-    .unwrap();
-    sleep(Duration::from_millis(800));
-    let body = r#"{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"hello"}]}"#;
+}
+
+const HELLO: &str = r#"{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"hello"}]}"#;
+
+#[test]
+fn a_panicking_filter_fails_open_and_requests_are_still_served() {
+    let mut f = panicking_fleet("FAIL_OPEN");
+    let (port, admin) = (f.envoy.port, f.envoy.admin);
     let post = |headers: &[(&str, &str)]| {
-        http_client::request(envoy.port, "POST", "/v1/chat/completions", headers, body.as_bytes()).map(|r| r.status)
+        http_client::request(port, "POST", "/v1/chat/completions", headers, HELLO.as_bytes()).map(|r| r.status)
     };
     assert_eq!(post(&[]).unwrap(), 200);
     // The request that crashes its worker's VM gets whatever Envoy answers; every later
@@ -265,15 +268,15 @@ fn a_panicking_filter_fails_open_and_requests_are_still_served() {
     let crashed = post(&[("x-kvroute-test-panic", "1")]);
     let crashed_again = post(&[("x-kvroute-test-panic", "1")]);
     for i in 0..20 {
-        let admin = format!("127.0.0.1:{}", envoy.admin);
+        let admin = format!("127.0.0.1:{admin}");
         let status = post(&[("x-gateway-destination-endpoint", admin.as_str())]).unwrap();
         assert_eq!(
             status, 200,
             "request {i} after the panics ({crashed:?}, {crashed_again:?})"
         );
     }
-    assert!(envoy.alive(), "Envoy died");
-    assert!(envoy.log_text().contains("panicked"), "the panic hook did not log");
+    assert!(f.envoy.alive(), "Envoy died");
+    assert!(f.envoy.log_text().contains("panicked"), "the panic hook did not log");
     eprintln!("panicking requests got: {crashed:?}, {crashed_again:?}");
 }
 
@@ -283,22 +286,10 @@ fn a_panicking_filter_fails_open_and_requests_are_still_served() {
 /// shipped configs keep FAIL_OPEN.
 #[test]
 fn fail_reload_restores_routing_after_a_crash() {
-    let profile = Profile::new(Gpu::H100_80g, Model::Llama31_8b, 1).unwrap();
-    let (_rt, base) = kvroute_sim::serve::start_in_background(profile, 4, 20.0).unwrap();
-    let ports: Vec<u16> = (base..base + 4).collect();
-    let mut envoy = Envoy::start("envoy.yaml", &ports, |t| {
-        t.replace("dist/kvroute.wasm", "dist/kvroute-test-panic.wasm")
-            .replace("failure_policy: FAIL_OPEN", "failure_policy: FAIL_RELOAD")
-            .replace(
-                "\"policy\": \"cost\",",
-                "\"policy\": \"cost\", \"debug_headers\": true,",
-            )
-    })
-    .unwrap();
-    sleep(Duration::from_millis(800));
-    let body = r#"{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"hello"}]}"#;
+    let mut f = panicking_fleet("FAIL_RELOAD");
+    let port = f.envoy.port;
     let post = |headers: &[(&str, &str)]| {
-        http_client::request(envoy.port, "POST", "/v1/chat/completions", headers, body.as_bytes())
+        http_client::request(port, "POST", "/v1/chat/completions", headers, HELLO.as_bytes())
             .map(|r| (r.status, r.header("x-kvroute-reason").unwrap_or("").to_string()))
             .unwrap_or((0, String::new())) // 0: the connection was reset
     };
@@ -318,12 +309,15 @@ fn fail_reload_restores_routing_after_a_crash() {
             "request {i}: reason {reason:?}: kvroute is not routing"
         );
     }
-    assert!(envoy.alive(), "Envoy died");
-    assert!(envoy.stat("wasm.kvroute.vm_reload_success") >= 1, "no VM was reloaded");
+    assert!(f.envoy.alive(), "Envoy died");
+    assert!(
+        f.envoy.stat("wasm.kvroute.vm_reload_success") >= 1,
+        "no VM was reloaded"
+    );
     eprintln!(
         "FAIL_RELOAD: {innocent_failed} of 6 requests sent right after a crash failed (503 or reset); reloads: {}, backoffs: {}",
-        envoy.stat("wasm.kvroute.vm_reload_success"),
-        envoy.stat("wasm.kvroute.vm_reload_backoff")
+        f.envoy.stat("wasm.kvroute.vm_reload_success"),
+        f.envoy.stat("wasm.kvroute.vm_reload_backoff")
     );
 }
 

@@ -80,11 +80,19 @@ mod native {
             .collect()
     }
 
-    pub fn latency(requests: usize) -> Result<(), String> {
+    /// Four fast test servers behind `envoy/bench-overhead.yaml` (kvroute, no filter and the
+    /// empty filter on three listeners), after a few scrapes reached the workers. The servers
+    /// stop when the returned handles drop.
+    fn bench_envoy() -> Result<(Vec<FakeVllm>, Envoy), String> {
         let servers = fleet(4)?;
         let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
         let envoy = Envoy::start("bench-overhead.yaml", &ports, |t| t)?;
-        std::thread::sleep(Duration::from_millis(600)); // a few scrapes reach the workers
+        std::thread::sleep(Duration::from_millis(600));
+        Ok((servers, envoy))
+    }
+
+    pub fn latency(requests: usize) -> Result<(), String> {
+        let (_servers, envoy) = bench_envoy()?;
         println!("| body | requests | p50 none | p50 empty filter | p50 kvroute | kvroute added p50 | p99 none | p99 empty filter | p99 kvroute | kvroute added p99 |");
         println!("|---|---|---|---|---|---|---|---|---|---|");
         for size in [1024usize, 32 * 1024, 256 * 1024] {
@@ -136,13 +144,18 @@ mod native {
         errors: bool,
     }
 
-    /// CPU seconds (user + system, all threads) of process `pid`.
-    fn process_cpu_s(pid: u32) -> Option<f64> {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    /// CPU seconds (user + system) in a `/proc/.../stat` file: a process's (all threads) or,
+    /// under `task/<tid>/`, one thread's.
+    fn cpu_s(stat_path: &str) -> Option<f64> {
+        let stat = std::fs::read_to_string(stat_path).ok()?;
         let after = &stat[stat.rfind(')')? + 2..];
         let f: Vec<&str> = after.split_whitespace().collect();
         let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
         Some(ticks / 100.0) // USER_HZ is 100 on Linux
+    }
+
+    fn process_cpu_s(pid: u32) -> Option<f64> {
+        cpu_s(&format!("/proc/{pid}/stat"))
     }
 
     fn micros(v: &str) -> Option<f64> {
@@ -255,10 +268,7 @@ mod native {
     }
 
     pub fn wrk_sweep() -> Result<(), String> {
-        let servers = fleet(4)?;
-        let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
-        let envoy = Envoy::start("bench-overhead.yaml", &ports, |t| t)?;
-        std::thread::sleep(Duration::from_millis(600));
+        let (_servers, envoy) = bench_envoy()?;
         let dir = std::env::temp_dir().join(format!("kvroute-wrk-{}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
         println!("Each cell: wrk 4 s per listener in the order none, empty, kvroute, kvroute, empty, none; means of the two runs.\n");
@@ -360,10 +370,7 @@ mod native {
     }
 
     pub fn hostile() -> Result<(), String> {
-        let servers = fleet(4)?;
-        let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
-        let envoy = Envoy::start("bench-overhead.yaml", &ports, |t| t)?;
-        std::thread::sleep(Duration::from_millis(600));
+        let (_servers, envoy) = bench_envoy()?;
         println!("| body (just under 4 MiB) | bytes | median without | median with kvroute | added median | worst added | status |");
         println!("|---|---|---|---|---|---|---|");
         for (name, path, body) in hostile_bodies() {
@@ -381,15 +388,16 @@ mod native {
                     }
                 }
             }
-            for t in &mut times {
-                t.sort_by(f64::total_cmp);
-            }
-            let med = |t: &[f64]| t[t.len() / 2];
+            // Each kvroute request against the no-filter request sent just before it.
             let worst_added = times[1]
                 .iter()
                 .zip(times[0].iter())
                 .map(|(w, o)| w - o)
                 .fold(f64::MIN, f64::max);
+            for t in &mut times {
+                t.sort_by(f64::total_cmp);
+            }
+            let med = |t: &[f64]| t[t.len() / 2];
             println!(
                 "| {name} | {} | {:.1} ms | {:.1} ms | {:+.1} ms | {:+.1} ms | {:?} |",
                 body.len(),
@@ -410,10 +418,7 @@ mod native {
     }
 
     pub fn presence() -> Result<(), String> {
-        let servers = fleet(4)?;
-        let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
-        let envoy = Envoy::start("bench-overhead.yaml", &ports, |t| t)?;
-        std::thread::sleep(Duration::from_millis(600));
+        let (_servers, envoy) = bench_envoy()?;
         let dir = std::env::temp_dir().join(format!("kvroute-presence-{}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
         let script = post_script(&dir, 1024)?;
@@ -441,13 +446,8 @@ mod native {
         Ok(())
     }
 
-    /// CPU seconds (user + system) of one thread of `pid`.
     fn thread_cpu_s(pid: u32, tid: u32) -> Option<f64> {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
-        let after = &stat[stat.rfind(')')? + 2..];
-        let f: Vec<&str> = after.split_whitespace().collect();
-        let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
-        Some(ticks / 100.0) // USER_HZ is 100 on Linux
+        cpu_s(&format!("/proc/{pid}/task/{tid}/stat"))
     }
 
     fn main_thread_cpu(servers: usize, seconds: u64) -> Result<(f64, u64), String> {
