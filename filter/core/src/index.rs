@@ -50,6 +50,16 @@ struct SlotLru {
     capacity: usize,
     /// Its KV size in our blocks, before scaling.
     wanted: usize,
+    /// What vLLM's own reports say it keeps of ours (see `on_overpredicted`); `None` until
+    /// a report contradicted the index.
+    retention: Option<usize>,
+}
+
+impl SlotLru {
+    /// Entries kept at most: the KV-derived capacity, lowered by what vLLM reported.
+    fn limit(&self) -> usize {
+        self.retention.map_or(self.capacity, |r| r.min(self.capacity))
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -79,8 +89,33 @@ impl PrefixIndex {
         self.budget_entries
     }
 
+    /// Entries `slot` may hold now: its share of the budget, lowered by vLLM's reports.
     pub fn capacity(&self, slot: Slot) -> usize {
-        self.slots.get(usize::from(slot)).map_or(0, |s| s.capacity)
+        self.slots.get(usize::from(slot)).map_or(0, SlotLru::limit)
+    }
+
+    /// The server behind `slot` lacked `missing` blocks the index listed for it. It evicts
+    /// least recently used first, so what the index holds for it that is older is gone as
+    /// well: keep `missing` fewer entries than now (never under an eighth of its capacity,
+    /// so one odd report cannot empty it), dropping the oldest.
+    pub fn on_overpredicted(&mut self, slot: Slot, missing: usize) {
+        let i = usize::from(slot);
+        let Some(lru) = self.slots.get_mut(i) else { return };
+        let floor = lru.capacity / 8;
+        lru.retention = Some(lru.ticks.len().saturating_sub(missing).max(floor));
+        self.evict_to_capacity(i);
+    }
+
+    /// A report confirmed the index's prediction for `slot`: it may keep `more` entries
+    /// (the blocks the request added) again, up to its capacity.
+    pub fn on_confirmed(&mut self, slot: Slot, more: usize) {
+        let Some(lru) = self.slots.get_mut(usize::from(slot)) else {
+            return;
+        };
+        if let Some(r) = lru.retention {
+            let grown = r.saturating_add(more);
+            lru.retention = (grown < lru.capacity).then_some(grown);
+        }
     }
 
     /// Sets how many of our blocks `slot` can hold (0 for a slot being removed), then
@@ -122,7 +157,7 @@ impl PrefixIndex {
     /// Records that `slot` now holds `blocks` (a request's chained prefix blocks, in order).
     pub fn record(&mut self, slot: Slot, blocks: &[BlockHash]) {
         let i = usize::from(slot);
-        if self.slots.get(i).is_none_or(|s| s.capacity == 0) {
+        if self.slots.get(i).is_none_or(|s| s.limit() == 0) {
             return;
         }
         for block in blocks.iter().rev() {
@@ -161,7 +196,7 @@ impl PrefixIndex {
     }
 
     fn evict_to_capacity(&mut self, i: usize) {
-        while self.slots[i].ticks.len() > self.slots[i].capacity {
+        while self.slots[i].ticks.len() > self.slots[i].limit() {
             let Some((block, tick)) = self.slots[i].queue.pop_front() else {
                 break;
             };

@@ -16,6 +16,7 @@ use crate::hashing::PrefixHasher;
 use crate::health::HealthState;
 use crate::index::PrefixIndex;
 use crate::metrics::VllmMetrics;
+use crate::peer::PeerEvent;
 use crate::policy::{self, Candidate, ScoreContext};
 use crate::request::{ParsedRequest, BYTES_PER_TOKEN};
 use crate::types::{BlockHash, Cost, EndpointId, Millis, Tokens};
@@ -56,12 +57,20 @@ pub struct RouterStats {
     /// Cached tokens vLLM reported for the same requests.
     pub reported_cached_tokens: u64,
     pub reported_prompt_tokens: u64,
+    /// Tokens the index predicted cached that vLLM did not have (over-prediction), and
+    /// tokens vLLM had cached that the index did not predict (under-prediction).
+    pub overpredicted_tokens: u64,
+    pub underpredicted_tokens: u64,
+    /// Events applied from peer routers.
+    pub peer_events: u64,
 }
 
 #[derive(Clone, Debug)]
 struct Inflight {
     endpoint: EndpointId,
-    epoch: u64,
+    /// The endpoint's scrape epoch when this request was counted in its `sent_since_scrape`;
+    /// `None` when it was not (a peer's request routed before the scrape this router has).
+    epoch: Option<u64>,
     /// Still counted in the endpoint's `pending_prefill_tokens` (no first token seen yet).
     prefilling: bool,
     blocks: Vec<BlockHash>,
@@ -79,6 +88,10 @@ pub struct Router {
     rotation: u64,
     mean_uncached: f64,
     stats: RouterStats,
+    /// This router's number among the peers it shares with (0 when it shares with none).
+    origin: u32,
+    /// Changes not yet handed to peers; `None` when this router shares with none.
+    outbox: Option<Vec<PeerEvent>>,
 }
 
 impl Router {
@@ -95,6 +108,8 @@ impl Router {
             rotation: 0,
             mean_uncached,
             stats: RouterStats::default(),
+            origin: 0,
+            outbox: None,
         };
         let endpoints = router.config.endpoints().to_vec();
         router.on_endpoints(&endpoints);

@@ -1,43 +1,93 @@
 //! The named events that change the router's state: what the caller did with a decision
 //! (`on_routed`), how the request went (`on_first_token`, `on_completed`), what the scrapes
-//! said (`on_metrics`, `on_scrape_failed`, `on_active_health`) and who is in the pool
-//! (`on_endpoints`).
+//! said (`on_metrics`, `on_scrape_failed`, `on_active_health`), who is in the pool
+//! (`on_endpoints`), and what peer routers of the same process did (`on_peer_event`,
+//! `forget_peer`; see `peer`).
 
 use super::RouteRequest;
 use super::{Completion, Inflight, Router, MAX_INFLIGHT};
 use crate::decision::Decision;
 use crate::health::Flip;
 use crate::metrics::VllmMetrics;
-use crate::types::{EndpointId, Millis, Tokens};
+use crate::peer::{origin_of, request_key, PeerEvent};
+use crate::types::{BlockHash, EndpointId, Millis, Tokens};
 
 impl Router {
+    /// From now on, record every change peers must know (see `take_peer_events`), and stamp
+    /// this router's requests with `origin`, unique among the peers.
+    pub fn share_with_peers(&mut self, origin: u32) {
+        self.origin = origin;
+        self.outbox.get_or_insert_with(Vec::new);
+    }
+
+    /// The changes made since the last call, oldest first, for the peers.
+    pub fn take_peer_events(&mut self) -> Vec<PeerEvent> {
+        self.outbox.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    fn tell_peers(&mut self, event: impl FnOnce() -> PeerEvent) {
+        if let Some(outbox) = self.outbox.as_mut() {
+            outbox.push(event());
+        }
+    }
+
     /// The caller sent `request_id` per `decision` (to its best endpoint first).
-    pub fn on_routed(&mut self, request_id: u64, req: &RouteRequest, decision: &Decision, _now: Millis) {
+    pub fn on_routed(&mut self, request_id: u64, req: &RouteRequest, decision: &Decision, now: Millis) {
         let Some(best) = decision.best() else { return };
         let uncached = decision
             .breakdown
             .iter()
             .find(|s| s.endpoint == *best)
             .map_or(req.prompt_tokens, |s| s.uncached_tokens);
-        let Some(e) = self.table.get_mut(best) else { return };
+        let key = request_key(self.origin, request_id);
+        if self.place(key, best, &req.blocks, req.prompt_tokens, uncached, None) {
+            self.stats.routed += 1;
+            self.tell_peers(|| PeerEvent::Routed {
+                key,
+                endpoint: best.clone(),
+                blocks: req.blocks.clone(),
+                prompt_tokens: req.prompt_tokens,
+                uncached,
+                at: now,
+            });
+        }
+    }
+
+    /// Counts request `key` on `endpoint` and records its blocks there. A peer's request
+    /// (`routed_at` given) counts as "sent since the scrape" only if it was routed after the
+    /// metrics this router holds were taken; an older one is already in them.
+    fn place(
+        &mut self,
+        key: u64,
+        endpoint: &EndpointId,
+        blocks: &[BlockHash],
+        prompt_tokens: Tokens,
+        uncached: Tokens,
+        routed_at: Option<Millis>,
+    ) -> bool {
+        let Some(e) = self.table.get_mut(endpoint) else {
+            return false;
+        };
+        let counted = routed_at.is_none_or(|at| e.scraped_at.is_none_or(|scraped| at >= scraped));
         e.inflight = e.inflight.saturating_add(1);
-        e.sent_since_scrape = e.sent_since_scrape.saturating_add(1);
-        e.sent_tokens_since_scrape = e.sent_tokens_since_scrape.saturating_add(uncached);
         e.pending_prefill_tokens = e.pending_prefill_tokens.saturating_add(uncached);
-        let (slot, epoch) = (e.slot, e.epoch);
-        self.index.record(slot, &req.blocks);
+        if counted {
+            e.sent_since_scrape = e.sent_since_scrape.saturating_add(1);
+            e.sent_tokens_since_scrape = e.sent_tokens_since_scrape.saturating_add(uncached);
+        }
+        let (slot, epoch) = (e.slot, counted.then_some(e.epoch));
+        self.index.record(slot, blocks);
         self.rotation = self.rotation.wrapping_add(1);
         self.mean_uncached = 0.9 * self.mean_uncached + 0.1 * uncached.0 as f64;
-        self.stats.routed += 1;
         let record = Inflight {
-            endpoint: best.clone(),
+            endpoint: endpoint.clone(),
             epoch,
             prefilling: true,
-            blocks: req.blocks.clone(),
-            prompt_tokens: req.prompt_tokens,
+            blocks: blocks.to_vec(),
+            prompt_tokens,
             uncached,
         };
-        if let Some(old) = self.inflight.insert(request_id, record) {
+        if let Some(old) = self.inflight.insert(key, record) {
             self.release(&old);
         }
         while self.inflight.len() > MAX_INFLIGHT {
@@ -45,42 +95,138 @@ impl Router {
                 self.release(&old);
             }
         }
+        true
     }
 
     /// `request_id` ended: success, error status, reset or local reply alike.
     pub fn on_completed(&mut self, request_id: u64, done: &Completion, now: Millis) -> Option<Flip> {
-        let record = self.inflight.remove(&request_id)?;
+        let key = request_key(self.origin, request_id);
+        let record = self.inflight.remove(&key)?;
         self.release(&record);
         self.stats.completed += 1;
         let served = done.served_by.clone().unwrap_or_else(|| record.endpoint.clone());
-        if served != record.endpoint {
-            // A retry moved it: the prefix now lives where it was served.
-            if let Some(slot) = self.table.get(&served).map(|e| e.slot) {
-                self.index.record(slot, &record.blocks);
-            }
+        let moved = served != record.endpoint;
+        if moved {
+            self.record_move(&served, &record.blocks);
+        } else if let Some(cached) = done.cached_tokens {
+            self.learn_from_cached(&record, cached);
         }
         if let Some(cached) = done.cached_tokens {
             self.stats.predicted_cached_tokens += record.prompt_tokens.saturating_sub(record.uncached).0;
             self.stats.reported_cached_tokens += cached;
             self.stats.reported_prompt_tokens += record.prompt_tokens.0;
         }
+        self.tell_peers(|| PeerEvent::Completed {
+            key,
+            served_by: moved.then(|| served.clone()),
+        });
         let ok = done.status != 0 && done.status < 500;
         let health = self.config.health().clone();
         self.table.get_mut(&served)?.health.on_response(ok, now, &health)
     }
 
+    /// A retry moved a request: the prefix now lives where it was served.
+    fn record_move(&mut self, served: &EndpointId, blocks: &[BlockHash]) {
+        if let Some(slot) = self.table.get(served).map(|e| e.slot) {
+            self.index.record(slot, blocks);
+        }
+    }
+
+    /// Engine truth corrects the guess. vLLM reported `cached` tokens of this request were
+    /// already cached where the index predicted `prompt - uncached`. When it had fewer, the
+    /// server evicted blocks the index still lists: since vLLM evicts least recently used
+    /// first, the index's oldest entries for that server are gone too, and the index keeps
+    /// less for it from now on. When it had as many or more, the index may keep more again.
+    /// (The request's own blocks are on the server now either way: it just computed them.)
+    /// One block of slack absorbs the difference between our token estimate and the
+    /// server's tokenizer.
+    fn learn_from_cached(&mut self, record: &Inflight, cached: u64) {
+        let tpb = self.tokens_per_block();
+        let predicted = record.prompt_tokens.saturating_sub(record.uncached).0;
+        let cached = cached.min(record.prompt_tokens.0);
+        self.stats.overpredicted_tokens += predicted.saturating_sub(cached);
+        self.stats.underpredicted_tokens += cached.saturating_sub(predicted);
+        let Some(slot) = self.table.get(&record.endpoint).map(|e| e.slot) else {
+            return;
+        };
+        let (predicted_blocks, cached_blocks) = (predicted / tpb, cached / tpb);
+        if predicted_blocks > cached_blocks + 1 {
+            let missing = usize::try_from(predicted_blocks - cached_blocks).unwrap_or(usize::MAX);
+            self.index.on_overpredicted(slot, missing);
+        } else {
+            let new_blocks = usize::try_from(record.uncached.0 / tpb).unwrap_or(usize::MAX);
+            self.index.on_confirmed(slot, new_blocks.max(1));
+        }
+    }
+
     /// The first token (or the response headers of a stream) of `request_id` arrived: its
     /// prefill is done.
     pub fn on_first_token(&mut self, request_id: u64, _now: Millis) {
-        let Some(record) = self.inflight.get_mut(&request_id) else {
-            return;
+        let key = request_key(self.origin, request_id);
+        if self.prefill_done(key) {
+            self.tell_peers(|| PeerEvent::FirstToken { key });
+        }
+    }
+
+    fn prefill_done(&mut self, key: u64) -> bool {
+        let Some(record) = self.inflight.get_mut(&key) else {
+            return false;
         };
         if !std::mem::replace(&mut record.prefilling, false) {
-            return;
+            return false;
         }
         let uncached = record.uncached;
         if let Some(e) = self.table.get_mut(&record.endpoint) {
             e.pending_prefill_tokens = e.pending_prefill_tokens.saturating_sub(uncached);
+        }
+        true
+    }
+
+    /// A change a peer router made (see `peer`). Events of this router's own origin are
+    /// ignored, so a peer log that echoes them back does no harm.
+    pub fn on_peer_event(&mut self, event: &PeerEvent, _now: Millis) {
+        if self.outbox.is_some() && origin_of(event.key()) == self.origin {
+            return;
+        }
+        self.stats.peer_events += 1;
+        match event {
+            PeerEvent::Routed {
+                key,
+                endpoint,
+                blocks,
+                prompt_tokens,
+                uncached,
+                at,
+            } => {
+                self.place(*key, endpoint, blocks, *prompt_tokens, *uncached, Some(*at));
+            }
+            PeerEvent::FirstToken { key } => {
+                self.prefill_done(*key);
+            }
+            PeerEvent::Completed { key, served_by } => {
+                if let Some(record) = self.inflight.remove(key) {
+                    self.release(&record);
+                    if let Some(served) = served_by {
+                        self.record_move(served, &record.blocks);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Peer `origin` is gone (its VM stopped reporting): release its requests' load, which
+    /// no completion will ever release. Their prefix blocks stay: the servers still hold them.
+    pub fn forget_peer(&mut self, origin: u32) {
+        let keys: Vec<u64> = self
+            .inflight
+            .keys()
+            .copied()
+            .filter(|k| origin_of(*k) == origin)
+            .collect();
+        for key in keys {
+            if let Some(record) = self.inflight.remove(&key) {
+                self.release(&record);
+            }
         }
     }
 
@@ -90,7 +236,7 @@ impl Router {
             if record.prefilling {
                 e.pending_prefill_tokens = e.pending_prefill_tokens.saturating_sub(record.uncached);
             }
-            if e.epoch == record.epoch {
+            if record.epoch == Some(e.epoch) {
                 e.sent_since_scrape = e.sent_since_scrape.saturating_sub(1);
                 e.sent_tokens_since_scrape = e.sent_tokens_since_scrape.saturating_sub(record.uncached);
             }

@@ -466,3 +466,179 @@ fn the_same_prompt_from_two_tenants_shares_no_prefix_state() {
     );
     assert_eq!(r.route(&b, T0).matched_blocks, 0);
 }
+
+fn done_at(endpoint: Option<EndpointId>, cached: Option<u64>) -> Completion {
+    Completion {
+        served_by: endpoint,
+        status: 200,
+        cached_tokens: cached,
+    }
+}
+
+fn inflight_on(r: &Router, id: &EndpointId) -> (u32, Tokens) {
+    let e = r.endpoints().iter().find(|e| e.id == *id).unwrap();
+    (e.inflight, e.pending_prefill_tokens)
+}
+
+fn pass(from: &mut Router, to: &mut Router) {
+    for ev in from.take_peer_events() {
+        to.on_peer_event(&ev, T0);
+    }
+}
+
+#[test]
+fn peers_route_with_each_others_placements_and_load() {
+    let mut a = router(PolicyKind::Cost, &idle(4));
+    let mut b = router(PolicyKind::Cost, &idle(4));
+    a.share_with_peers(1);
+    b.share_with_peers(2);
+    let d = a.route(&req(9, 24), T0);
+    a.on_routed(1, &req(9, 24), &d, T0);
+    let chosen = d.best().unwrap().clone();
+    pass(&mut a, &mut b);
+    assert_eq!(inflight_on(&b, &chosen), inflight_on(&a, &chosen), "b sees a's load");
+    let sibling = b.route(&req(9, 24), T0);
+    assert_eq!(sibling.best(), Some(&chosen));
+    assert_eq!(sibling.matched_blocks, 24, "b knows where a put the prefix");
+
+    a.on_first_token(1, T0);
+    pass(&mut a, &mut b);
+    assert_eq!(inflight_on(&b, &chosen).1, Tokens(0), "prefill done on a is done on b");
+    let other = ep(if chosen == ep(0) { 1 } else { 0 });
+    a.on_completed(1, &done_at(Some(other.clone()), None), T0);
+    pass(&mut a, &mut b);
+    assert_eq!(inflight_on(&b, &chosen).0, 0, "a's completion releases b's count");
+    assert_eq!(
+        b.route(&req(9, 24), T0)
+            .breakdown
+            .iter()
+            .find(|s| s.endpoint == other)
+            .unwrap()
+            .matched_blocks,
+        24,
+        "a retry that moved the request moves the prefix on b too"
+    );
+    assert_eq!(b.stats().peer_events, 3);
+    assert_eq!(b.stats().routed, 0, "peer requests are not b's own");
+}
+
+#[test]
+fn without_the_events_a_peer_routes_blind() {
+    // The claim above is not vacuous: the same two routers, no events passed.
+    let mut a = router(PolicyKind::Cost, &idle(4));
+    let b = router(PolicyKind::Cost, &idle(4));
+    a.share_with_peers(1);
+    let d = a.route(&req(9, 24), T0);
+    a.on_routed(1, &req(9, 24), &d, T0);
+    assert_eq!(b.route(&req(9, 24), T0).matched_blocks, 0);
+}
+
+#[test]
+fn keys_from_two_peers_with_the_same_local_id_stay_apart_and_own_events_are_ignored() {
+    let mut a = router(PolicyKind::Cost, &idle(2));
+    let mut b = router(PolicyKind::Cost, &idle(2));
+    a.share_with_peers(1);
+    b.share_with_peers(2);
+    for r in [&mut a, &mut b] {
+        let d = r.route(&req(3, 8), T0);
+        r.on_routed(5, &req(3, 8), &d, T0);
+    }
+    let from_b = b.take_peer_events();
+    for ev in &from_b {
+        a.on_peer_event(ev, T0);
+        a.on_peer_event(ev, T0);
+    }
+    assert_eq!(
+        a.inflight_requests(),
+        2,
+        "same local id, two origins; a repeated event counts once"
+    );
+    for ev in a.take_peer_events() {
+        a.on_peer_event(&ev, T0);
+    }
+    assert_eq!(a.inflight_requests(), 2, "a router ignores its own events");
+}
+
+#[test]
+fn a_peer_request_routed_before_the_scrape_is_not_counted_as_unseen_load() {
+    let mut a = router(PolicyKind::Cost, &idle(2));
+    let mut b = router(PolicyKind::Cost, &idle(2));
+    a.share_with_peers(1);
+    let d = a.route(&req(3, 8), Millis(T0.0 - 50));
+    a.on_routed(1, &req(3, 8), &d, Millis(T0.0 - 50));
+    pass(&mut a, &mut b);
+    let e = b.endpoints().iter().find(|e| Some(&e.id) == d.best()).unwrap();
+    assert_eq!(
+        (e.inflight, e.sent_since_scrape),
+        (1, 0),
+        "the metrics of T0 already show it"
+    );
+}
+
+#[test]
+fn a_departed_peer_leaves_no_load_behind() {
+    let mut a = router(PolicyKind::Cost, &idle(2));
+    let mut b = router(PolicyKind::Cost, &idle(2));
+    a.share_with_peers(1);
+    b.share_with_peers(2);
+    for id in 0..3 {
+        let d = a.route(&req(id, 8), T0);
+        a.on_routed(id, &req(id, 8), &d, T0);
+    }
+    let d = b.route(&req(7, 8), T0);
+    b.on_routed(1, &req(7, 8), &d, T0);
+    pass(&mut a, &mut b);
+    assert_eq!(b.inflight_requests(), 4);
+    b.forget_peer(1);
+    assert_eq!(b.inflight_requests(), 1, "only b's own request is left");
+    let total: u32 = b.endpoints().iter().map(|e| e.inflight).sum();
+    assert_eq!(total, 1);
+}
+
+#[test]
+fn vllm_reporting_fewer_cached_tokens_than_predicted_shrinks_what_the_index_keeps() {
+    let mut r = router(PolicyKind::Cost, &idle(1));
+    // Fill the index with 40 old prefixes (8 blocks each), then route a sibling of the last.
+    for id in 0..40 {
+        let d = r.route(&req(id, 8), T0);
+        r.on_routed(id, &req(id, 8), &d, T0);
+        r.on_completed(id, &done_at(None, None), T0);
+    }
+    let before = r.index().entries();
+    let d = r.route(&req(39, 8), T0);
+    assert_eq!(d.matched_blocks, 8);
+    r.on_routed(100, &req(39, 8), &d, T0);
+    r.on_completed(100, &done_at(None, Some(64)), T0);
+    assert!(
+        r.index().entries() < before - 5,
+        "{} !< {before} - 5",
+        r.index().entries()
+    );
+    assert_eq!(r.stats().overpredicted_tokens, 8 * 64 - 64);
+    assert_eq!(
+        r.route(&req(0, 8), T0).matched_blocks,
+        1,
+        "the oldest prefix lost its tail, as vLLM evicts"
+    );
+    assert_eq!(r.route(&req(39, 8), T0).matched_blocks, 8, "the one just served stays");
+}
+
+#[test]
+fn confirmed_predictions_let_the_index_grow_back() {
+    let mut r = router(PolicyKind::Cost, &idle(1));
+    for id in 0..40 {
+        let d = r.route(&req(id, 8), T0);
+        r.on_routed(id, &req(id, 8), &d, T0);
+    }
+    let d = r.route(&req(39, 8), T0);
+    r.on_routed(100, &req(39, 8), &d, T0);
+    r.on_completed(100, &done_at(None, Some(0)), T0);
+    let shrunk = r.index().capacity(0);
+    for id in 200..260 {
+        let d = r.route(&req(id, 8), T0);
+        r.on_routed(id, &req(id, 8), &d, T0);
+        r.on_completed(id, &done_at(None, Some(0)), T0);
+    }
+    assert!(r.index().capacity(0) > shrunk, "{} !> {shrunk}", r.index().capacity(0));
+    assert_eq!(r.stats().underpredicted_tokens, 0);
+}
