@@ -42,8 +42,10 @@ use crate::profile::Profile;
 use crate::tokens::engine_blocks;
 
 mod admin;
+mod errors;
 mod testing;
 use admin::{get_fault, set_fault};
+pub use errors::ApiError;
 pub use testing::{free_base_port, start_in_background, wait_listening};
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -188,6 +190,14 @@ async fn listen(srv: &Arc<SimServer>) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Request bodies accepted (vLLM sets no limit; a 2 MB prompt must reach the context check).
+pub const MAX_BODY_BYTES: usize = 64 << 20;
+
+/// Llama 3.1's context (`max_position_embeddings`), capped by the KV cache as vLLM requires.
+pub fn max_model_len(profile: &Profile) -> u64 {
+    (131_072u64).min(profile.num_gpu_blocks * crate::profile::BLOCK_TOKENS)
+}
+
 fn app(srv: Arc<SimServer>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(|s, b| complete(s, b, ApiKind::Chat)))
@@ -195,6 +205,7 @@ fn app(srv: Arc<SimServer>) -> Router {
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(srv)
 }
 
@@ -236,8 +247,9 @@ fn with_server(mut r: Response, srv: &SimServer) -> Response {
 }
 
 fn error(status: StatusCode, message: &str) -> Response {
-    let body = serde_json::json!({"error": {"message": message, "type": "BadRequestError", "code": status.as_u16()}});
-    (status, Json(body)).into_response()
+    let mut e = ApiError::bad_request(message);
+    e.status = status;
+    e.into_response()
 }
 
 async fn health(State(srv): State<Arc<SimServer>>) -> Response {
@@ -310,7 +322,15 @@ async fn complete(State(srv): State<Arc<SimServer>>, body: Bytes, kind: ApiKind)
         .ok()
         .and_then(|e| e.stream_options)
         .is_some_and(|o| o.include_usage);
-    let output = parsed.max_tokens.unwrap_or(256).clamp(1, 32_768);
+    let limit = srv.engine.lock().map(|e| max_model_len(e.profile())).unwrap_or(0);
+    let prompt = parsed.prompt_tokens.0;
+    if prompt >= limit {
+        return with_server(ApiError::prompt_too_long(limit, prompt).into_response(), &srv);
+    }
+    if let Some(m) = parsed.max_tokens.filter(|m| prompt + m > limit) {
+        return with_server(ApiError::max_tokens_too_large(limit, prompt, m).into_response(), &srv);
+    }
+    let output = parsed.max_tokens.unwrap_or(256).clamp(1, limit - prompt);
     let spec = SeqSpec {
         id: n,
         prompt_tokens: parsed.prompt_tokens.0,
@@ -415,3 +435,6 @@ fn stream_response(
         .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     r
 }
+
+#[cfg(test)]
+mod tests;

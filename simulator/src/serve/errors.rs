@@ -1,0 +1,101 @@
+//! Error bodies as vLLM 0.33's OpenAI server writes them.
+//!
+//! `{"error": {"message", "type", "param", "code"}}` (vLLM's `ErrorResponse`/`ErrorInfo`). A
+//! validation failure (`VLLMValidationError`) is a 400 `BadRequestError` whose `param` names
+//! the parameter and whose message ends with ` (parameter=…, value=…)`, as that exception's
+//! `__str__` prints it; an unknown model is a 404 `NotFoundError` with `param: "model"`.
+//! Messages are vLLM's texts (`vllm/entrypoints/openai/engine/serving.py`, `_validate_input`
+//! and `_check_model`).
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+/// One error answer: status, vLLM's error type, message and the parameter at fault.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub kind: &'static str,
+    pub message: String,
+    pub param: Option<String>,
+}
+
+impl ApiError {
+    /// A 400 without a parameter (vLLM's plain `ValueError` path).
+    pub fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            kind: "BadRequestError",
+            message: message.into(),
+            param: None,
+        }
+    }
+
+    /// A `VLLMValidationError(message, parameter=…, value=…)`.
+    pub fn validation(message: &str, param: &str, value: impl std::fmt::Display) -> ApiError {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            kind: "BadRequestError",
+            message: format!("{message} (parameter={param}, value={value})"),
+            param: Some(param.to_string()),
+        }
+    }
+
+    pub fn unknown_model(model: &str) -> ApiError {
+        ApiError {
+            status: StatusCode::NOT_FOUND,
+            kind: "NotFoundError",
+            message: format!("The model `{model}` does not exist."),
+            param: Some("model".into()),
+        }
+    }
+
+    pub fn internal(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            kind: "InternalServerError",
+            message: message.into(),
+            param: None,
+        }
+    }
+
+    /// The prompt alone fills the context (vLLM: input up to `max_model_len − 1` tokens).
+    pub fn prompt_too_long(max_model_len: u64, prompt_tokens: u64) -> ApiError {
+        ApiError::validation(
+            &format!(
+                "This model's maximum context length is {max_model_len} tokens. However, your request has \
+                 {prompt_tokens} input tokens. Please reduce the length of the input messages."
+            ),
+            "input_tokens",
+            prompt_tokens,
+        )
+    }
+
+    /// Prompt plus the requested output overflow the context.
+    pub fn max_tokens_too_large(max_model_len: u64, prompt_tokens: u64, max_tokens: u64) -> ApiError {
+        ApiError::validation(
+            &format!(
+                "'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's maximum \
+                 context length is {max_model_len} tokens and your request has {prompt_tokens} input tokens \
+                 ({max_tokens} > {max_model_len} - {prompt_tokens})."
+            ),
+            "max_tokens",
+            max_tokens,
+        )
+    }
+
+    pub fn body(&self) -> serde_json::Value {
+        serde_json::json!({"error": {
+            "message": self.message,
+            "type": self.kind,
+            "param": self.param,
+            "code": self.status.as_u16(),
+        }})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(self.body())).into_response()
+    }
+}
