@@ -151,7 +151,14 @@ async fn one(
                 continue;
             }
             let v: serde_json::Value = serde_json::from_str(payload).ok()?;
-            if v["choices"].as_array().is_some_and(|c| !c.is_empty()) {
+            // A token is a chunk with text: vLLM opens a chat stream with a role-only delta.
+            let text = |c: &serde_json::Value| {
+                c["delta"]["content"]
+                    .as_str()
+                    .or(c["text"].as_str())
+                    .is_some_and(|t| !t.is_empty())
+            };
+            if v["choices"].as_array().is_some_and(|c| c.iter().any(text)) {
                 let now = ms();
                 if tokens == 0 {
                     first = now;

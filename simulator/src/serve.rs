@@ -1,7 +1,7 @@
-//! Live mode: each simulated server is a real HTTP server that answers like vLLM.
+//! Live mode: each simulated server is a real HTTP server that answers like vLLM 0.33.
 //!
-//! `/v1/chat/completions` and `/v1/completions` (JSON, or SSE with `data: [DONE]`, `usage`
-//! with `prompt_tokens_details.cached_tokens` when `stream_options.include_usage`),
+//! `/v1/chat/completions` and `/v1/completions` (validation in `request`, bodies and streams
+//! in `respond`, errors in `errors`), `/tokenize` and `/detokenize` (`tokenize`),
 //! `/v1/models`, `/health`, `/metrics` (vLLM 0.33's format, or the legacy names). Tokens come
 //! from the engine model in wall time: a driver task per server runs the engine's steps and
 //! sleeps each step's duration divided by `--time-scale`. Every response names its server in
@@ -16,22 +16,20 @@
 #![allow(clippy::disallowed_methods)] // the wall-time driver: reading the clock is its job
 
 use std::collections::HashMap;
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use axum::body::Body;
 use axum::extract::State;
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Router;
 use bytes::Bytes;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
-use kvroute_core::request::{parse, ApiKind};
+use kvroute_core::request::ApiKind;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, Notify};
@@ -40,10 +38,15 @@ use tokio::task::JoinSet;
 use crate::engine::{Engine, Event, SeqSpec};
 use crate::profile::Profile;
 use crate::tokens::engine_blocks;
+use respond::Reply;
 
 mod admin;
 mod errors;
+mod info;
+mod request;
+mod respond;
 mod testing;
+mod tokenize;
 use admin::{get_fault, set_fault};
 pub use errors::ApiError;
 pub use testing::{free_base_port, start_in_background, wait_listening};
@@ -84,6 +87,9 @@ pub struct SimServer {
     time_scale: f64,
     created: f64,
     connections: Mutex<Option<JoinSet<()>>>,
+    /// Model names served (vLLM's `--served-model-name`); the first is the default.
+    served: Vec<String>,
+    max_model_len: u64,
 }
 
 impl SimServer {
@@ -96,9 +102,19 @@ impl SimServer {
     fn name(&self) -> String {
         self.addr.to_string()
     }
+    /// A request id unique across servers and requests: 32 hex digits from this server's
+    /// address and a per-server counter (vLLM uses a random UUID's hex).
+    fn request_id(&self, prefix: &str, n: u64) -> String {
+        use kvroute_core::policy::mix;
+        let seed = (u64::from(self.addr.port()) << 40) ^ (self.index as u64) << 32;
+        let a = mix(seed ^ n);
+        let b = mix(a ^ 0x9e37_79b9_7f4a_7c15);
+        format!("{prefix}-{a:016x}{b:016x}")
+    }
 }
 
 /// Starts `n` servers on `base_port..` and the admin listener; runs until the process ends.
+/// They serve the profile's model name.
 pub async fn serve(
     profile: Profile,
     n: usize,
@@ -108,7 +124,24 @@ pub async fn serve(
     time_scale: f64,
     legacy: bool,
 ) -> anyhow::Result<()> {
+    let names = vec![profile.model.served_name().to_string()];
+    serve_names(profile, n, host, base_port, admin_port, time_scale, legacy, names).await
+}
+
+/// Like `serve`, answering to every name in `names` (the first is the default model).
+#[allow(clippy::too_many_arguments)] // the CLI's flags, passed through
+pub async fn serve_names(
+    profile: Profile,
+    n: usize,
+    host: &str,
+    base_port: u16,
+    admin_port: u16,
+    time_scale: f64,
+    legacy: bool,
+    names: Vec<String>,
+) -> anyhow::Result<()> {
     anyhow::ensure!(time_scale > 0.0, "--time-scale must be positive");
+    anyhow::ensure!(!names.is_empty(), "at least one served model name is needed");
     let created = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64());
@@ -131,6 +164,8 @@ pub async fn serve(
             time_scale,
             created,
             connections: Mutex::new(None),
+            served: names.clone(),
+            max_model_len: max_model_len(&profile),
         });
         listen(&srv).await?;
         tokio::spawn(drive(Arc::clone(&srv)));
@@ -200,9 +235,14 @@ pub fn max_model_len(profile: &Profile) -> u64 {
 
 fn app(srv: Arc<SimServer>) -> Router {
     Router::new()
-        .route("/v1/chat/completions", post(|s, b| complete(s, b, ApiKind::Chat)))
-        .route("/v1/completions", post(|s, b| complete(s, b, ApiKind::Completions)))
-        .route("/v1/models", get(models))
+        .route("/v1/chat/completions", post(|s, h, b| complete(s, h, b, ApiKind::Chat)))
+        .route(
+            "/v1/completions",
+            post(|s, h, b| complete(s, h, b, ApiKind::Completions)),
+        )
+        .route("/v1/models", get(info::models))
+        .route("/tokenize", post(info::tokenize))
+        .route("/detokenize", post(info::detokenize))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -256,12 +296,6 @@ async fn health(State(srv): State<Arc<SimServer>>) -> Response {
     with_server(StatusCode::OK.into_response(), &srv)
 }
 
-async fn models(State(srv): State<Arc<SimServer>>) -> Response {
-    let model = srv.engine.lock().map(|e| e.profile().model.served_name()).unwrap_or("");
-    let body = serde_json::json!({"object": "list", "data": [{"id": model, "object": "model", "owned_by": "vllm"}]});
-    with_server(Json(body).into_response(), &srv)
-}
-
 /// A hung server never answers, on new and on kept-alive connections alike.
 async fn hang_if_faulted(srv: &SimServer) {
     if srv.fault().hang {
@@ -294,19 +328,7 @@ async fn metrics(State(srv): State<Arc<SimServer>>) -> Response {
     with_server(r, &srv)
 }
 
-#[derive(Deserialize, Default)]
-struct StreamOptions {
-    #[serde(default)]
-    include_usage: bool,
-}
-
-#[derive(Deserialize, Default)]
-struct Extra {
-    #[serde(default)]
-    stream_options: Option<StreamOptions>,
-}
-
-async fn complete(State(srv): State<Arc<SimServer>>, body: Bytes, kind: ApiKind) -> Response {
+async fn complete(State(srv): State<Arc<SimServer>>, headers: HeaderMap, body: Bytes, kind: ApiKind) -> Response {
     hang_if_faulted(&srv).await;
     let f = srv.fault();
     let n = srv.next_id.fetch_add(1, Ordering::Relaxed);
@@ -314,126 +336,49 @@ async fn complete(State(srv): State<Arc<SimServer>>, body: Bytes, kind: ApiKind)
     {
         return with_server(error(StatusCode::INTERNAL_SERVER_ERROR, "injected fault"), &srv);
     }
-    let parsed = match parse(kind, &body) {
-        Ok(p) => p,
-        Err(e) => return with_server(error(StatusCode::BAD_REQUEST, &e.to_string()), &srv),
-    };
-    let include_usage = serde_json::from_slice::<Extra>(&body)
-        .ok()
-        .and_then(|e| e.stream_options)
-        .is_some_and(|o| o.include_usage);
-    let limit = srv.engine.lock().map(|e| max_model_len(e.profile())).unwrap_or(0);
-    let prompt = parsed.prompt_tokens.0;
-    if prompt >= limit {
-        return with_server(ApiError::prompt_too_long(limit, prompt).into_response(), &srv);
-    }
-    if let Some(m) = parsed.max_tokens.filter(|m| prompt + m > limit) {
-        return with_server(ApiError::max_tokens_too_large(limit, prompt, m).into_response(), &srv);
-    }
-    let output = parsed.max_tokens.unwrap_or(256).clamp(1, limit - prompt);
-    let spec = SeqSpec {
-        id: n,
-        prompt_tokens: parsed.prompt_tokens.0,
-        output_tokens: output,
-        block_hashes: engine_blocks(&parsed.canonical, parsed.prompt_tokens.0),
+    let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
+    let ask = match request::read(kind, content_type, &body, &srv.served, srv.max_model_len) {
+        Ok(a) => a,
+        Err(e) => return with_server(e.into_response(), &srv),
     };
     let (tx, rx) = mpsc::unbounded_channel();
-    if let Ok(mut s) = srv.streams.lock() {
-        s.insert(n, tx);
-    }
+    let mut choices = HashMap::new();
     let now = srv.now_ms();
-    if let Ok(mut e) = srv.engine.lock() {
-        e.add(spec, now);
+    for (p, prompt) in ask.prompts.iter().enumerate() {
+        for j in 0..ask.n {
+            // Sequence ids: this request's counter in the high bits, the choice in the low.
+            let seq = (n << 20) | choices.len() as u64;
+            choices.insert(seq, (p * ask.n as usize + j as usize, p));
+            if let Ok(mut s) = srv.streams.lock() {
+                s.insert(seq, tx.clone());
+            }
+            let spec = SeqSpec {
+                id: seq,
+                prompt_tokens: prompt.tokens,
+                output_tokens: ask.output_tokens[p].max(1),
+                block_hashes: engine_blocks(&prompt.canonical, prompt.tokens),
+            };
+            if let Ok(mut e) = srv.engine.lock() {
+                e.add(spec, now);
+            }
+        }
     }
+    drop(tx);
     srv.wake.notify_one();
-    let model = parsed.model.clone();
-    let r = if parsed.stream {
-        stream_response(rx, kind, model, n, include_usage)
+    let prefix = if kind == ApiKind::Chat { "chatcmpl" } else { "cmpl" };
+    let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let reply = Reply {
+        id: srv.request_id(prefix, n),
+        created,
+        choices,
+        ask,
+    };
+    let r = if reply.ask.stream {
+        respond::stream(rx, reply)
     } else {
-        json_response(rx, kind, model, n).await
+        respond::whole(rx, reply).await
     };
     with_server(r, &srv)
-}
-
-fn usage(f: &crate::engine::Finished) -> serde_json::Value {
-    serde_json::json!({
-        "prompt_tokens": f.prompt_tokens,
-        "completion_tokens": f.output_tokens,
-        "total_tokens": f.prompt_tokens + f.output_tokens,
-        "prompt_tokens_details": {"cached_tokens": f.cached_tokens},
-    })
-}
-
-async fn json_response(mut rx: mpsc::UnboundedReceiver<Event>, kind: ApiKind, model: String, id: u64) -> Response {
-    while let Some(ev) = rx.recv().await {
-        if let Event::Finished(f) = ev {
-            let text = "tok ".repeat(f.output_tokens as usize);
-            let choice = match kind {
-                ApiKind::Chat => {
-                    serde_json::json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"})
-                }
-                ApiKind::Completions => serde_json::json!({"index": 0, "text": text, "finish_reason": "length"}),
-            };
-            let object = if kind == ApiKind::Chat {
-                "chat.completion"
-            } else {
-                "text_completion"
-            };
-            let body = serde_json::json!({"id": format!("cmpl-{id}"), "object": object, "model": model, "choices": [choice], "usage": usage(&f)});
-            return Json(body).into_response();
-        }
-    }
-    error(StatusCode::INTERNAL_SERVER_ERROR, "the engine dropped the request")
-}
-
-fn stream_response(
-    rx: mpsc::UnboundedReceiver<Event>,
-    kind: ApiKind,
-    model: String,
-    id: u64,
-    include_usage: bool,
-) -> Response {
-    let object = if kind == ApiKind::Chat {
-        "chat.completion.chunk"
-    } else {
-        "text_completion"
-    };
-    let chunk = move |choices: serde_json::Value, usage: Option<serde_json::Value>| {
-        let mut v = serde_json::json!({"id": format!("cmpl-{id}"), "object": object, "model": model.clone(), "choices": choices});
-        if let Some(u) = usage {
-            v["usage"] = u;
-        }
-        Bytes::from(format!("data: {v}\n\n"))
-    };
-    let delta = move |finish: Option<&str>| match kind {
-        ApiKind::Chat => serde_json::json!([{"index": 0, "delta": {"content": "tok "}, "finish_reason": finish}]),
-        ApiKind::Completions => serde_json::json!([{"index": 0, "text": "tok ", "finish_reason": finish}]),
-    };
-    let events = futures_util::stream::unfold((rx, false), move |(mut rx, done)| {
-        let chunk = chunk.clone();
-        async move {
-            if done {
-                return None;
-            }
-            let ev = rx.recv().await?;
-            let bytes = match ev {
-                Event::FirstToken { .. } | Event::Token { .. } => chunk(delta(None), None),
-                Event::Finished(f) => {
-                    let mut out = Vec::new();
-                    if include_usage {
-                        out.extend_from_slice(&chunk(serde_json::json!([]), Some(usage(&f))));
-                    }
-                    out.extend_from_slice(b"data: [DONE]\n\n");
-                    return Some((Ok::<Bytes, Infallible>(Bytes::from(out)), (rx, true)));
-                }
-            };
-            Some((Ok(bytes), (rx, false)))
-        }
-    });
-    let mut r = Response::new(Body::from_stream(events));
-    r.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-    r
 }
 
 #[cfg(test)]

@@ -48,19 +48,30 @@ fn fleet_metric(ports: &[u16], family: &str, label: &str) -> f64 {
 
 /// The number after `"key":` in a JSON text (this crate has no JSON parser).
 fn number(json: &str, key: &str) -> f64 {
-    let at = json.find(&format!("\"{key}\":")).unwrap_or_else(|| panic!("no {key} in {json}"));
+    let at = json
+        .find(&format!("\"{key}\":"))
+        .unwrap_or_else(|| panic!("no {key} in {json}"));
     let rest = &json[at + key.len() + 3..];
-    let end = rest.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(rest.len());
+    let end = rest
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(rest.len());
     rest[..end].parse().unwrap()
 }
 
 #[test]
 fn shipped_configs_have_no_per_try_timeout_and_retry_only_before_any_response_byte() {
-    for config in ["envoy.yaml", "envoy-original-dst.yaml", "envoy-round-robin.yaml", "bench-overhead.yaml"] {
+    for config in [
+        "envoy.yaml",
+        "envoy-original-dst.yaml",
+        "envoy-round-robin.yaml",
+        "bench-overhead.yaml",
+    ] {
         let text = std::fs::read_to_string(repo_root().join("envoy").join(config)).unwrap();
         let settings: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.starts_with('#')).collect();
         assert!(
-            !settings.iter().any(|l| l.starts_with("per_try_timeout") || l.starts_with("per_try_idle_timeout")),
+            !settings
+                .iter()
+                .any(|l| l.starts_with("per_try_timeout") || l.starts_with("per_try_idle_timeout")),
             "{config}: a per-try timeout cuts long non-streaming generations and runs them again"
         );
         for retry_on in settings.iter().filter_map(|l| l.strip_prefix("retry_on:")) {
@@ -92,13 +103,19 @@ fn a_long_non_streaming_generation_runs_once_and_returns_200() {
     let (status, answer) = request_waiting(envoy.port, "/v1/chat/completions", &body, Duration::from_secs(150));
     let took = started.elapsed();
     assert_eq!(status, 200, "after {took:?}: {answer}");
-    assert!(took > Duration::from_secs(35), "the generation should take ≈ 40 s, took {took:?}");
+    assert!(
+        took > Duration::from_secs(35),
+        "the generation should take ≈ 40 s, took {took:?}"
+    );
     assert_eq!(number(&answer, "completion_tokens"), f64::from(max_tokens), "{answer}");
 
     // Server side: one request admitted and finished in the whole fleet, its tokens once.
     let admitted_prompt_tokens = fleet_metric(&ports, "vllm:prompt_tokens_total", "engine=");
     assert_eq!(admitted_prompt_tokens, number(&answer, "prompt_tokens"));
     assert_eq!(fleet_metric(&ports, "vllm:request_success_total", "engine="), 1.0);
-    assert_eq!(fleet_metric(&ports, "vllm:generation_tokens_total", "engine="), f64::from(max_tokens));
+    assert_eq!(
+        fleet_metric(&ports, "vllm:generation_tokens_total", "engine="),
+        f64::from(max_tokens)
+    );
     assert_eq!(envoy.stat("cluster.vllm_pool.upstream_rq_retry"), 0);
 }

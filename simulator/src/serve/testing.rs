@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use super::serve;
+use super::serve_names;
 use crate::profile::Profile;
 
 /// A base port `b` with `b − 1 ..= b + n` free on loopback (for tests and scripts that start
@@ -33,6 +33,7 @@ pub fn wait_listening(port: u16, timeout: Duration) -> bool {
 
 /// Starts `n` servers on free loopback ports in a runtime of their own (for tests): returns
 /// the runtime (dropping it stops the servers) and the base port; the admin port is base − 1.
+/// They answer to the profile's model name and to `m` (the short name tests send).
 pub fn start_in_background(
     profile: Profile,
     n: u16,
@@ -42,8 +43,10 @@ pub fn start_in_background(
         let base = free_base_port(n).ok_or_else(|| anyhow::anyhow!("no {n} free ports on loopback"))?;
         let rt = tokio::runtime::Runtime::new()?;
         let p = profile.clone();
-        let task =
-            rt.spawn(async move { serve(p, usize::from(n), "127.0.0.1", base, base - 1, time_scale, false).await });
+        let names = vec![profile.model.served_name().to_string(), "m".to_string()];
+        let task = rt.spawn(async move {
+            serve_names(p, usize::from(n), "127.0.0.1", base, base - 1, time_scale, false, names).await
+        });
         for port in base - 1..base + n {
             anyhow::ensure!(
                 wait_listening(port, Duration::from_secs(10)),

@@ -35,7 +35,6 @@ impl Answer {
         serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
     }
     /// The `data:` payloads of an SSE body, `[DONE]` excluded.
-    #[allow(dead_code)] // used by the stream tests
     fn chunks(&self) -> Vec<Value> {
         self.body
             .split("\n\n")
@@ -153,5 +152,232 @@ fn prompt_plus_max_tokens_over_the_context_is_refused_with_param_max_tokens() {
         e["message"],
         "'max_tokens' or 'max_completion_tokens' is too large: 131070. This model's maximum context length is \
          131072 tokens and your request has 4 input tokens (131070 > 131072 - 4). (parameter=max_tokens, value=131070)"
+    );
+}
+
+#[test]
+fn every_response_chunk_and_model_card_carries_created() {
+    let f = fleet(1);
+    let whole = chat(f.base, serde_json::json!({"max_tokens": 3})).json();
+    assert!(whole["created"].as_u64().unwrap() > 1_700_000_000, "{whole}");
+    assert_eq!(whole["object"], "chat.completion");
+    assert_eq!(whole["model"], MODEL);
+    let c = completion(f.base, serde_json::json!({"max_tokens": 3})).json();
+    assert!(c["created"].is_u64(), "{c}");
+    let chunks = chat(f.base, serde_json::json!({"max_tokens": 3, "stream": true})).chunks();
+    assert!(chunks
+        .iter()
+        .all(|c| c["created"].is_u64() && c["object"] == "chat.completion.chunk"));
+    let models = send(f.base, "GET", "/v1/models", b"").json();
+    let card = &models["data"][0];
+    assert_eq!(
+        (card["id"].as_str(), card["object"].as_str()),
+        (Some(MODEL), Some("model"))
+    );
+    assert!(card["created"].is_u64() && card["max_model_len"] == 131_072, "{card}");
+}
+
+#[test]
+fn a_chat_stream_opens_with_the_role_and_ends_with_finish_reason_on_the_last_token() {
+    let f = fleet(1);
+    let chunks = chat(f.base, serde_json::json!({"max_tokens": 5, "stream": true})).chunks();
+    assert_eq!(chunks.len(), 1 + 5, "a role chunk then one chunk per token");
+    assert_eq!(
+        chunks[0]["choices"][0]["delta"],
+        serde_json::json!({"role": "assistant", "content": ""})
+    );
+    for (i, c) in chunks[1..].iter().enumerate() {
+        let choice = &c["choices"][0];
+        assert_eq!(choice["delta"]["content"], " tok", "one token, leading space");
+        let last = i == 4;
+        assert_eq!(choice["finish_reason"] == "length", last, "{c}");
+        assert_eq!(choice["finish_reason"].is_null(), !last, "{c}");
+    }
+    assert!(
+        chunks.iter().all(|c| c.get("usage").is_none()),
+        "no usage without include_usage"
+    );
+    let ids: std::collections::HashSet<&str> = chunks.iter().map(|c| c["id"].as_str().unwrap()).collect();
+    assert_eq!(ids.len(), 1, "one id for the whole stream");
+}
+
+#[test]
+fn include_usage_adds_a_last_chunk_with_no_choices_and_the_usage() {
+    let f = fleet(1);
+    let a = completion(
+        f.base,
+        serde_json::json!({"max_tokens": 4, "stream": true, "stream_options": {"include_usage": true}}),
+    );
+    assert!(a.body.ends_with("data: [DONE]\n\n"));
+    let chunks = a.chunks();
+    assert_eq!(chunks.len(), 4 + 1);
+    assert_eq!(chunks[3]["choices"][0]["finish_reason"], "length");
+    assert_eq!(chunks[3]["choices"][0]["text"], " tok");
+    let last = &chunks[4];
+    assert_eq!(last["choices"], serde_json::json!([]));
+    assert_eq!(last["usage"]["completion_tokens"], 4);
+    assert_eq!(last["usage"]["prompt_tokens"], 4);
+    assert_eq!(last["usage"]["total_tokens"], 8);
+}
+
+#[test]
+fn chat_without_max_tokens_stops_by_itself_and_completions_default_to_16_tokens() {
+    let f = fleet(1);
+    let c = chat(f.base, serde_json::json!({})).json();
+    assert_eq!(c["choices"][0]["finish_reason"], "stop");
+    assert_eq!(c["usage"]["completion_tokens"], super::request::NATURAL_STOP_TOKENS);
+    let t = completion(f.base, serde_json::json!({})).json();
+    assert_eq!(t["choices"][0]["finish_reason"], "length");
+    assert_eq!(t["usage"]["completion_tokens"], 16);
+    assert_eq!(t["choices"][0]["text"], " tok".repeat(16));
+}
+
+#[test]
+fn n_and_prompt_lists_give_one_choice_per_prompt_and_sample_with_vllm_indexes() {
+    let f = fleet(1);
+    let a = completion(
+        f.base,
+        serde_json::json!({"prompt": ["first prompt", "second one here"], "n": 3, "max_tokens": 2}),
+    );
+    let j = a.json();
+    let indexes: Vec<u64> = j["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(indexes, vec![0, 1, 2, 3, 4, 5]);
+    assert_eq!(j["usage"]["completion_tokens"], 12);
+    assert_eq!(
+        j["usage"]["prompt_tokens"],
+        3 + 4,
+        "prompt tokens once per prompt, not per sample"
+    );
+    let s = chat(f.base, serde_json::json!({"n": 2, "max_tokens": 2, "stream": true})).chunks();
+    let roles: Vec<&Value> = s
+        .iter()
+        .filter(|c| c["choices"][0]["delta"].get("role").is_some())
+        .collect();
+    assert_eq!(roles.len(), 2, "one role chunk per choice");
+    let finished: Vec<u64> = s
+        .iter()
+        .filter(|c| c["choices"][0]["finish_reason"] == "length")
+        .map(|c| c["choices"][0]["index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(finished.len(), 2);
+    assert!(finished.contains(&0) && finished.contains(&1));
+}
+
+#[test]
+fn an_unknown_model_is_404_with_param_model_and_no_model_means_the_served_one() {
+    let f = fleet(1);
+    let a = chat(f.base, serde_json::json!({"model": "gpt-4"}));
+    assert_eq!(a.status, 404);
+    assert_eq!(
+        a.json(),
+        serde_json::json!({"error": {"message": "The model `gpt-4` does not exist.", "type": "NotFoundError", "param": "model", "code": 404}})
+    );
+    let b = chat(f.base, serde_json::json!({"-model": null, "max_tokens": 1}));
+    assert_eq!(b.status, 200, "{}", b.body);
+    assert_eq!(b.json()["model"], MODEL);
+}
+
+#[test]
+fn ids_are_unique_across_servers_and_requests_and_shaped_like_vllms() {
+    let f = fleet(2);
+    let mut ids = std::collections::HashSet::new();
+    for port in [f.base, f.base + 1] {
+        for _ in 0..3 {
+            let id = chat(port, serde_json::json!({"max_tokens": 1})).json()["id"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            let hex = id.strip_prefix("chatcmpl-").unwrap();
+            assert!(hex.len() == 32 && hex.chars().all(|c| c.is_ascii_hexdigit()), "{id}");
+            assert!(ids.insert(id));
+        }
+        let id = completion(port, serde_json::json!({"max_tokens": 1})).json()["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert!(id.starts_with("cmpl-") && ids.insert(id));
+    }
+}
+
+#[test]
+fn what_vllm_rejects_gets_400_and_what_it_accepts_gets_200() {
+    let f = fleet(1);
+    for (extra, param) in [
+        (serde_json::json!({"max_tokens": 0}), Some("max_tokens")),
+        (serde_json::json!({"n": 0}), Some("n")),
+        (serde_json::json!({"prompt": ""}), None),
+    ] {
+        let a = completion(f.base, extra.clone());
+        assert_eq!(a.status, 400, "{extra}: {}", a.body);
+        assert_eq!(a.json()["error"]["param"].as_str(), param, "{extra}");
+    }
+    let plain = {
+        let mut s = TcpStream::connect(("127.0.0.1", f.base)).unwrap();
+        let body = r#"{"prompt":"x"}"#;
+        write!(s, "POST /v1/completions HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n{body}", body.len()).unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    };
+    assert!(plain.starts_with("HTTP/1.1 400"), "{plain}");
+    for extra in [
+        serde_json::json!({"stream": null}),
+        serde_json::json!({"max_tokens": 5.0}),
+    ] {
+        let a = chat(f.base, extra.clone());
+        assert_eq!(a.status, 200, "{extra}: {}", a.body);
+    }
+}
+
+#[test]
+fn tokenize_counts_what_inference_reports_and_detokenize_inverts_it() {
+    let f = fleet(1);
+    let t = post(
+        f.base,
+        "/tokenize",
+        &serde_json::json!({"model": MODEL, "prompt": "hello world, tokens"}),
+    )
+    .json();
+    assert_eq!(t["count"], 5);
+    assert_eq!(t["max_model_len"], 131_072);
+    assert!(t["token_strs"].is_null());
+    let back = post(f.base, "/detokenize", &serde_json::json!({"tokens": t["tokens"]})).json();
+    assert_eq!(back["prompt"], "hello world, tokens");
+    let messages = serde_json::json!([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]);
+    let tc = post(
+        f.base,
+        "/tokenize",
+        &serde_json::json!({"messages": messages, "return_token_strs": true}),
+    )
+    .json();
+    let inference = chat(f.base, serde_json::json!({"messages": messages, "max_tokens": 1})).json();
+    assert_eq!(tc["count"], inference["usage"]["prompt_tokens"]);
+    assert_eq!(
+        tc["token_strs"].as_array().unwrap().len() as u64,
+        tc["count"].as_u64().unwrap()
+    );
+    // Token ids sent as a prompt are the same bytes, hence the same cached blocks, as the text.
+    let long = "abcd".repeat(64);
+    let ids = post(f.base, "/tokenize", &serde_json::json!({"prompt": long})).json()["tokens"].clone();
+    completion(f.base, serde_json::json!({"prompt": long, "max_tokens": 1}));
+    let by_ids = completion(f.base, serde_json::json!({"prompt": ids, "max_tokens": 1})).json();
+    assert_eq!(by_ids["usage"]["prompt_tokens"], 64);
+    assert_eq!(
+        by_ids["usage"]["prompt_tokens_details"]["cached_tokens"], 48,
+        "3 of 4 blocks (one token is always computed)"
+    );
+    let unknown = post(
+        f.base,
+        "/tokenize",
+        &serde_json::json!({"model": "nope", "prompt": "x"}),
+    );
+    assert_eq!(
+        (unknown.status, unknown.json()["error"]["param"].as_str()),
+        (404, Some("model"))
     );
 }

@@ -1,0 +1,186 @@
+//! Reading an inference request the way vLLM 0.33 validates it, before any engine work.
+//!
+//! Order as in vLLM's `OpenAIServing`: JSON and media type (400), the model (404 with
+//! `param: "model"`; no `model` means the first served name), the sampling fields (`n ≥ 1`,
+//! `max_tokens ≥ 1`), then each prompt against the context (`_validate_input`: the prompt
+//! must leave room for one token, prompt + `max_tokens` must fit `max_model_len`).
+//!
+//! Prompts are measured by `kvroute_core::request::parse`, the rule the filter hashes with
+//! (4 bytes a token, +4 per chat message): a completions `prompt` list is one sequence per
+//! entry, each measured on its own.
+
+use kvroute_core::request::{parse, ApiKind};
+use serde_json::Value;
+
+use super::errors::ApiError;
+
+/// Default output length of a completion without `max_tokens` (vLLM's `CompletionRequest`).
+pub const COMPLETION_DEFAULT_MAX_TOKENS: u64 = 16;
+/// Where the simulated model stops by itself (an end-of-sequence token) when a chat request
+/// sets no `max_tokens`; vLLM would allow up to the rest of the context.
+pub const NATURAL_STOP_TOKENS: u64 = 256;
+
+/// One prompt: the canonical bytes its cache blocks come from, and its token count.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Prompt {
+    pub canonical: Vec<u8>,
+    pub tokens: u64,
+    /// The prompt as text, for `echo` (token-id prompts are rendered by the 4-byte rule).
+    pub text: String,
+}
+
+/// A validated request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Ask {
+    pub kind: ApiKind,
+    /// The served name the response carries.
+    pub model: String,
+    pub prompts: Vec<Prompt>,
+    pub n: u64,
+    /// Output tokens of every choice, and whether reaching them is a `length` finish.
+    pub output_tokens: Vec<u64>,
+    pub finish_by_length: bool,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub echo: bool,
+}
+
+/// Validates `body` (with its `content-type`, if any) against the served names and context.
+pub fn read(
+    kind: ApiKind,
+    content_type: Option<&str>,
+    body: &[u8],
+    served: &[String],
+    max_model_len: u64,
+) -> Result<Ask, ApiError> {
+    if let Some(ct) = content_type {
+        let media = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+        if media != "application/json" {
+            return Err(ApiError::bad_request(
+                "Unsupported Media Type: Only 'application/json' is allowed",
+            ));
+        }
+    }
+    let json: Value =
+        serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("JSON decode error: {e}")))?;
+    let Some(obj) = json.as_object() else {
+        return Err(ApiError::bad_request("Input should be a valid dictionary"));
+    };
+    let model = match obj.get("model") {
+        None | Some(Value::Null) => served.first().cloned().unwrap_or_default(),
+        Some(Value::String(m)) if served.contains(m) => m.clone(),
+        Some(Value::String(m)) => return Err(ApiError::unknown_model(m)),
+        Some(_) => return Err(ApiError::bad_request("model: Input should be a valid string")),
+    };
+    let n = int_field(obj, "n")?.unwrap_or(1);
+    if n < 1 {
+        return Err(ApiError::validation(&format!("n must be at least 1, got {n}."), "n", n));
+    }
+    let n = n as u64;
+    let max_tokens = match kind {
+        ApiKind::Chat => int_field(obj, "max_completion_tokens")?.or(int_field(obj, "max_tokens")?),
+        ApiKind::Completions => int_field(obj, "max_tokens")?,
+    };
+    if let Some(m) = max_tokens.filter(|m| *m < 1) {
+        return Err(ApiError::validation(
+            &format!("max_tokens must be at least 1, got {m}."),
+            "max_tokens",
+            m,
+        ));
+    }
+    let max_tokens = max_tokens.map(|m| m as u64);
+    let prompts = prompts(kind, obj)?;
+    let mut output_tokens = Vec::with_capacity(prompts.len());
+    for p in &prompts {
+        if p.tokens >= max_model_len {
+            return Err(ApiError::prompt_too_long(max_model_len, p.tokens));
+        }
+        if let Some(m) = max_tokens.filter(|m| p.tokens + m > max_model_len) {
+            return Err(ApiError::max_tokens_too_large(max_model_len, p.tokens, m));
+        }
+        let room = max_model_len - p.tokens;
+        let planned = match (kind, max_tokens) {
+            (_, Some(m)) => m,
+            (ApiKind::Chat, None) => NATURAL_STOP_TOKENS.min(room),
+            (ApiKind::Completions, None) => COMPLETION_DEFAULT_MAX_TOKENS.min(room),
+        };
+        output_tokens.push(planned);
+    }
+    let stream = obj.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    let include_usage = obj
+        .get("stream_options")
+        .and_then(|o| o.get("include_usage"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    Ok(Ask {
+        kind,
+        model,
+        prompts,
+        n,
+        output_tokens,
+        finish_by_length: max_tokens.is_some() || kind == ApiKind::Completions,
+        stream,
+        include_usage,
+        echo: kind == ApiKind::Completions && obj.get("echo").and_then(Value::as_bool).unwrap_or(false),
+    })
+}
+
+/// An optional integer field; `5.0` counts as 5 (pydantic's lax mode), null as absent.
+fn int_field(obj: &serde_json::Map<String, Value>, name: &'static str) -> Result<Option<i64>, ApiError> {
+    let invalid = || ApiError::bad_request(format!("{name}: Input should be a valid integer"));
+    match obj.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => match (n.as_i64(), n.as_f64()) {
+            (Some(v), _) => Ok(Some(v)),
+            (None, Some(f)) if f.fract() == 0.0 && (-9.2e18..9.2e18).contains(&f) => Ok(Some(f as i64)),
+            _ => Err(invalid()),
+        },
+        Some(_) => Err(invalid()),
+    }
+}
+
+fn prompts(kind: ApiKind, obj: &serde_json::Map<String, Value>) -> Result<Vec<Prompt>, ApiError> {
+    let one = |body: Value| -> Result<Prompt, ApiError> {
+        let bytes = body.to_string();
+        let p = parse(kind, bytes.as_bytes()).map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let text = String::from_utf8_lossy(&p.canonical).into_owned();
+        Ok(Prompt {
+            canonical: p.canonical,
+            tokens: p.prompt_tokens.0,
+            text,
+        })
+    };
+    match kind {
+        ApiKind::Chat => {
+            // Only what the canonical text is made of: the rest is validated here.
+            let mut body = serde_json::json!({"model": "", "messages": obj.get("messages").cloned()});
+            if let Some(tools) = obj.get("tools") {
+                body["tools"] = tools.clone();
+            }
+            Ok(vec![one(body)?])
+        }
+        ApiKind::Completions => {
+            let prompt = obj.get("prompt").cloned().unwrap_or(Value::Null);
+            let entries = match &prompt {
+                Value::Array(items) if items.iter().all(|i| i.is_string() || i.is_array()) && !items.is_empty() => {
+                    items.clone()
+                }
+                _ => vec![prompt],
+            };
+            let mut out = Vec::with_capacity(entries.len());
+            for p in entries {
+                if p.is_null() || p.as_str() == Some("") || p.as_array().is_some_and(Vec::is_empty) {
+                    return Err(ApiError::bad_request(
+                        "Either prompt or prompt_embeds must be provided and non-empty.",
+                    ));
+                }
+                let mut prompt = one(serde_json::json!({"model": "", "prompt": p}))?;
+                if p.is_array() {
+                    prompt.text = super::tokenize::detokenize_ids(&prompt.canonical);
+                }
+                out.push(prompt);
+            }
+            Ok(out)
+        }
+    }
+}
