@@ -12,6 +12,13 @@
 //!
 //! Token estimate (documented rule): ceil(bytes / 4) for text, plus 4 tokens per chat
 //! message for the template; token-id prompts count exactly.
+//!
+//! Leniency: the parser accepts what vLLM 0.33 accepts (its pydantic models are lax), so a
+//! body vLLM serves is never skipped as malformed: `"stream": null` or `"true"`, integers
+//! written as `5.0` or `"5"`. A body without `model` is served by vLLM's first served model:
+//! it is routed under the empty model name (no endpoint filter by model, and such bodies
+//! share prefix affinity with each other only). A value vLLM would reject (`"max_tokens": 0`,
+//! `-3`, `1.5`, an object) is read as absent: the server answers the 400, never the filter.
 
 use std::fmt;
 
@@ -93,9 +100,11 @@ struct Body {
     messages: Option<Vec<Message>>,
     prompt: Option<Prompt>,
     tools: Option<Value>,
+    #[serde(default, deserialize_with = "lax_count")]
     max_tokens: Option<u64>,
+    #[serde(default, deserialize_with = "lax_count")]
     max_completion_tokens: Option<u64>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lax_bool")]
     stream: bool,
     stream_options: Option<Value>,
     user: Option<String>,
@@ -131,10 +140,35 @@ fn bounded_messages<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Vec
     d.deserialize_seq(Bounded).map(Some)
 }
 
+/// A positive token count as pydantic's lax `int` reads it (`5`, `5.0`, `"5"`); anything
+/// else, null included, is absent (vLLM rejects it or uses its default).
+fn lax_count<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    let v = Value::deserialize(d)?;
+    let n = match &v {
+        Value::Number(n) => n
+            .as_u64()
+            .or_else(|| n.as_f64().filter(|f| f.fract() == 0.0 && *f >= 0.0).map(|f| f as u64)),
+        Value::String(s) => s.trim().parse::<u64>().ok(),
+        _ => None,
+    };
+    Ok(n.filter(|n| *n > 0))
+}
+
+/// A flag as pydantic's lax `bool` reads it (`true`, `"true"`, `1`, `"yes"`…); null and
+/// anything else are false.
+fn lax_bool<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    Ok(match Value::deserialize(d)? {
+        Value::Bool(b) => b,
+        Value::Number(n) => n.as_f64() == Some(1.0),
+        Value::String(s) => matches!(s.to_ascii_lowercase().as_str(), "true" | "1" | "yes" | "on" | "t" | "y"),
+        _ => false,
+    })
+}
+
 /// Parses a request body of the given API kind.
 pub fn parse(kind: ApiKind, body: &[u8]) -> Result<ParsedRequest, RequestError> {
     let body: Body = serde_json::from_slice(body).map_err(|e| RequestError::Malformed(e.to_string()))?;
-    let model = body.model.ok_or(RequestError::MissingField("model"))?;
+    let model = body.model.unwrap_or_default();
     let (canonical, prompt_tokens) = match kind {
         ApiKind::Chat => {
             let messages = body.messages.ok_or(RequestError::MissingField("messages"))?;

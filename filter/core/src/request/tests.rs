@@ -105,7 +105,6 @@ fn completion_prompt_forms() {
 fn malformed_bodies_say_what_is_wrong() {
     assert!(matches!(chat("{"), Err(RequestError::Malformed(_))));
     assert!(matches!(chat("[]"), Err(RequestError::Malformed(_))));
-    assert_eq!(chat(r#"{"messages":[]}"#), Err(RequestError::MissingField("model")));
     assert_eq!(chat(r#"{"model":"m"}"#), Err(RequestError::MissingField("messages")));
     assert!(matches!(
         chat(r#"{"model":"m","messages":[]}"#),
@@ -200,4 +199,30 @@ fn token_id_prompts_stay_compact_and_batches_keep_only_the_first() {
         completion(r#"{"model":"m","prompt":[1.5]}"#),
         Err(RequestError::Malformed(_))
     ));
+}
+
+#[test]
+fn bodies_vllm_accepts_are_routed_not_skipped() {
+    let no_model = chat(r#"{"messages":[{"role":"user","content":"q"}]}"#).unwrap();
+    assert_eq!(no_model.model, "", "routed under the empty model name");
+    let null_stream = chat(r#"{"model":"m","stream":null,"messages":[{"role":"user","content":"q"}]}"#).unwrap();
+    assert!(!null_stream.stream);
+    let float = completion(r#"{"model":"m","prompt":"p","max_tokens":5.0,"stream":"true"}"#).unwrap();
+    assert_eq!((float.max_tokens, float.stream), (Some(5), true));
+    let text = completion(r#"{"model":"m","prompt":"p","max_tokens":"7"}"#).unwrap();
+    assert_eq!(text.max_tokens, Some(7));
+    let null_model = chat(r#"{"model":null,"messages":[{"role":"user","content":"q"}]}"#).unwrap();
+    assert_eq!(null_model.model, "");
+}
+
+#[test]
+fn values_vllm_rejects_are_left_to_the_server_not_a_parse_error() {
+    for max_tokens in ["0", "-3", "1.5", "{}", "[1]", "\"many\"", "null"] {
+        let body =
+            format!(r#"{{"model":"m","prompt":"p","max_tokens":{max_tokens},"max_completion_tokens":{max_tokens}}}"#);
+        let r = completion(&body).unwrap_or_else(|e| panic!("{max_tokens}: {e}"));
+        assert_eq!(r.max_tokens, None, "{max_tokens}");
+    }
+    let odd_stream = chat(r#"{"model":"m","stream":{"x":1},"messages":[{"role":"user","content":"q"}]}"#).unwrap();
+    assert!(!odd_stream.stream);
 }
