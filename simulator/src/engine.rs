@@ -16,7 +16,7 @@ use std::collections::VecDeque;
 
 use crate::kv::{BlockId, KvCache};
 use crate::profile::{Profile, BLOCK_TOKENS};
-use crate::prom::{Histogram, View, E2E_BOUNDS, ITL_BOUNDS, TTFT_BOUNDS};
+use crate::prom::{Histogram, RequestHistograms, View, E2E_BOUNDS, ITL_BOUNDS, TTFT_BOUNDS};
 
 /// A request as the engine sees it: token counts and its prompt's 16-token block hashes.
 #[derive(Clone, Debug)]
@@ -38,6 +38,8 @@ struct Seq {
     blocks: Vec<BlockId>,
     cached_tokens: Option<u64>,
     first_token: Option<f64>,
+    /// Start of the first step that ran it (the end of its queueing).
+    scheduled: Option<f64>,
     last_token: f64,
     itl_sum: f64,
     preemptions: u32,
@@ -75,8 +77,10 @@ pub struct Counters {
     pub preemptions: u64,
     pub finished: u64,
     pub ttft: Histogram,
+    /// Observed once per generated token after the first, as vLLM does.
     pub itl: Histogram,
     pub e2e: Histogram,
+    pub requests: RequestHistograms,
 }
 
 impl Default for Counters {
@@ -91,6 +95,7 @@ impl Default for Counters {
             ttft: Histogram::new(TTFT_BOUNDS),
             itl: Histogram::new(ITL_BOUNDS),
             e2e: Histogram::new(E2E_BOUNDS),
+            requests: RequestHistograms::default(),
         }
     }
 }
@@ -173,6 +178,7 @@ impl Engine {
                 ttft: &c.ttft,
                 itl: &c.itl,
                 e2e: &c.e2e,
+                requests: &c.requests,
                 created,
             },
             legacy,
@@ -195,6 +201,7 @@ impl Engine {
             blocks: Vec::new(),
             cached_tokens: None,
             first_token: None,
+            scheduled: None,
             last_token: now,
             itl_sum: 0.0,
             preemptions: 0,
@@ -302,9 +309,15 @@ impl Engine {
         let mut events = Vec::new();
         self.usage_sum += self.kv.usage();
         self.steps += 1;
+        self.counters
+            .requests
+            .iteration_tokens
+            .observe(plan.iter().sum::<u64>() as f64);
+        let step_start = now - self.plan_ms;
         let mut pos = 0;
         for n in plan {
             let s = &mut self.running[pos];
+            s.scheduled.get_or_insert(step_start);
             let id = s.spec.id;
             let was_prefilling = s.computed < s.prefill_target;
             s.computed += n;
@@ -321,6 +334,7 @@ impl Engine {
                 events.push(Event::FirstToken { id, at: now });
             } else {
                 s.itl_sum += now - s.last_token;
+                self.counters.itl.observe((now - s.last_token) / 1000.0);
                 events.push(Event::Token { id, at: now });
             }
             s.last_token = now;
@@ -352,9 +366,18 @@ impl Engine {
         self.counters.finished += 1;
         self.counters.ttft.observe((first - s.arrival) / 1000.0);
         self.counters.e2e.observe((now - s.arrival) / 1000.0);
-        if s.generated > 1 {
-            self.counters.itl.observe(itl_mean / 1000.0);
-        }
+        let scheduled = s.scheduled.unwrap_or(s.arrival);
+        let cached = s.cached_tokens.unwrap_or(0);
+        let r = &mut self.counters.requests;
+        r.prompt_tokens.observe(s.spec.prompt_tokens as f64);
+        r.generation_tokens.observe(s.generated as f64);
+        r.time_per_output_token.observe(itl_mean / 1000.0);
+        r.queue.observe((scheduled - s.arrival) / 1000.0);
+        r.inference.observe((now - scheduled) / 1000.0);
+        r.prefill.observe((first - scheduled) / 1000.0);
+        r.decode.observe((now - first) / 1000.0);
+        r.prefill_kv_computed
+            .observe(s.spec.prompt_tokens.saturating_sub(cached) as f64);
         Finished {
             id: s.spec.id,
             arrival: s.arrival,

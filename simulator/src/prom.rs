@@ -1,7 +1,11 @@
 //! `/metrics` exactly as vLLM 0.33 prints it (family names, help texts, labels, bucket
 //! bounds, `_created` gauges and the Python client's float formatting), for the families a
-//! router reads plus the latency histograms; `legacy` switches to the pre-0.12 names
-//! (`vllm:gpu_cache_usage_perc`, `vllm:gpu_prefix_cache_*`, no `engine` label).
+//! router reads, the latency histograms (inter-token latency observed per token, as vLLM
+//! does) and the per-request histograms tools read (token counts, tokens per engine step,
+//! queue / prefill / decode / inference times); `legacy` switches to the pre-0.12 names
+//! (`vllm:gpu_cache_usage_perc`, `vllm:gpu_prefix_cache_*`, no `engine` label). Not exported:
+//! the request-parameter histograms (`request_params_n`, `request_params_max_tokens`,
+//! `request_max_num_generation_tokens`: the engine sees sequences, not API requests).
 
 use std::fmt::Write;
 
@@ -25,6 +29,45 @@ pub const E2E_BOUNDS: &[f64] = &[
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0,
     1920.0, 7680.0,
 ];
+
+/// Token-count buckets (`request_prompt_tokens`, `request_generation_tokens`, …).
+pub const TOKEN_BOUNDS: &[f64] = &[
+    1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0, 20000.0, 50000.0, 100000.0,
+];
+/// Tokens per engine step, up to twice `max_num_batched_tokens` (8192 on H100).
+pub const ITERATION_BOUNDS: &[f64] = &[
+    1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0,
+];
+
+/// The per-request and per-step histograms, observed by the engine.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RequestHistograms {
+    pub prompt_tokens: Histogram,
+    pub generation_tokens: Histogram,
+    pub iteration_tokens: Histogram,
+    pub time_per_output_token: Histogram,
+    pub queue: Histogram,
+    pub inference: Histogram,
+    pub prefill: Histogram,
+    pub decode: Histogram,
+    pub prefill_kv_computed: Histogram,
+}
+
+impl Default for RequestHistograms {
+    fn default() -> Self {
+        RequestHistograms {
+            prompt_tokens: Histogram::new(TOKEN_BOUNDS),
+            generation_tokens: Histogram::new(TOKEN_BOUNDS),
+            iteration_tokens: Histogram::new(ITERATION_BOUNDS),
+            time_per_output_token: Histogram::new(ITL_BOUNDS),
+            queue: Histogram::new(E2E_BOUNDS),
+            inference: Histogram::new(E2E_BOUNDS),
+            prefill: Histogram::new(E2E_BOUNDS),
+            decode: Histogram::new(E2E_BOUNDS),
+            prefill_kv_computed: Histogram::new(TOKEN_BOUNDS),
+        }
+    }
+}
 
 impl Histogram {
     pub fn new(bounds: &'static [f64]) -> Histogram {
@@ -60,6 +103,7 @@ pub struct View<'a> {
     pub ttft: &'a Histogram,
     pub itl: &'a Histogram,
     pub e2e: &'a Histogram,
+    pub requests: &'a RequestHistograms,
     /// Process start time (s since the epoch) for the `_created` gauges.
     pub created: f64,
 }
@@ -217,6 +261,11 @@ pub fn render(v: &View, legacy: bool) -> String {
         v.prompt_tokens as f64,
     );
     o.counter(
+        "vllm:prompt_tokens_cached",
+        "Number of cached prompt tokens (local + external).",
+        v.prefix_hits as f64,
+    );
+    o.counter(
         "vllm:generation_tokens",
         "Number of generation tokens processed.",
         v.generation_tokens as f64,
@@ -236,21 +285,71 @@ pub fn render(v: &View, legacy: bool) -> String {
         };
         let _ = writeln!(o.text, "vllm:request_success_total{{{labels}}} {}", go_float(n as f64));
     }
-    o.histogram(
-        "vllm:time_to_first_token_seconds",
-        "Histogram of time to first token in seconds.",
-        v.ttft,
-    );
-    o.histogram(
-        "vllm:inter_token_latency_seconds",
-        "Histogram of inter-token latency in seconds.",
-        v.itl,
-    );
-    o.histogram(
-        "vllm:e2e_request_latency_seconds",
-        "Histogram of e2e request latency in seconds.",
-        v.e2e,
-    );
+    let r = v.requests;
+    for (name, help, h) in [
+        (
+            "vllm:request_prompt_tokens",
+            "Number of prefill tokens processed.",
+            &r.prompt_tokens,
+        ),
+        (
+            "vllm:request_generation_tokens",
+            "Number of generation tokens processed.",
+            &r.generation_tokens,
+        ),
+        (
+            "vllm:iteration_tokens_total",
+            "Histogram of number of tokens per engine_step.",
+            &r.iteration_tokens,
+        ),
+        (
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            v.ttft,
+        ),
+        (
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            v.itl,
+        ),
+        (
+            "vllm:request_time_per_output_token_seconds",
+            "Histogram of time_per_output_token_seconds per request.",
+            &r.time_per_output_token,
+        ),
+        (
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds.",
+            v.e2e,
+        ),
+        (
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
+            &r.queue,
+        ),
+        (
+            "vllm:request_inference_time_seconds",
+            "Histogram of time spent in RUNNING phase for request.",
+            &r.inference,
+        ),
+        (
+            "vllm:request_prefill_time_seconds",
+            "Histogram of time spent in PREFILL phase for request.",
+            &r.prefill,
+        ),
+        (
+            "vllm:request_decode_time_seconds",
+            "Histogram of time spent in DECODE phase for request.",
+            &r.decode,
+        ),
+        (
+            "vllm:request_prefill_kv_computed_tokens",
+            "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
+            &r.prefill_kv_computed,
+        ),
+    ] {
+        o.histogram(name, help, h);
+    }
     o.family(
         "vllm:cache_config_info",
         "Information of the LLMEngine CacheConfig",
@@ -269,7 +368,7 @@ pub fn render(v: &View, legacy: bool) -> String {
 mod tests {
     use super::*;
 
-    fn view<'a>(h: &'a Histogram) -> View<'a> {
+    fn view<'a>(h: &'a Histogram, r: &'a RequestHistograms) -> View<'a> {
         View {
             model: "meta-llama/Llama-3.1-8B-Instruct",
             running: 12,
@@ -285,6 +384,7 @@ mod tests {
             ttft: h,
             itl: h,
             e2e: h,
+            requests: r,
             created: 1_795_314_059.139_667_3,
         }
     }
@@ -302,7 +402,8 @@ mod tests {
     fn lines_match_the_vllm_reference_body() {
         let reference = include_str!("../../filter/core/tests/fixtures/vllm_metrics_v0.33.txt");
         let h = Histogram::new(TTFT_BOUNDS);
-        let text = render(&view(&h), false);
+        let r = RequestHistograms::default();
+        let text = render(&view(&h, &r), false);
         for line in [
             "vllm:num_requests_running{engine=\"0\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 12.0",
             "vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 0.4137",
@@ -318,11 +419,32 @@ mod tests {
     }
 
     #[test]
+    fn every_exported_family_is_in_the_reference_with_the_same_help_type_and_buckets() {
+        let reference = include_str!("../../filter/core/tests/fixtures/vllm_metrics_v0.33.txt");
+        let h = Histogram::new(TTFT_BOUNDS);
+        let r = RequestHistograms::default();
+        let text = render(&view(&h, &r), false);
+        for line in text.lines().filter(|l| l.starts_with("# ")) {
+            assert!(reference.contains(line), "not in vLLM 0.33's reference: {line}");
+        }
+        let bucket = |l: &str| l.contains("_bucket{");
+        for line in text.lines().filter(|l| bucket(l)) {
+            let head = &line[..line.rfind(' ').unwrap()];
+            // `ttft`, `itl` and `e2e` share one test histogram here: only their own bounds count.
+            if head.contains("time_to_first_token") || head.contains("inter_token") || head.contains("e2e_") {
+                continue;
+            }
+            assert!(reference.contains(head), "bucket not in the reference: {head}");
+        }
+    }
+
+    #[test]
     fn the_core_parser_reads_both_namings() {
         let mut h = Histogram::new(TTFT_BOUNDS);
         h.observe(0.3);
         for legacy in [false, true] {
-            let m = kvroute_core::parse_metrics(render(&view(&h), legacy).as_bytes(), 1 << 20).unwrap();
+            let r = RequestHistograms::default();
+            let m = kvroute_core::parse_metrics(render(&view(&h, &r), legacy).as_bytes(), 1 << 20).unwrap();
             assert_eq!(
                 (m.running, m.waiting, m.num_gpu_blocks, m.legacy_names),
                 (12, 3, Some(29_205), legacy)

@@ -381,3 +381,40 @@ fn tokenize_counts_what_inference_reports_and_detokenize_inverts_it() {
         (404, Some("model"))
     );
 }
+
+#[test]
+fn inter_token_latency_is_observed_per_token_and_request_histograms_per_request() {
+    let f = fleet(1);
+    chat(f.base, serde_json::json!({"max_tokens": 5}));
+    let text = send(f.base, "GET", "/metrics", b"").body;
+    let sample = |name: &str| -> f64 {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("{name}{{")))
+            .unwrap_or_else(|| panic!("no {name}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert_eq!(
+        sample("vllm:inter_token_latency_seconds_count"),
+        4.0,
+        "5 tokens, 4 gaps"
+    );
+    assert_eq!(sample("vllm:request_generation_tokens_count"), 1.0);
+    assert_eq!(sample("vllm:request_generation_tokens_sum"), 5.0);
+    assert_eq!(
+        sample("vllm:request_prefill_kv_computed_tokens_sum"),
+        sample("vllm:request_prompt_tokens_sum")
+    );
+    assert_eq!(
+        sample("vllm:iteration_tokens_total_count"),
+        5.0,
+        "a prefill step then 4 decode steps"
+    );
+    for family in ["queue", "prefill", "decode", "inference"] {
+        assert_eq!(
+            sample(&format!("vllm:request_{family}_time_seconds_count")),
+            1.0,
+            "{family}"
+        );
+    }
+}
