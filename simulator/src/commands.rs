@@ -12,7 +12,7 @@ use kvroute_sim::replay::ReplaySetup;
 use kvroute_sim::report::{self, RunReport};
 use kvroute_sim::workload::{self, GenParams, Generator};
 
-use crate::FleetArgs;
+use crate::{FleetArgs, TopologyArgs};
 
 #[derive(Args)]
 pub struct MatrixArgs {
@@ -51,6 +51,8 @@ pub struct MatrixArgs {
     json: Option<PathBuf>,
     #[arg(long)]
     markdown: Option<PathBuf>,
+    #[command(flatten)]
+    topology: TopologyArgs,
 }
 
 pub fn matrix_cmd(a: &MatrixArgs) -> anyhow::Result<()> {
@@ -64,6 +66,7 @@ pub fn matrix_cmd(a: &MatrixArgs) -> anyhow::Result<()> {
         scrape_interval_ms: 200.0,
         seed: 0,
         router_config,
+        topology: a.topology.topology()?,
     };
     let mut all = Vec::new();
     let mut capacities = Vec::new();

@@ -12,7 +12,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use kvroute_core::Config;
 use kvroute_sim::policies::PolicyName;
 use kvroute_sim::profile::{Gpu, Model, Profile};
-use kvroute_sim::replay::{self, ReplaySetup};
+use kvroute_sim::replay::{self, ReplaySetup, Topology};
 use kvroute_sim::report::{self, RunReport};
 use kvroute_sim::workload::{self, GenParams, Generator, SimRequest, TraceFormat};
 
@@ -266,12 +266,47 @@ impl FleetArgs {
     }
 }
 
+/// The gateway topology the routers run in (see `replay::topology`).
+#[derive(Args)]
+pub struct TopologyArgs {
+    /// Gateway replicas (Envoy processes), each with its own routers and scrapes.
+    #[arg(long, default_value_t = 1)]
+    gateways: usize,
+    /// Envoy workers per replica, each an independent router.
+    #[arg(long, default_value_t = 1)]
+    workers: usize,
+    /// Workers do not share placements and load (kvroute before one view per process).
+    #[arg(long)]
+    no_share: bool,
+    /// The workers' tick (flushing and applying peer events and snapshots), in ms.
+    #[arg(long, default_value_t = 10.0)]
+    tick_ms: f64,
+}
+
+impl TopologyArgs {
+    pub fn topology(&self) -> anyhow::Result<Topology> {
+        anyhow::ensure!(
+            (1..=64).contains(&self.gateways) && (1..=64).contains(&self.workers),
+            "--gateways and --workers must be between 1 and 64"
+        );
+        anyhow::ensure!(self.tick_ms > 0.0, "--tick-ms must be positive");
+        Ok(Topology {
+            gateways: self.gateways,
+            workers: self.workers,
+            share_workers: !self.no_share,
+            tick_ms: self.tick_ms,
+        })
+    }
+}
+
 #[derive(Args)]
 struct ReplayArgs {
     #[command(flatten)]
     workload: WorkloadArgs,
     #[command(flatten)]
     fleet: FleetArgs,
+    #[command(flatten)]
+    topology: TopologyArgs,
     /// Policies to compare, comma-separated.
     #[arg(
         long,
@@ -307,6 +342,7 @@ fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
         scrape_interval_ms: a.scrape_interval_ms,
         seed: a.workload.seed,
         router_config,
+        topology: a.topology.topology()?,
     };
     let span_s = requests.iter().map(|r| r.arrival_ms).fold(0.0, f64::max) / 1000.0;
     eprintln!(

@@ -4,12 +4,15 @@
 //! sequence number, so a run with the same inputs is byte-for-byte repeatable. At each
 //! scrape tick every server's `/metrics` body is rendered and parsed (as a gateway would),
 //! and the policy sees only those snapshots, as stale as the interval makes them.
+//!
+//! The policy runs as one router or as a gateway topology (`topology`: replicas × workers,
+//! each an independent router; see `replay::topology`).
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use kvroute_core::request::{parse, ApiKind};
-use kvroute_core::{parse_metrics, Config};
+use kvroute_core::{parse_metrics, Config, PeerEvent, VllmMetrics};
 
 use crate::engine::{Engine, Event};
 use crate::policies::{Incoming, PolicyName};
@@ -18,6 +21,9 @@ use crate::report::{Record, RunReport};
 use crate::tokens::engine_blocks;
 use crate::workload::SimRequest;
 
+use topology::Routers;
+pub use topology::Topology;
+
 #[derive(Clone, Debug)]
 pub struct ReplaySetup {
     pub profile: Profile,
@@ -25,14 +31,23 @@ pub struct ReplaySetup {
     pub scrape_interval_ms: f64,
     pub seed: u64,
     pub router_config: Config,
+    pub topology: Topology,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Kind {
-    Scrape,
+    /// Gateway `g` scrapes every server.
+    Scrape(usize),
+    /// Router `r` applies its gateway's latest snapshot.
+    Snapshot(usize),
+    /// Router `r` applies peer event `k`.
+    Peer(usize, usize),
     StepEnd(usize),
     Arrival(usize),
 }
+
+/// A gateway's latest scrape: when, and each server's parsed metrics and text.
+type Scraped = (f64, Vec<(usize, VllmMetrics, String)>);
 
 struct Queue {
     heap: BinaryHeap<Reverse<(u64, u64, Kind)>>,
@@ -60,11 +75,15 @@ pub fn chat_body(model: &str, req: &SimRequest) -> String {
 /// Runs `policy` over `requests` and reports per-request outcomes.
 pub fn run(setup: &ReplaySetup, policy: PolicyName, requests: &[SimRequest], progress: &dyn Fn(u64)) -> RunReport {
     let mut engines: Vec<Engine> = (0..setup.servers).map(|_| Engine::new(setup.profile.clone())).collect();
-    let mut router = policy.build(
+    let topo = setup.topology;
+    let mut routers = Routers::new(
+        topo,
+        policy,
         setup.servers,
         setup.profile.num_gpu_blocks,
         setup.seed,
         &setup.router_config,
+        requests.len(),
     );
     let mut busy = vec![false; setup.servers];
     let mut records: Vec<Option<Record>> = vec![None; requests.len()];
@@ -75,21 +94,42 @@ pub fn run(setup: &ReplaySetup, policy: PolicyName, requests: &[SimRequest], pro
     for (i, r) in requests.iter().enumerate() {
         q.push(r.arrival_ms, Kind::Arrival(i));
     }
-    q.push(0.0, Kind::Scrape);
+    for g in 0..topo.gateways.max(1) {
+        q.push(topo.scrape_phase_ms(g, setup.scrape_interval_ms), Kind::Scrape(g));
+    }
+    let mut scraped: Vec<Scraped> = vec![(0.0, Vec::new()); topo.gateways.max(1)];
+    let mut mail = Mailbox::default();
     let model = setup.profile.model.served_name();
     let mut done = 0usize;
     while let Some(Reverse((t_us, _, kind))) = q.heap.pop() {
         let now = t_us as f64 / 1000.0;
         match kind {
-            Kind::Scrape => {
-                for (s, e) in engines.iter().enumerate() {
-                    let text = e.metrics_text(false, 0.0);
-                    if let Ok(m) = parse_metrics(text.as_bytes(), 1 << 20) {
-                        router.on_scrape(s, &m, &text, now);
+            Kind::Scrape(g) => {
+                let snapshot = engines
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(s, e)| {
+                        let text = e.metrics_text(false, 0.0);
+                        parse_metrics(text.as_bytes(), 1 << 20).ok().map(|m| (s, m, text))
+                    })
+                    .collect();
+                scraped[g] = (now, snapshot);
+                let workers = topo.workers.max(1);
+                for r in g * workers..(g + 1) * workers {
+                    if topo.routers() == 1 {
+                        apply_snapshot(&mut routers, r, &scraped[g]);
+                    } else {
+                        q.push(topo.next_tick_ms(r, now), Kind::Snapshot(r));
                     }
                 }
                 if done < requests.len() {
-                    q.push(now + setup.scrape_interval_ms, Kind::Scrape);
+                    q.push(now + setup.scrape_interval_ms, Kind::Scrape(g));
+                }
+            }
+            Kind::Snapshot(r) => apply_snapshot(&mut routers, r, &scraped[topo.gateway_of(r)]),
+            Kind::Peer(r, k) => {
+                if let Some(ev) = mail.events.get(k) {
+                    routers.all[r].on_peer_event(ev, now);
                 }
             }
             Kind::Arrival(i) => {
@@ -105,7 +145,9 @@ pub fn run(setup: &ReplaySetup, policy: PolicyName, requests: &[SimRequest], pro
                     prompt_tokens: parsed.prompt_tokens.0,
                     engine_blocks: &blocks,
                 };
-                let s = router.pick(&incoming, &engines, now).min(setup.servers - 1);
+                let r = routers.assign(i);
+                let s = routers.all[r].pick(&incoming, &engines, now).min(setup.servers - 1);
+                mail.send(&mut q, &mut routers, r, now);
                 let spec = crate::engine::SeqSpec {
                     id: i as u64,
                     prompt_tokens: parsed.prompt_tokens.0,
@@ -123,9 +165,15 @@ pub fn run(setup: &ReplaySetup, policy: PolicyName, requests: &[SimRequest], pro
             Kind::StepEnd(s) => {
                 for ev in engines[s].finish_step(now) {
                     match ev {
-                        Event::FirstToken { id, .. } => router.on_first_token(s, id, now),
+                        Event::FirstToken { id, .. } => {
+                            let r = routers.owner(id as usize);
+                            routers.all[r].on_first_token(s, id, now);
+                            mail.send(&mut q, &mut routers, r, now);
+                        }
                         Event::Finished(f) => {
-                            router.on_finished(s, &f, now);
+                            let r = routers.owner(f.id as usize);
+                            routers.all[r].on_finished(s, &f, now);
+                            mail.send(&mut q, &mut routers, r, now);
                             records[f.id as usize] = Some(Record::from_finished(&f, s));
                             done += 1;
                             progress(done as u64);
@@ -143,6 +191,33 @@ pub fn run(setup: &ReplaySetup, policy: PolicyName, requests: &[SimRequest], pro
     }
     RunReport::build(&policy.to_string(), requests.len(), records, &engines)
 }
+
+/// Peer events in flight between routers: one copy each, read by all its recipients.
+#[derive(Default)]
+struct Mailbox {
+    events: Vec<PeerEvent>,
+}
+
+impl Mailbox {
+    fn send(&mut self, q: &mut Queue, routers: &mut Routers, from: usize, now: f64) {
+        let (events, recipients) = routers.outgoing(from, now);
+        for ev in events {
+            self.events.push(ev);
+            let k = self.events.len() - 1;
+            for (to, at) in &recipients {
+                q.push(*at, Kind::Peer(*to, k));
+            }
+        }
+    }
+}
+
+fn apply_snapshot(routers: &mut Routers, r: usize, (at, servers): &Scraped) {
+    for (s, m, text) in servers {
+        routers.all[r].on_scrape(*s, m, text, *at);
+    }
+}
+
+mod topology;
 
 #[cfg(test)]
 mod tests;

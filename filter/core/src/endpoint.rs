@@ -20,8 +20,6 @@ pub struct Endpoint {
     pub health: Health,
     /// Requests the gateway sent here that have not completed.
     pub inflight: u32,
-    /// Counts bumped by each new scrape, so accounting can tell "before" from "after".
-    pub epoch: u64,
     /// Requests and uncached prompt tokens sent since the last scrape: the load the
     /// metrics cannot show yet.
     pub sent_since_scrape: u32,
@@ -40,7 +38,6 @@ impl Endpoint {
             scraped_at: None,
             health: Health::default(),
             inflight: 0,
-            epoch: 0,
             sent_since_scrape: 0,
             sent_tokens_since_scrape: Tokens(0),
             pending_prefill_tokens: Tokens(0),

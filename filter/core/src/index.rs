@@ -118,6 +118,16 @@ impl PrefixIndex {
         }
     }
 
+    /// Changes the memory budget (a process's routers split one budget when they share;
+    /// see `Router::set_index_budget`), evicting what no longer fits.
+    pub fn set_budget(&mut self, max_memory_bytes: usize) {
+        let entries = (max_memory_bytes / ENTRY_BYTES).max(1);
+        if entries != self.budget_entries {
+            self.budget_entries = entries;
+            self.rescale();
+        }
+    }
+
     /// Sets how many of our blocks `slot` can hold (0 for a slot being removed), then
     /// rescales every capacity to the budget and evicts what no longer fits.
     pub fn set_capacity(&mut self, slot: Slot, blocks: usize) {
@@ -129,6 +139,10 @@ impl PrefixIndex {
             return;
         }
         self.slots[i].wanted = blocks;
+        self.rescale();
+    }
+
+    fn rescale(&mut self) {
         let total: usize = self.slots.iter().map(|s| s.wanted).sum();
         for s in 0..self.slots.len() {
             let wanted = self.slots[s].wanted;

@@ -46,8 +46,13 @@ pub enum PeerEvent {
     },
     /// `key` produced its first token: its prefill is done.
     FirstToken { key: u64 },
-    /// `key` ended; `served_by` names the endpoint that answered when a retry moved it.
-    Completed { key: u64, served_by: Option<EndpointId> },
+    /// `key` ended; `served_by` names the endpoint that answered when a retry moved it, and
+    /// `cached_tokens` is what vLLM reported (every router corrects its index with it).
+    Completed {
+        key: u64,
+        served_by: Option<EndpointId>,
+        cached_tokens: Option<u64>,
+    },
 }
 
 impl PeerEvent {

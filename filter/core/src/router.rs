@@ -68,9 +68,9 @@ pub struct RouterStats {
 #[derive(Clone, Debug)]
 struct Inflight {
     endpoint: EndpointId,
-    /// The endpoint's scrape epoch when this request was counted in its `sent_since_scrape`;
-    /// `None` when it was not (a peer's request routed before the scrape this router has).
-    epoch: Option<u64>,
+    /// When it was routed: it counts in the endpoint's `sent_since_scrape` while the
+    /// endpoint's metrics were taken before then (they cannot show it yet).
+    routed_at: Millis,
     /// Still counted in the endpoint's `pending_prefill_tokens` (no first token seen yet).
     prefilling: bool,
     blocks: Vec<BlockHash>,
@@ -128,6 +128,13 @@ impl Router {
     pub fn stats(&self) -> &RouterStats {
         &self.stats
     }
+    /// Gives the prefix index `max_memory_bytes` (instead of the configured
+    /// `index.max_memory_bytes`): the routers of one process that share one view each keep a
+    /// full copy, so they split the configured budget between them.
+    pub fn set_index_budget(&mut self, max_memory_bytes: usize) {
+        self.index.set_budget(max_memory_bytes);
+    }
+
     pub fn inflight_requests(&self) -> usize {
         self.inflight.len()
     }

@@ -2,7 +2,7 @@
 //! filter, fed the scraped metrics and completions exactly as the filter feeds it.
 
 use kvroute_core::request::{parse, ApiKind};
-use kvroute_core::{Completion, Config, EndpointId, Millis, Router, VllmMetrics};
+use kvroute_core::{Completion, Config, EndpointId, Millis, PeerEvent, Router, VllmMetrics};
 
 use super::{Incoming, Outstanding, Policy};
 use crate::engine::{Engine, Finished};
@@ -20,9 +20,11 @@ pub fn endpoint_id(i: usize) -> EndpointId {
 }
 
 impl Kvroute {
-    pub fn new(servers: usize, config: &Config) -> Kvroute {
+    /// `share_of_budget`: how many routers split the configured index budget (1 alone).
+    pub fn new(servers: usize, config: &Config, share_of_budget: usize) -> Kvroute {
         let ids: Vec<EndpointId> = (0..servers).map(endpoint_id).collect();
         let mut router = Router::new(config.clone());
+        router.set_index_budget(config.index().max_memory_bytes / share_of_budget.max(1));
         router.on_endpoints(&ids);
         Kvroute {
             router,
@@ -67,5 +69,14 @@ impl Policy for Kvroute {
             cached_tokens: Some(f.cached_tokens),
         };
         self.router.on_completed(f.id, &done, Millis(now_ms as u64));
+    }
+    fn share_with_peers(&mut self, origin: u32) {
+        self.router.share_with_peers(origin);
+    }
+    fn take_peer_events(&mut self) -> Vec<PeerEvent> {
+        self.router.take_peer_events()
+    }
+    fn on_peer_event(&mut self, event: &PeerEvent, now_ms: f64) {
+        self.router.on_peer_event(event, Millis(now_ms as u64));
     }
 }

@@ -13,7 +13,7 @@ pub use baselines::{LeastRequest, PowerOfTwo, Random, RoundRobin};
 pub use cache_aware::{DynamoKv, GieWeighted, Oracle, SglangCacheAware};
 pub use kvroute::Kvroute;
 
-use kvroute_core::{Config, VllmMetrics};
+use kvroute_core::{Config, PeerEvent, VllmMetrics};
 
 use crate::engine::{Engine, Finished};
 
@@ -35,6 +35,14 @@ pub trait Policy {
     /// Request `id` produced its first token on server `s`.
     fn on_first_token(&mut self, _s: usize, _id: u64, _now_ms: f64) {}
     fn on_finished(&mut self, _s: usize, _f: &Finished, _now_ms: f64) {}
+    /// Share state with the other routers of one gateway process (Envoy workers), as peer
+    /// `origin`. Policies that cannot share ignore it and route on their own state.
+    fn share_with_peers(&mut self, _origin: u32) {}
+    /// What peers must learn since the last call.
+    fn take_peer_events(&mut self) -> Vec<PeerEvent> {
+        Vec::new()
+    }
+    fn on_peer_event(&mut self, _event: &PeerEvent, _now_ms: f64) {}
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
@@ -82,8 +90,16 @@ impl PolicyName {
         ]
     }
 
-    /// A fresh policy for a fleet of `servers` servers of `capacity_blocks` 16-token blocks.
-    pub fn build(self, servers: usize, capacity_blocks: u64, seed: u64, config: &Config) -> Box<dyn Policy> {
+    /// A fresh policy for a fleet of `servers` servers of `capacity_blocks` 16-token blocks;
+    /// `budget_split` routers share kvroute's configured index budget (1 for one router).
+    pub fn build(
+        self,
+        servers: usize,
+        capacity_blocks: u64,
+        seed: u64,
+        config: &Config,
+        budget_split: usize,
+    ) -> Box<dyn Policy> {
         match self {
             PolicyName::RoundRobin => Box::new(RoundRobin::default()),
             PolicyName::Random => Box::new(Random::new(seed)),
@@ -92,7 +108,7 @@ impl PolicyName {
             PolicyName::GieWeighted => Box::new(GieWeighted::new(servers, seed)),
             PolicyName::SglangCacheAware => Box::new(SglangCacheAware::new(servers, capacity_blocks)),
             PolicyName::DynamoKv => Box::new(DynamoKv),
-            PolicyName::Kvroute => Box::new(Kvroute::new(servers, config)),
+            PolicyName::Kvroute => Box::new(Kvroute::new(servers, config, budget_split)),
             PolicyName::Oracle => Box::new(Oracle),
         }
     }

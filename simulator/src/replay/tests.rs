@@ -9,6 +9,7 @@ fn setup(servers: usize) -> ReplaySetup {
         scrape_interval_ms: 200.0,
         seed: 1,
         router_config: Config::from_json(b"").unwrap(),
+        topology: Topology::default(),
     }
 }
 
@@ -65,4 +66,41 @@ fn cache_aware_routing_beats_round_robin_on_shared_prefixes() {
         rr.ttft_ms.p95
     );
     assert!(oracle.prefix_hit_rate >= kv.prefix_hit_rate - 0.05);
+}
+
+fn with_topology(workers: usize, share: bool, tick_ms: f64) -> ReplaySetup {
+    ReplaySetup {
+        topology: Topology {
+            gateways: 1,
+            workers,
+            share_workers: share,
+            tick_ms,
+        },
+        ..setup(4)
+    }
+}
+
+#[test]
+fn workers_that_share_at_once_route_exactly_like_one_router() {
+    // 32 groups over 4 servers, so affinity decides the hit rate; requests spread at random
+    // over 4 workers. Sharing with a negligible delay must reproduce one router's every
+    // decision (one view per process); without sharing the workers disagree.
+    let p = GenParams {
+        rate: 40.0,
+        groups: 32,
+        prompts_per_group: 6,
+        ..GenParams::defaults(Generator::SharedPrefix)
+    };
+    let reqs = generate(Generator::SharedPrefix, &p);
+    let one = run(&setup(4), PolicyName::Kvroute, &reqs, &|_| {});
+    let shared = run(&with_topology(4, true, 0.001), PolicyName::Kvroute, &reqs, &|_| {});
+    let apart = run(&with_topology(4, false, 0.001), PolicyName::Kvroute, &reqs, &|_| {});
+    assert_eq!(shared.prefix_hit_rate, one.prefix_hit_rate);
+    assert_eq!(shared.ttft_ms, one.ttft_ms);
+    assert!(
+        apart.prefix_hit_rate < one.prefix_hit_rate - 0.02,
+        "unshared {} vs one {}",
+        apart.prefix_hit_rate,
+        one.prefix_hit_rate
+    );
 }

@@ -12,6 +12,12 @@ use crate::metrics::VllmMetrics;
 use crate::peer::{origin_of, request_key, PeerEvent};
 use crate::types::{BlockHash, EndpointId, Millis, Tokens};
 
+/// A request routed at `routed_at` is load the endpoint's metrics (taken at `scraped_at`)
+/// cannot show yet.
+fn unseen_by_scrape(scraped_at: Option<Millis>, routed_at: Millis) -> bool {
+    scraped_at.is_none_or(|s| routed_at >= s)
+}
+
 impl Router {
     /// From now on, record every change peers must know (see `take_peer_events`), and stamp
     /// this router's requests with `origin`, unique among the peers.
@@ -40,7 +46,7 @@ impl Router {
             .find(|s| s.endpoint == *best)
             .map_or(req.prompt_tokens, |s| s.uncached_tokens);
         let key = request_key(self.origin, request_id);
-        if self.place(key, best, &req.blocks, req.prompt_tokens, uncached, None) {
+        if self.place(key, best, &req.blocks, req.prompt_tokens, uncached, now) {
             self.stats.routed += 1;
             self.tell_peers(|| PeerEvent::Routed {
                 key,
@@ -53,9 +59,7 @@ impl Router {
         }
     }
 
-    /// Counts request `key` on `endpoint` and records its blocks there. A peer's request
-    /// (`routed_at` given) counts as "sent since the scrape" only if it was routed after the
-    /// metrics this router holds were taken; an older one is already in them.
+    /// Counts request `key`, routed at `routed_at`, on `endpoint` and records its blocks there.
     fn place(
         &mut self,
         key: u64,
@@ -63,25 +67,24 @@ impl Router {
         blocks: &[BlockHash],
         prompt_tokens: Tokens,
         uncached: Tokens,
-        routed_at: Option<Millis>,
+        routed_at: Millis,
     ) -> bool {
         let Some(e) = self.table.get_mut(endpoint) else {
             return false;
         };
-        let counted = routed_at.is_none_or(|at| e.scraped_at.is_none_or(|scraped| at >= scraped));
         e.inflight = e.inflight.saturating_add(1);
         e.pending_prefill_tokens = e.pending_prefill_tokens.saturating_add(uncached);
-        if counted {
+        if unseen_by_scrape(e.scraped_at, routed_at) {
             e.sent_since_scrape = e.sent_since_scrape.saturating_add(1);
             e.sent_tokens_since_scrape = e.sent_tokens_since_scrape.saturating_add(uncached);
         }
-        let (slot, epoch) = (e.slot, counted.then_some(e.epoch));
+        let slot = e.slot;
         self.index.record(slot, blocks);
         self.rotation = self.rotation.wrapping_add(1);
         self.mean_uncached = 0.9 * self.mean_uncached + 0.1 * uncached.0 as f64;
         let record = Inflight {
             endpoint: endpoint.clone(),
-            epoch,
+            routed_at,
             prefilling: true,
             blocks: blocks.to_vec(),
             prompt_tokens,
@@ -102,33 +105,39 @@ impl Router {
     pub fn on_completed(&mut self, request_id: u64, done: &Completion, now: Millis) -> Option<Flip> {
         let key = request_key(self.origin, request_id);
         let record = self.inflight.remove(&key)?;
-        self.release(&record);
         self.stats.completed += 1;
         let served = done.served_by.clone().unwrap_or_else(|| record.endpoint.clone());
-        let moved = served != record.endpoint;
-        if moved {
-            self.record_move(&served, &record.blocks);
-        } else if let Some(cached) = done.cached_tokens {
-            self.learn_from_cached(&record, cached);
-        }
+        let moved = (served != record.endpoint).then(|| served.clone());
+        self.finish(&record, moved.as_ref(), done.cached_tokens);
         if let Some(cached) = done.cached_tokens {
-            self.stats.predicted_cached_tokens += record.prompt_tokens.saturating_sub(record.uncached).0;
+            let predicted = record.prompt_tokens.saturating_sub(record.uncached).0;
+            let cached_in_prompt = cached.min(record.prompt_tokens.0);
+            self.stats.overpredicted_tokens += predicted.saturating_sub(cached_in_prompt);
+            self.stats.underpredicted_tokens += cached_in_prompt.saturating_sub(predicted);
+            self.stats.predicted_cached_tokens += predicted;
             self.stats.reported_cached_tokens += cached;
             self.stats.reported_prompt_tokens += record.prompt_tokens.0;
         }
         self.tell_peers(|| PeerEvent::Completed {
             key,
-            served_by: moved.then(|| served.clone()),
+            served_by: moved,
+            cached_tokens: done.cached_tokens,
         });
         let ok = done.status != 0 && done.status < 500;
         let health = self.config.health().clone();
         self.table.get_mut(&served)?.health.on_response(ok, now, &health)
     }
 
-    /// A retry moved a request: the prefix now lives where it was served.
-    fn record_move(&mut self, served: &EndpointId, blocks: &[BlockHash]) {
-        if let Some(slot) = self.table.get(served).map(|e| e.slot) {
-            self.index.record(slot, blocks);
+    /// Releases a request's load and learns where its prefix lives: where it was served when
+    /// a retry `moved` it, and how much the server really had cached.
+    fn finish(&mut self, record: &Inflight, moved: Option<&EndpointId>, cached: Option<u64>) {
+        self.release(record);
+        if let Some(served) = moved {
+            if let Some(slot) = self.table.get(served).map(|e| e.slot) {
+                self.index.record(slot, &record.blocks);
+            }
+        } else if let Some(cached) = cached {
+            self.learn_from_cached(record, cached);
         }
     }
 
@@ -144,8 +153,6 @@ impl Router {
         let tpb = self.tokens_per_block();
         let predicted = record.prompt_tokens.saturating_sub(record.uncached).0;
         let cached = cached.min(record.prompt_tokens.0);
-        self.stats.overpredicted_tokens += predicted.saturating_sub(cached);
-        self.stats.underpredicted_tokens += cached.saturating_sub(predicted);
         let Some(slot) = self.table.get(&record.endpoint).map(|e| e.slot) else {
             return;
         };
@@ -198,17 +205,18 @@ impl Router {
                 uncached,
                 at,
             } => {
-                self.place(*key, endpoint, blocks, *prompt_tokens, *uncached, Some(*at));
+                self.place(*key, endpoint, blocks, *prompt_tokens, *uncached, *at);
             }
             PeerEvent::FirstToken { key } => {
                 self.prefill_done(*key);
             }
-            PeerEvent::Completed { key, served_by } => {
+            PeerEvent::Completed {
+                key,
+                served_by,
+                cached_tokens,
+            } => {
                 if let Some(record) = self.inflight.remove(key) {
-                    self.release(&record);
-                    if let Some(served) = served_by {
-                        self.record_move(served, &record.blocks);
-                    }
+                    self.finish(&record, served_by.as_ref(), *cached_tokens);
                 }
             }
         }
@@ -236,7 +244,7 @@ impl Router {
             if record.prefilling {
                 e.pending_prefill_tokens = e.pending_prefill_tokens.saturating_sub(record.uncached);
             }
-            if record.epoch == Some(e.epoch) {
+            if unseen_by_scrape(e.scraped_at, record.routed_at) {
                 e.sent_since_scrape = e.sent_since_scrape.saturating_sub(1);
                 e.sent_tokens_since_scrape = e.sent_tokens_since_scrape.saturating_sub(record.uncached);
             }
@@ -248,13 +256,23 @@ impl Router {
         let tpb = self.tokens_per_block();
         let default_capacity = self.config.index().default_capacity_tokens;
         let health = self.config.health().clone();
+        // Requests routed since the scrape was taken are still unseen by it (a snapshot
+        // reaches a worker some milliseconds after the scrape).
+        let (mut sent, mut sent_tokens) = (0u32, Tokens(0));
+        for r in self
+            .inflight
+            .values()
+            .filter(|r| r.endpoint == *id && r.routed_at >= scraped_at)
+        {
+            sent = sent.saturating_add(1);
+            sent_tokens = sent_tokens.saturating_add(r.uncached);
+        }
         let e = self.table.get_mut(id)?;
         let capacity_blocks = metrics.capacity_tokens().unwrap_or(default_capacity) / tpb;
         e.metrics = Some(metrics);
         e.scraped_at = Some(scraped_at);
-        e.epoch += 1;
-        e.sent_since_scrape = 0;
-        e.sent_tokens_since_scrape = Tokens(0);
+        e.sent_since_scrape = sent;
+        e.sent_tokens_since_scrape = sent_tokens;
         let (slot, flip) = (e.slot, e.health.on_scrape_ok(&health));
         self.index
             .set_capacity(slot, usize::try_from(capacity_blocks).unwrap_or(usize::MAX));

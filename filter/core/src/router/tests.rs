@@ -642,3 +642,19 @@ fn confirmed_predictions_let_the_index_grow_back() {
     assert!(r.index().capacity(0) > shrunk, "{} !> {shrunk}", r.index().capacity(0));
     assert_eq!(r.stats().underpredicted_tokens, 0);
 }
+
+#[test]
+fn a_request_routed_after_a_scrape_was_taken_stays_counted_when_the_scrape_arrives_late() {
+    let mut r = router(PolicyKind::Cost, &idle(1));
+    let d = r.route(&req(1, 8), Millis(T0.0 + 100));
+    r.on_routed(1, &req(1, 8), &d, Millis(T0.0 + 100));
+    // The scrape taken at T0 + 50 reaches this router only now: it cannot show request 1.
+    r.on_metrics(&ep(0), load(0, 0, 0.0), Millis(T0.0 + 50));
+    assert_eq!(r.endpoints()[0].sent_since_scrape, 1);
+    r.on_metrics(&ep(0), load(1, 0, 0.0), Millis(T0.0 + 150));
+    assert_eq!(
+        r.endpoints()[0].sent_since_scrape,
+        0,
+        "a scrape taken after it shows it"
+    );
+}

@@ -1,0 +1,178 @@
+//! The gateway topology in the replay: `gateways` replicas (separate Envoy processes behind
+//! one Service) × `workers` Envoy worker threads each, every one an independent router with
+//! its own state, as a production gateway runs.
+//!
+//! How a real deployment spreads and times things, and how the replay copies it:
+//! - Arrivals: a Kubernetes Service spreads connections across replicas and the kernel
+//!   spreads them across a replica's workers. The replay's workloads carry no connection or
+//!   session, so each request picks a replica and then a worker at random (seeded): the
+//!   least favourable spread for affinity, since nothing keeps related requests together.
+//! - Scrapes: each replica scrapes on its own (phases spread over the interval); each worker
+//!   applies its replica's snapshot at its own tick after it was taken.
+//! - Sharing: with `share_workers`, the workers of one replica exchange peer events
+//!   (`kvroute_core::peer`) as the filter does: a worker flushes its events at its next tick,
+//!   and a peer applies them at its first tick after that. Replicas never share.
+
+use kvroute_core::{Config, PeerEvent};
+
+use crate::policies::{Policy, PolicyName, Rng};
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Topology {
+    pub gateways: usize,
+    pub workers: usize,
+    /// The workers of one gateway share placements and load (kvroute's filter does).
+    pub share_workers: bool,
+    /// The workers' tick: when they flush and apply peer events and apply snapshots.
+    pub tick_ms: f64,
+}
+
+impl Default for Topology {
+    fn default() -> Self {
+        Topology {
+            gateways: 1,
+            workers: 1,
+            share_workers: true,
+            tick_ms: 10.0,
+        }
+    }
+}
+
+impl Topology {
+    pub fn routers(&self) -> usize {
+        self.gateways.max(1) * self.workers.max(1)
+    }
+
+    pub fn gateway_of(&self, router: usize) -> usize {
+        router / self.workers.max(1)
+    }
+
+    /// When gateway `g` takes its first scrape: replicas are not in step.
+    pub fn scrape_phase_ms(&self, g: usize, interval_ms: f64) -> f64 {
+        interval_ms * g as f64 / self.gateways.max(1) as f64
+    }
+
+    /// The first tick of `router` at or after `t`: ticks of one gateway's workers are spread
+    /// evenly over the tick period.
+    pub fn next_tick_ms(&self, router: usize, t: f64) -> f64 {
+        let w = router % self.workers.max(1);
+        let phase = self.tick_ms * (w as f64 + 0.5) / self.workers.max(1) as f64;
+        let k = ((t - phase) / self.tick_ms).ceil().max(0.0);
+        phase + k * self.tick_ms
+    }
+
+    /// When a peer event `from` makes at `t` reaches `to`: `from`'s next flush, then `to`'s
+    /// next tick after it.
+    pub fn peer_delivery_ms(&self, from: usize, to: usize, t: f64) -> f64 {
+        let flushed = self.next_tick_ms(from, t);
+        self.next_tick_ms(to, flushed + 1e-6)
+    }
+
+    /// Peers of `router` that receive its events (none unless sharing).
+    pub fn peers(&self, router: usize) -> impl Iterator<Item = usize> + '_ {
+        let w = self.workers.max(1);
+        let g = self.gateway_of(router);
+        let share = self.share_workers && w > 1;
+        (g * w..(g + 1) * w).filter(move |r| share && *r != router)
+    }
+}
+
+/// Every router of the topology, and which one routed each request.
+pub struct Routers {
+    pub topology: Topology,
+    pub all: Vec<Box<dyn Policy>>,
+    owner: Vec<usize>,
+    spread: Rng,
+}
+
+impl Routers {
+    pub fn new(
+        topology: Topology,
+        policy: PolicyName,
+        servers: usize,
+        capacity_blocks: u64,
+        seed: u64,
+        config: &Config,
+        requests: usize,
+    ) -> Routers {
+        let split = if topology.share_workers {
+            topology.workers.max(1)
+        } else {
+            1
+        };
+        let all = (0..topology.routers())
+            .map(|r| {
+                let mut p = policy.build(servers, capacity_blocks, seed.wrapping_add(r as u64), config, split);
+                if topology.peers(r).next().is_some() {
+                    p.share_with_peers(1 + (r % topology.workers.max(1)) as u32);
+                }
+                p
+            })
+            .collect();
+        Routers {
+            topology,
+            all,
+            owner: vec![0; requests],
+            spread: Rng::new(seed ^ 0x7070),
+        }
+    }
+
+    /// Picks the router request `i` arrives at (replica, then worker, at random).
+    pub fn assign(&mut self, i: usize) -> usize {
+        let n = self.topology.routers();
+        let r = if n == 1 { 0 } else { self.spread.below(n) };
+        if let Some(o) = self.owner.get_mut(i) {
+            *o = r;
+        }
+        r
+    }
+
+    pub fn owner(&self, i: usize) -> usize {
+        self.owner.get(i).copied().unwrap_or(0)
+    }
+
+    /// The events `router` produced since the last call, and which peers get them when.
+    pub fn outgoing(&mut self, router: usize, now: f64) -> (Vec<PeerEvent>, Vec<(usize, f64)>) {
+        let events = self.all[router].take_peer_events();
+        if events.is_empty() {
+            return (events, Vec::new());
+        }
+        let to = self
+            .topology
+            .peers(router)
+            .map(|peer| (peer, self.topology.peer_delivery_ms(router, peer, now)))
+            .collect();
+        (events, to)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ticks_are_spread_and_delivery_takes_a_flush_and_a_read() {
+        let t = Topology {
+            gateways: 2,
+            workers: 4,
+            share_workers: true,
+            tick_ms: 10.0,
+        };
+        assert_eq!(t.next_tick_ms(0, 0.0), 1.25);
+        assert_eq!(t.next_tick_ms(3, 0.0), 8.75);
+        assert_eq!(t.next_tick_ms(0, 1.3), 11.25);
+        let d = t.peer_delivery_ms(0, 1, 0.0);
+        assert!(d > 1.25 && d <= 1.25 + 10.0, "{d}");
+        assert!(t.peer_delivery_ms(1, 0, 0.0) <= 20.0);
+        assert_eq!(
+            t.peers(5).collect::<Vec<_>>(),
+            vec![4, 6, 7],
+            "only the same gateway's workers"
+        );
+        let alone = Topology {
+            share_workers: false,
+            ..t
+        };
+        assert_eq!(alone.peers(5).count(), 0);
+    }
+}
