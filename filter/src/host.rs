@@ -83,6 +83,25 @@ pub fn set_shared_data(key: &str, value: &[u8]) -> HostResult<()> {
     hostcalls::set_shared_data(key, Some(value), None)
 }
 
+/// A shared value and its compare-and-swap token (`None` for both when the key is absent).
+pub fn shared_data_cas(key: &str) -> HostResult<(Option<Vec<u8>>, Option<u32>)> {
+    hostcalls::get_shared_data(key)
+}
+
+/// Writes `value` only if the key still carries `cas` (`Err(Status::CasMismatch)` if another
+/// VM wrote it since); `None` writes unconditionally.
+pub fn set_shared_data_cas(key: &str, value: &[u8], cas: Option<u32>) -> HostResult<()> {
+    hostcalls::set_shared_data(key, Some(value), cas)
+}
+
+/// Host time in nanoseconds (a per-VM nonce source; no other use).
+pub fn now_nanos() -> u64 {
+    hostcalls::get_current_time()
+        .ok()
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
 pub fn define_metric(kind: MetricType, name: &str) -> HostResult<u32> {
     hostcalls::define_metric(kind, name)
 }

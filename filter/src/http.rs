@@ -293,8 +293,12 @@ impl HttpContext for Http {
         let Some(shared) = self.shared.clone() else { return };
         let served_by = host::property_string(&["upstream", "address"]).map(kvroute_core::EndpointId::new);
         let cached = cached_tokens(&self.tail);
-        if let Some(c) = cached {
-            shared.stats.reported_cached_tokens.add(c);
+        match cached {
+            Some(c) => {
+                shared.stats.reported_cached_tokens.add(c);
+                shared.stats.usage_reported.inc();
+            }
+            None => shared.stats.usage_missing.inc(),
         }
         let Ok(mut router) = shared.router.try_borrow_mut() else {
             return;

@@ -66,6 +66,11 @@ pub struct RequestStats {
     pub snapshot_age_ms: Metric,
     pub index_entries: Metric,
     pub inflight: Metric,
+    pub peer_events: Metric,
+    pub peer_events_lost: Metric,
+    pub peers_gone: Metric,
+    pub usage_reported: Metric,
+    pub usage_missing: Metric,
     per_endpoint: RefCell<BTreeMap<String, Metric>>,
 }
 
@@ -90,6 +95,11 @@ impl RequestStats {
             snapshot_age_ms: g("snapshot_age_ms"),
             index_entries: g("index_entries"),
             inflight: g("inflight_requests"),
+            peer_events: c("mesh.events_applied"),
+            peer_events_lost: c("mesh.events_lost"),
+            peers_gone: c("mesh.peers_gone"),
+            usage_reported: c("responses.usage_reported"),
+            usage_missing: c("responses.usage_missing"),
             per_endpoint: RefCell::new(BTreeMap::new()),
         }
     }

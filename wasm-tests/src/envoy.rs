@@ -52,8 +52,29 @@ impl Envoy {
         Self::start_text(text, pool, edit)
     }
 
+    /// Like `start`, with `workers` Envoy worker threads (`--concurrency`) instead of 2.
+    pub fn start_workers(
+        config: &str,
+        pool: &[u16],
+        workers: u32,
+        edit: impl Fn(String) -> String,
+    ) -> Result<Envoy, String> {
+        let path = repo_root().join("envoy").join(config);
+        let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        Self::start_with(text, pool, workers, edit)
+    }
+
     /// Like `start`, from config text already in hand.
-    pub fn start_text(mut text: String, pool: &[u16], edit: impl Fn(String) -> String) -> Result<Envoy, String> {
+    pub fn start_text(text: String, pool: &[u16], edit: impl Fn(String) -> String) -> Result<Envoy, String> {
+        Self::start_with(text, pool, 2, edit)
+    }
+
+    fn start_with(
+        mut text: String,
+        pool: &[u16],
+        workers: u32,
+        edit: impl Fn(String) -> String,
+    ) -> Result<Envoy, String> {
         let root = repo_root();
         let binary = std::env::var("KVROUTE_ENVOY")
             .map(PathBuf::from)
@@ -98,7 +119,7 @@ impl Envoy {
                 "-c",
                 cfg.to_str().unwrap_or_default(),
                 "--concurrency",
-                "2",
+                &workers.to_string(),
                 "--use-dynamic-base-id",
                 "-l",
                 "info",

@@ -11,7 +11,9 @@ use serde::Deserialize;
 use crate::types::EndpointId;
 
 mod validate;
-use validate::{validate_endpoints, validate_hashing, validate_health, validate_scoring, validate_scrape};
+use validate::{
+    validate_endpoints, validate_hashing, validate_health, validate_scoring, validate_scrape, validate_share,
+};
 
 /// Which scoring policy picks the endpoint.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -55,6 +57,7 @@ pub struct RawConfig {
     pub weighted: RawWeighted,
     pub overload: RawOverload,
     pub index: RawIndex,
+    pub share: RawShare,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -112,6 +115,19 @@ pub struct RawOverload {
     pub retry_after_s: u64,
 }
 
+/// How the routers of one Envoy process (one per worker thread) share one view.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawShare {
+    /// Exchange placements and load between the workers of one Envoy (see `peer`).
+    pub workers: bool,
+    /// How often a worker publishes its changes and applies its peers' (and polls the
+    /// scraping service's snapshot).
+    pub tick_ms: u64,
+    /// A peer silent this long is gone: its requests' load is released.
+    pub peer_timeout_ms: u64,
+}
+
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RawIndex {
@@ -138,6 +154,7 @@ impl Default for RawConfig {
             weighted: RawWeighted::default(),
             overload: RawOverload::default(),
             index: RawIndex::default(),
+            share: RawShare::default(),
         }
     }
 }
@@ -214,10 +231,21 @@ impl Default for RawOverload {
     }
 }
 
+impl Default for RawShare {
+    fn default() -> Self {
+        Self {
+            workers: true,
+            tick_ms: 2,
+            peer_timeout_ms: 5000,
+        }
+    }
+}
+
 impl Default for RawIndex {
     fn default() -> Self {
         Self {
-            max_memory_bytes: 64 << 20,
+            // For the whole Envoy process: workers that share a view split it (each keeps a copy).
+            max_memory_bytes: 256 << 20,
             default_capacity_tokens: 400_000,
         }
     }
@@ -312,6 +340,9 @@ impl Config {
     pub fn index(&self) -> &RawIndex {
         &self.raw.index
     }
+    pub fn share(&self) -> &RawShare {
+        &self.raw.share
+    }
 
     /// A copy with another policy: the simulator runs several policies on one config.
     pub fn with_policy(&self, policy: PolicyKind) -> Config {
@@ -330,6 +361,7 @@ impl TryFrom<RawConfig> for Config {
         validate_scrape(&raw.scrape)?;
         validate_health(&raw.health, &raw.scrape)?;
         validate_scoring(&raw)?;
+        validate_share(&raw.share)?;
         if raw.max_body_bytes < 1024 {
             return Err(reject(
                 "max_body_bytes",

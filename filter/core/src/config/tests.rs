@@ -86,3 +86,15 @@ fn wrong_types_and_non_json_are_rejected() {
     assert!(parse("not json").is_err());
     assert!(Config::from_json(&[0xff, 0xfe]).is_err());
 }
+
+#[test]
+fn sharing_between_workers_is_on_by_default_and_its_timings_are_checked() {
+    let c = Config::from_json(b"").unwrap();
+    assert!(c.share().workers);
+    assert_eq!(c.share().tick_ms, 2);
+    assert_eq!(parse(r#"{"share": {"tick_ms": 0}}"#).unwrap_err().field, "share.tick_ms");
+    let e = parse(r#"{"share": {"tick_ms": 200, "peer_timeout_ms": 1500}}"#).unwrap_err();
+    assert_eq!(e.field, "share.peer_timeout_ms");
+    assert!(e.message.contains("10 × share.tick_ms"), "{e}");
+    assert!(!parse(r#"{"share": {"workers": false}}"#).unwrap().share().workers);
+}

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeSet;
 
-use super::{reject, ClusterShape, ConfigError, RawConfig, RawHashing, RawHealth, RawScrape};
+use super::{reject, ClusterShape, ConfigError, RawConfig, RawHashing, RawHealth, RawScrape, RawShare};
 use crate::types::EndpointId;
 
 pub(super) fn validate_endpoints(raw: &RawConfig) -> Result<Vec<EndpointId>, ConfigError> {
@@ -153,6 +153,22 @@ pub(super) fn validate_scoring(raw: &RawConfig) -> Result<(), ConfigError> {
     }
     if raw.index.default_capacity_tokens == 0 {
         return Err(reject("index.default_capacity_tokens", "must be at least 1"));
+    }
+    Ok(())
+}
+
+pub(super) fn validate_share(s: &RawShare) -> Result<(), ConfigError> {
+    if !(1..=1000).contains(&s.tick_ms) {
+        return Err(reject("share.tick_ms", format!("({}) must be in 1..=1000", s.tick_ms)));
+    }
+    if s.peer_timeout_ms < 1000 || s.peer_timeout_ms < 10 * s.tick_ms {
+        return Err(reject(
+            "share.peer_timeout_ms",
+            format!(
+                "({}) must be at least 1000 and at least 10 × share.tick_ms ({})",
+                s.peer_timeout_ms, s.tick_ms
+            ),
+        ));
     }
     Ok(())
 }

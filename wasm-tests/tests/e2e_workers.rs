@@ -1,0 +1,88 @@
+//! End to end: one view per Envoy process. With several worker threads, each with its own
+//! wasm VM, a prefix one worker placed is found by every other worker (they exchange
+//! placements through shared data); with sharing switched off, the others route blind.
+
+#![allow(clippy::disallowed_methods)] // wall-time end-to-end tests read the clock
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] functions
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use kvroute_wasm_tests::envoy::Envoy;
+use kvroute_wasm_tests::fake_vllm::{FakeVllm, Load, MODEL};
+
+const WORKERS: u32 = 4;
+const PAIRS: usize = 24;
+
+fn chat_body(system: &str, question: &str) -> String {
+    format!(
+        r#"{{"model":"{MODEL}","max_tokens":16,"messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"{question}"}}]}}"#
+    )
+}
+
+fn long_prompt(tag: &str) -> String {
+    format!("You are the assistant of team {tag}. Follow the house style. ").repeat(60)
+}
+
+/// Sends PAIRS pairs of requests sharing a prefix, each on its own connection (so Envoy
+/// spreads them over its workers), the second 50 ms after the first. Returns, per pair,
+/// (server of the first, server of the second, kvroute's reason for the second).
+fn pairs(share: bool) -> (Vec<(String, String, String)>, u64) {
+    let servers: Vec<FakeVllm> = (0..4).map(|_| FakeVllm::start(Load::idle()).unwrap()).collect();
+    let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
+    let edit = |text: String| {
+        let extra = if share { "" } else { " \"share\": {\"workers\": false}," };
+        text.replace(
+            "\"policy\": \"cost\",",
+            &format!("\"policy\": \"cost\", \"debug_headers\": true,{extra}"),
+        )
+    };
+    let envoy = Envoy::start_workers("envoy.yaml", &ports, WORKERS, edit).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while servers.iter().any(|s| s.scrapes() < 2) {
+        assert!(Instant::now() < deadline, "no scrapes:\n{}", envoy.log_text());
+        thread::sleep(Duration::from_millis(20));
+    }
+    thread::sleep(Duration::from_millis(300));
+    let post = |body: &str| {
+        let r = envoy
+            .post("/v1/chat/completions", &[("content-type", "application/json")], body)
+            .unwrap();
+        assert_eq!(r.status, 200, "{}", r.body);
+        let served = r.header("x-served-by").unwrap_or("").to_string();
+        (served, r.header("x-kvroute-reason").unwrap_or("").to_string())
+    };
+    let out = (0..PAIRS)
+        .map(|i| {
+            let system = long_prompt(&format!("pair-{i}"));
+            let (first, _) = post(&chat_body(&system, "first"));
+            thread::sleep(Duration::from_millis(50));
+            let (second, reason) = post(&chat_body(&system, "second"));
+            (first, second, reason)
+        })
+        .collect();
+    (out, envoy.stat("wasmcustom.kvroute.mesh.events_applied"))
+}
+
+#[test]
+fn every_worker_finds_the_prefix_another_worker_placed() {
+    let (pairs, applied) = pairs(true);
+    for (i, (first, second, reason)) in pairs.iter().enumerate() {
+        assert_eq!(
+            reason, "prefix_hit",
+            "pair {i}: the second request did not know the prefix: {pairs:?}"
+        );
+        assert_eq!(first, second, "pair {i}: {pairs:?}");
+    }
+    assert!(applied >= PAIRS as u64, "peer events applied: {applied}");
+}
+
+#[test]
+fn without_sharing_workers_route_blind() {
+    // The claim above can fail: the same traffic with sharing off leaves the workers that
+    // did not place a prefix treating it as cold.
+    let (pairs, applied) = pairs(false);
+    let cold = pairs.iter().filter(|(_, _, r)| r == "cold").count();
+    assert!(cold >= 1, "every sibling hit its prefix without sharing: {pairs:?}");
+    assert_eq!(applied, 0);
+}
