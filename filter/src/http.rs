@@ -83,6 +83,7 @@ impl Http {
             return Action::Continue;
         };
         let now = host::now();
+        shared.peers.before_route(&mut router, &shared.stats, now);
         let req = router.request(&parsed, &self.tenant, self.sheddable);
         let decision = router.route(&req, now);
         self.reason = decision.outcome.label();

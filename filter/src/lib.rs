@@ -7,6 +7,7 @@
 pub mod host;
 pub mod http;
 pub mod mesh;
+pub mod peers;
 pub mod scraper;
 pub mod snapshot;
 pub mod stats;

@@ -2,29 +2,31 @@
 //! proxy-wasm shared data, so each one routes with the placements and load of all.
 //!
 //! Shape, and why:
-//! - Each worker VM owns one key, `kvroute.mesh.log.<origin>`, holding its recent events (the
-//!   last `RETAIN_MS`, at most `MAX_RETAINED`) numbered in order. Only its owner writes it, so
-//!   writers never contend; shared data has no delete, and the key space stays bounded by
-//!   the number of workers (`MAX_PEERS`).
-//! - A process-wide counter, `kvroute.mesh.version`, is bumped (compare-and-swap, retried)
-//!   after every write, so a worker reads its peers' logs only when one moved: an idle
-//!   gateway costs one host call per worker tick.
-//! - On its tick (`share.tick_ms`) a worker publishes what it did since its last tick and
-//!   applies what its peers published: a placement reaches every worker within two ticks.
-//!   The request path makes no host call for sharing; events wait in the router's outbox.
-//! - A reader that fell behind the retained window counts what it lost
-//!   (`mesh.lost_events`). A peer silent for `share.peer_timeout_ms` (its VM failed or
-//!   stopped) is forgotten and its requests' load released.
+//! - One ordered log for the whole process, in `SLOTS` keys `kvroute.mesh.seg.<n % SLOTS>`.
+//!   On its tick (`share.tick_ms`) a worker with something to say reserves the next segment
+//!   number `n` (compare-and-swap on `kvroute.mesh.head`) and writes segment `n`: its events
+//!   since its last tick. Shared data has no delete; the key space is bounded by `SLOTS`.
+//! - A reader reads `kvroute.mesh.head` (one host call) and, when it moved, the segments it
+//!   has not seen, once each: every event is copied to every worker exactly once, and an
+//!   idle gateway costs one host call per worker tick. A placement reaches every worker
+//!   within two ticks. The request path makes no host call for sharing: events wait in the
+//!   router's outbox until the tick.
+//! - A segment reserved but not written yet (its writer is between the two calls) is waited
+//!   for, up to `UNWRITTEN_WAIT_MS`, then skipped; a reader lapped by `SLOTS` segments skips
+//!   what was overwritten. Both count as lost events (`mesh.events_lost`).
+//! - A worker with nothing to say writes an empty segment every `HEARTBEAT_MS`; a peer
+//!   silent for `share.peer_timeout_ms` (its VM failed or stopped) is forgotten and its
+//!   requests' load released.
 //! - Origins come from a counter (`kvroute.mesh.members`, compare-and-swap). Shared data has
 //!   no create-if-absent, so two VMs starting at the same instant could take one origin;
-//!   every log carries its writer's nonce, and a worker that finds its origin's log written
-//!   by another VM takes a new origin.
+//!   every segment carries its writer's nonce, and a worker that reads a segment under its
+//!   own origin with another nonce takes a new origin.
 //!
 //! Cost: every placement is applied by every worker (O(workers) work per request, none of it
 //! on the request path), and every worker keeps a copy of the prefix index, so the configured
 //! index budget is split between the workers (`Router::set_index_budget`).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 
 use kvroute_core::{BlockHash, EndpointId, Millis, PeerEvent, Tokens};
 use prost::Message;
@@ -33,31 +35,33 @@ use proxy_wasm::types::Status;
 use crate::host;
 
 const MEMBERS_KEY: &str = "kvroute.mesh.members";
-const VERSION_KEY: &str = "kvroute.mesh.version";
+const HEAD_KEY: &str = "kvroute.mesh.head";
 /// Workers of one process that can share (origins above it do not join).
 pub const MAX_PEERS: u64 = 256;
-/// How long a worker's events stay readable by its peers.
-const RETAIN_MS: u64 = 250;
-const MAX_RETAINED: usize = 4096;
-/// A worker with nothing to say still writes its log this often, so peers know it lives.
+/// Segments kept readable: a reader more than this many segments behind loses events.
+const SLOTS: u64 = 1024;
+/// How long a reader waits for a reserved segment to be written before skipping it.
+const UNWRITTEN_WAIT_MS: u64 = 100;
+/// A worker with nothing to say still writes a segment this often, so peers know it lives.
 const HEARTBEAT_MS: u64 = 1000;
+/// Segments a reader reads in one tick at most (it catches up over the next ticks).
+const MAX_READ_PER_TICK: u64 = 256;
 
-fn log_key(origin: u32) -> String {
-    format!("kvroute.mesh.log.{origin}")
+fn slot_key(segment: u64) -> String {
+    format!("kvroute.mesh.seg.{}", segment % SLOTS)
 }
 
-/// A worker's log as it sits in shared data.
+/// One segment of the process's log, as it sits in shared data.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct PeerLog {
-    #[prost(uint32, tag = "1")]
+pub struct Segment {
+    #[prost(uint64, tag = "1")]
+    pub number: u64,
+    #[prost(uint32, tag = "2")]
     pub origin: u32,
-    #[prost(uint64, tag = "2")]
-    pub nonce: u64,
     #[prost(uint64, tag = "3")]
-    pub heartbeat_ms: u64,
-    /// Sequence number of `events[0]`.
+    pub nonce: u64,
     #[prost(uint64, tag = "4")]
-    pub first_seq: u64,
+    pub written_ms: u64,
     #[prost(message, repeated, tag = "5")]
     pub events: Vec<WireEvent>,
 }
@@ -147,9 +151,7 @@ impl WireEvent {
 #[derive(Clone, Debug)]
 struct Peer {
     nonce: u64,
-    /// The next sequence number expected from it (`None` before first contact).
-    next_seq: Option<u64>,
-    heartbeat_ms: u64,
+    heard_ms: u64,
     gone: bool,
 }
 
@@ -157,39 +159,40 @@ struct Peer {
 #[derive(Debug, Default)]
 pub struct Received {
     pub events: Vec<PeerEvent>,
-    /// Events a peer published that this worker read too late to see.
+    /// Segments this worker could not read (overwritten, or never written).
     pub lost: u64,
-    /// Origins to forget: silent past the timeout, or replaced by a new VM.
+    /// Origins to forget: silent past the timeout.
     pub gone: Vec<u32>,
-    /// Workers that joined the process so far.
+    /// Workers that joined the process so far (read once a heartbeat period; 0 otherwise).
     pub members: u64,
+    /// Another VM writes under this worker's origin...
+    origin_taken: bool,
+    /// ...so this worker took a new one.
+    pub new_origin: Option<u32>,
 }
 
 pub struct Mesh {
     origin: u32,
     nonce: u64,
-    next_seq: u64,
-    /// This worker's retained events, encoded, with the time each was published.
-    retained: VecDeque<(u64, Vec<u8>)>,
     last_write_ms: u64,
-    seen_version: Option<u64>,
-    last_full_read_ms: u64,
+    /// The next segment number this worker reads.
+    next: Option<u64>,
+    /// Since when the segment `next` was found reserved but not written.
+    unwritten_since: Option<u64>,
+    last_members_read_ms: u64,
     peers: BTreeMap<u32, Peer>,
 }
 
 impl Mesh {
     /// Joins the process's mesh, or `None` when shared data refuses or too many joined.
     pub fn join() -> Option<Mesh> {
-        let nonce = host::now_nanos() | 1;
-        let origin = claim_origin()?;
         Some(Mesh {
-            origin,
-            nonce,
-            next_seq: 0,
-            retained: VecDeque::new(),
+            origin: claim_origin()?,
+            nonce: host::now_nanos() | 1,
             last_write_ms: 0,
-            seen_version: None,
-            last_full_read_ms: 0,
+            next: None,
+            unwritten_since: None,
+            last_members_read_ms: 0,
             peers: BTreeMap::new(),
         })
     }
@@ -198,127 +201,108 @@ impl Mesh {
         self.origin
     }
 
-    /// Publishes `events` (this worker's changes since the last call). Returns a new origin
-    /// when another VM was found writing under this one's (the caller re-stamps its router).
-    pub fn publish(&mut self, events: &[PeerEvent], now: Millis) -> Option<u32> {
-        for e in events {
-            self.retained.push_back((now.0, WireEvent::from(e).encode_to_vec()));
-            self.next_seq += 1;
+    /// Publishes `events` (this worker's changes since its last tick) as one segment, or an
+    /// empty one when a heartbeat is due.
+    pub fn publish(&mut self, events: &[PeerEvent], now: Millis) {
+        if events.is_empty() && now.0.saturating_sub(self.last_write_ms) < HEARTBEAT_MS {
+            return;
         }
-        while self
-            .retained
-            .front()
-            .is_some_and(|(at, _)| now.0.saturating_sub(*at) > RETAIN_MS || self.retained.len() > MAX_RETAINED)
-        {
-            self.retained.pop_front();
-        }
-        let heartbeat_due = now.0.saturating_sub(self.last_write_ms) >= HEARTBEAT_MS;
-        if events.is_empty() && !heartbeat_due {
-            return None;
-        }
-        let rejoined = if heartbeat_due { self.check_origin() } else { None };
-        if host::set_shared_data(&log_key(self.origin), &self.encode_log(now)).is_ok() {
-            self.last_write_ms = now.0;
-            bump_version();
-        }
-        rejoined
-    }
-
-    /// The log as prost would encode `PeerLog`, with the retained events' bytes reused.
-    fn encode_log(&self, now: Millis) -> Vec<u8> {
-        let head = PeerLog {
+        let Some(number) = increment(HEAD_KEY) else { return };
+        let segment = Segment {
+            number,
             origin: self.origin,
             nonce: self.nonce,
-            heartbeat_ms: now.0,
-            first_seq: self.next_seq - self.retained.len() as u64,
-            events: Vec::new(),
+            written_ms: now.0,
+            events: events.iter().map(WireEvent::from).collect(),
         };
-        let size: usize = self.retained.iter().map(|(_, b)| b.len() + 8).sum();
-        let mut out = Vec::with_capacity(head.encoded_len() + size);
-        let _ = head.encode(&mut out);
-        for (_, bytes) in &self.retained {
-            prost::encoding::encode_key(5, prost::encoding::WireType::LengthDelimited, &mut out);
-            prost::encoding::encode_varint(bytes.len() as u64, &mut out);
-            out.extend_from_slice(bytes);
+        if host::set_shared_data(&slot_key(number), &segment.encode_to_vec()).is_ok() {
+            self.last_write_ms = now.0;
         }
-        out
     }
 
-    /// Another VM wrote this origin's log since this one last did: take a new origin.
-    fn check_origin(&mut self) -> Option<u32> {
-        let Ok(Some(bytes)) = host::shared_data(&log_key(self.origin)) else {
-            return None;
-        };
-        let theirs = PeerLog::decode(bytes.as_slice()).ok()?.nonce;
-        if theirs == self.nonce || self.last_write_ms == 0 {
-            return None;
-        }
-        let origin = claim_origin()?;
-        self.origin = origin;
-        Some(origin)
-    }
-
-    /// What the peers published since the last call. Reads their logs only when the
-    /// version moved (or once a heartbeat period, to notice silent peers).
+    /// What the peers published since the last call.
     pub fn receive(&mut self, now: Millis, peer_timeout_ms: u64) -> Received {
         let mut rx = Received::default();
-        let version = read_u64(VERSION_KEY).unwrap_or(0);
-        let full = now.0.saturating_sub(self.last_full_read_ms) >= HEARTBEAT_MS;
-        if self.seen_version == Some(version) && !full {
-            return rx;
+        let head = read_u64(HEAD_KEY).unwrap_or(0);
+        // First call: start after what is already there (older events are history).
+        let mut next = *self.next.get_or_insert(head + 1);
+        if head + 1 > next + SLOTS {
+            rx.lost += head + 1 - SLOTS - next;
+            next = head + 1 - SLOTS;
         }
-        self.seen_version = Some(version);
-        if full {
-            self.last_full_read_ms = now.0;
-        }
-        rx.members = read_u64(MEMBERS_KEY).unwrap_or(0).min(MAX_PEERS);
-        for origin in 1..=rx.members as u32 {
-            if origin == self.origin {
-                continue;
+        let last = head.min(next + MAX_READ_PER_TICK - 1);
+        while next <= last {
+            match self.read_segment(next, now, &mut rx) {
+                Some(done) => {
+                    next = done + 1;
+                    self.unwritten_since = None;
+                }
+                None => {
+                    let since = *self.unwritten_since.get_or_insert(now.0);
+                    if now.0.saturating_sub(since) < UNWRITTEN_WAIT_MS {
+                        break;
+                    }
+                    rx.lost += 1;
+                    next += 1;
+                    self.unwritten_since = None;
+                }
             }
-            let Ok(Some(bytes)) = host::shared_data(&log_key(origin)) else {
-                continue;
-            };
-            let Ok(log) = PeerLog::decode(bytes.as_slice()) else {
-                continue;
-            };
-            self.read_log(origin, log, &mut rx);
         }
-        for (origin, peer) in &mut self.peers {
-            if !peer.gone && now.0.saturating_sub(peer.heartbeat_ms) > peer_timeout_ms {
-                peer.gone = true;
-                rx.gone.push(*origin);
+        self.next = Some(next);
+        rx.gone = self.expire(now, peer_timeout_ms);
+        if rx.origin_taken {
+            if let Some(origin) = claim_origin() {
+                self.origin = origin;
+                rx.new_origin = Some(origin);
             }
+        }
+        if now.0.saturating_sub(self.last_members_read_ms) >= HEARTBEAT_MS {
+            self.last_members_read_ms = now.0;
+            rx.members = read_u64(MEMBERS_KEY).unwrap_or(0).min(MAX_PEERS);
         }
         rx
     }
 
-    fn read_log(&mut self, origin: u32, log: PeerLog, rx: &mut Received) {
-        let peer = self.peers.entry(origin).or_insert(Peer {
-            nonce: log.nonce,
-            next_seq: None,
-            heartbeat_ms: log.heartbeat_ms,
+    /// Peers not heard from for `timeout_ms`, each reported once until heard again.
+    fn expire(&mut self, now: Millis, timeout_ms: u64) -> Vec<u32> {
+        let mut gone = Vec::new();
+        for (origin, peer) in &mut self.peers {
+            if !peer.gone && now.0.saturating_sub(peer.heard_ms) > timeout_ms {
+                peer.gone = true;
+                gone.push(*origin);
+            }
+        }
+        gone
+    }
+
+    /// Reads segment `number`: `Some(n)` when segment `n ≥ number` was read (`n > number`
+    /// when the slot was already overwritten: the ones between are lost), `None` when it
+    /// is reserved but not written yet.
+    fn read_segment(&mut self, number: u64, now: Millis, rx: &mut Received) -> Option<u64> {
+        let bytes = host::shared_data(&slot_key(number)).ok().flatten()?;
+        let segment = Segment::decode(bytes.as_slice()).ok()?;
+        if segment.number < number {
+            return None;
+        }
+        rx.lost += segment.number - number;
+        let read = segment.number;
+        self.apply(segment, now, rx);
+        Some(read)
+    }
+
+    fn apply(&mut self, segment: Segment, now: Millis, rx: &mut Received) {
+        if segment.origin == self.origin {
+            rx.origin_taken |= segment.nonce != self.nonce;
+            return;
+        }
+        let peer = self.peers.entry(segment.origin).or_insert(Peer {
+            nonce: segment.nonce,
+            heard_ms: now.0,
             gone: false,
         });
-        if peer.nonce != log.nonce {
-            // A new VM took this origin: whatever the old one had in flight is not coming back.
-            rx.gone.push(origin);
-            *peer = Peer {
-                nonce: log.nonce,
-                next_seq: None,
-                heartbeat_ms: log.heartbeat_ms,
-                gone: false,
-            };
-        }
-        peer.heartbeat_ms = peer.heartbeat_ms.max(log.heartbeat_ms);
-        peer.gone = false;
-        let end = log.first_seq + log.events.len() as u64;
-        let start = peer.next_seq.unwrap_or(log.first_seq);
-        rx.lost += log.first_seq.saturating_sub(start);
-        let skip = start.saturating_sub(log.first_seq) as usize;
+        (peer.nonce, peer.heard_ms, peer.gone) = (segment.nonce, now.0, false);
         rx.events
-            .extend(log.events.into_iter().skip(skip).filter_map(WireEvent::into_event));
-        peer.next_seq = Some(end.max(start));
+            .extend(segment.events.into_iter().filter_map(WireEvent::into_event));
     }
 }
 
@@ -352,10 +336,6 @@ fn increment(key: &str) -> Option<u64> {
 fn claim_origin() -> Option<u32> {
     let n = increment(MEMBERS_KEY)?;
     (n <= MAX_PEERS).then_some(n as u32)
-}
-
-fn bump_version() {
-    let _ = increment(VERSION_KEY);
 }
 
 #[cfg(test)]
@@ -395,71 +375,62 @@ mod tests {
         }
     }
 
-    fn mesh_with(events: &[PeerEvent], first_seq: u64) -> (Mesh, Vec<u8>) {
-        let mut m = Mesh {
+    fn reader() -> Mesh {
+        Mesh {
             origin: 1,
             nonce: 9,
-            next_seq: first_seq,
-            retained: VecDeque::new(),
             last_write_ms: 0,
-            seen_version: None,
-            last_full_read_ms: 0,
+            next: None,
+            unwritten_since: None,
+            last_members_read_ms: 0,
             peers: BTreeMap::new(),
-        };
-        for e in events {
-            m.retained.push_back((0, WireEvent::from(e).encode_to_vec()));
-            m.next_seq += 1;
         }
-        let bytes = m.encode_log(Millis(50));
-        (m, bytes)
+    }
+
+    fn segment(number: u64, origin: u32, events: &[PeerEvent]) -> Segment {
+        Segment {
+            number,
+            origin,
+            nonce: 5,
+            written_ms: 0,
+            events: events.iter().map(WireEvent::from).collect(),
+        }
     }
 
     #[test]
-    fn the_hand_built_log_is_what_prost_decodes() {
-        let (_, bytes) = mesh_with(&[routed(1), PeerEvent::FirstToken { key: 1 }], 10);
-        let log = PeerLog::decode(bytes.as_slice()).unwrap();
-        assert_eq!((log.origin, log.nonce, log.heartbeat_ms, log.first_seq), (1, 9, 50, 10));
-        assert_eq!(log.events.len(), 2);
-        assert_eq!(
-            log.events[1].clone().into_event(),
-            Some(PeerEvent::FirstToken { key: 1 })
-        );
+    fn a_segment_survives_the_wire() {
+        let s = segment(3, 2, &[routed(1), PeerEvent::FirstToken { key: 1 }]);
+        assert_eq!(Segment::decode(s.encode_to_vec().as_slice()).unwrap(), s);
     }
 
     #[test]
-    fn a_reader_applies_each_event_once_and_counts_what_it_missed() {
-        let (_, bytes) = mesh_with(&[routed(1), routed(2), routed(3)], 10);
-        let log = PeerLog::decode(bytes.as_slice()).unwrap();
-        let (mut reader, _) = mesh_with(&[], 0);
+    fn a_reader_applies_peers_events_and_not_its_own() {
+        let mut m = reader();
         let mut rx = Received::default();
-        reader.read_log(2, log.clone(), &mut rx);
-        assert_eq!(
-            (rx.events.len(), rx.lost),
-            (3, 0),
-            "first contact takes what is retained"
-        );
-        let mut again = Received::default();
-        reader.read_log(2, log, &mut again);
-        assert!(again.events.is_empty(), "nothing twice");
-        // The writer moved on by 5 events and retains only its last 2: 3 were missed.
-        let (_, later) = mesh_with(&[routed(7), routed(8)], 16);
-        let mut rx = Received::default();
-        reader.read_log(2, PeerLog::decode(later.as_slice()).unwrap(), &mut rx);
-        assert_eq!((rx.events.len(), rx.lost), (2, 3));
+        m.apply(segment(1, 2, &[routed(1), routed(2)]), Millis(10), &mut rx);
+        let mut own = segment(2, 1, &[routed(3)]);
+        own.nonce = m.nonce;
+        m.apply(own, Millis(10), &mut rx);
+        assert_eq!(rx.events.len(), 2);
+        assert!(!rx.origin_taken, "same nonce: its own segment");
+        let mut other = segment(3, 1, &[routed(4)]);
+        other.nonce = 77;
+        m.apply(other, Millis(10), &mut rx);
+        assert!(rx.origin_taken, "another VM writes under origin 1");
+        assert_eq!(rx.events.len(), 2);
     }
 
     #[test]
-    fn a_new_vm_under_a_known_origin_makes_the_old_one_gone() {
-        let (_, bytes) = mesh_with(&[routed(1)], 0);
-        let mut log = PeerLog::decode(bytes.as_slice()).unwrap();
-        let (mut reader, _) = mesh_with(&[], 0);
+    fn a_silent_peer_is_gone_once() {
+        let mut m = reader();
         let mut rx = Received::default();
-        reader.read_log(3, log.clone(), &mut rx);
-        log.nonce = 77;
-        log.first_seq = 0;
+        m.apply(segment(1, 2, &[]), Millis(10), &mut rx);
+        let late = Millis(10 + 6000);
+        assert_eq!(m.expire(Millis(10 + 4000), 5000), Vec::<u32>::new());
+        assert_eq!(m.expire(late, 5000), vec![2]);
+        assert_eq!(m.expire(late, 5000), Vec::<u32>::new(), "reported once");
         let mut rx = Received::default();
-        reader.read_log(3, log, &mut rx);
-        assert_eq!(rx.gone, vec![3]);
-        assert_eq!(rx.events.len(), 1, "the new VM's events are applied from its start");
+        m.apply(segment(2, 2, &[]), late, &mut rx);
+        assert!(!m.peers[&2].gone, "heard again: back");
     }
 }

@@ -11,7 +11,7 @@ use prost::Message;
 use proxy_wasm::types::LogLevel;
 
 use crate::host;
-use crate::mesh::Mesh;
+use crate::peers::Peers;
 use crate::snapshot::{Snapshot, SNAPSHOT_KEY, VERSION_KEY};
 use crate::stats::RequestStats;
 
@@ -22,6 +22,7 @@ const STATS_EVERY_MS: u64 = 100;
 pub struct Shared {
     pub router: RefCell<Router>,
     pub stats: RequestStats,
+    pub peers: Peers,
     next_request: Cell<u64>,
     prompt_tokens: Cell<u64>,
     predicted_cached: Cell<u64>,
@@ -50,38 +51,23 @@ pub struct Worker {
     published_at: Millis,
     reported_entries: Cell<u64>,
     reported_inflight: Cell<u64>,
-    mesh: Option<Mesh>,
-    members: u64,
     stats_at: Millis,
 }
 
 impl Worker {
     pub fn new(config: Config) -> Worker {
-        let share = config.share().clone();
-        let tick = if share.workers {
-            share.tick_ms
-        } else {
-            (config.scrape().interval_ms / 2).clamp(10, 1000)
-        };
-        if host::set_tick_period_ms(tick).is_err() {
+        let mut router = Router::new(config);
+        let peers = Peers::join(&mut router);
+        if host::set_tick_period_ms(peers.tick_ms()).is_err() {
             host::log(
                 LogLevel::Error,
                 "could not set the snapshot tick; routing will fall back",
             );
         }
-        let mut router = Router::new(config);
-        let mesh = share.workers.then(Mesh::join).flatten();
-        match &mesh {
-            Some(m) => router.share_with_peers(m.origin()),
-            None if share.workers => host::log(
-                LogLevel::Warn,
-                "this worker cannot join the shared view (shared data refused or too many workers); it routes on its own",
-            ),
-            None => {}
-        }
         let shared = Shared {
             router: RefCell::new(router),
             stats: RequestStats::define(),
+            peers,
             next_request: Cell::new(0),
             prompt_tokens: Cell::new(0),
             predicted_cached: Cell::new(0),
@@ -92,8 +78,6 @@ impl Worker {
             published_at: Millis(0),
             reported_entries: Cell::new(0),
             reported_inflight: Cell::new(0),
-            mesh,
-            members: 0,
             stats_at: Millis(0),
         }
     }
@@ -105,49 +89,13 @@ impl Worker {
     pub fn on_tick(&mut self) {
         let now = host::now();
         self.poll_snapshot();
-        self.exchange_with_peers(now);
+        if let Ok(mut router) = self.shared.router.try_borrow_mut() {
+            self.shared.peers.on_tick(&mut router, &self.shared.stats, now);
+        }
         if now.since(self.stats_at) >= STATS_EVERY_MS {
             self.stats_at = now;
             self.report_gauges(now);
         }
-    }
-
-    /// Publishes this worker's changes and applies its peers' (see `mesh`).
-    fn exchange_with_peers(&mut self, now: Millis) {
-        let Some(mesh) = self.mesh.as_mut() else { return };
-        let Ok(mut router) = self.shared.router.try_borrow_mut() else {
-            return;
-        };
-        let out = router.take_peer_events();
-        if let Some(origin) = mesh.publish(&out, now) {
-            host::log(
-                LogLevel::Warn,
-                &format!("another worker used this worker's mesh origin; now {origin}"),
-            );
-            router.share_with_peers(origin);
-        }
-        let timeout = router.config().share().peer_timeout_ms;
-        let rx = mesh.receive(now, timeout);
-        for event in &rx.events {
-            router.on_peer_event(event, now);
-        }
-        for origin in &rx.gone {
-            router.forget_peer(*origin);
-            host::log(
-                LogLevel::Info,
-                &format!("worker {origin} left the shared view; its load is released"),
-            );
-        }
-        if rx.members > 0 && rx.members != self.members {
-            // Each worker keeps a full copy of the index: the configured budget is split.
-            self.members = rx.members;
-            let budget = router.config().index().max_memory_bytes / rx.members as usize;
-            router.set_index_budget(budget);
-        }
-        let stats = &self.shared.stats;
-        stats.peer_events.add(rx.events.len() as u64);
-        stats.peer_events_lost.add(rx.lost);
-        stats.peers_gone.add(rx.gone.len() as u64);
     }
 
     fn report_gauges(&self, now: Millis) {

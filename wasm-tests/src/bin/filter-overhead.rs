@@ -15,6 +15,9 @@
 //!   cap, sent one at a time to the listener without a filter and to kvroute's: the time
 //!   kvroute adds inside V8 (median and worst of 10) for each.
 //!
+//! - `sharing`: Envoy CPU per request with the workers sharing one view and without, at 2
+//!   and 8 workers; Envoy's memory and idle CPU at 32 workers, both ways.
+//!
 //! - `presence`: wrk at 1 KiB, 8 connections, on a path kvroute passes through (it only
 //!   removes the destination header: no buffering, parsing or routing) and on the inference
 //!   path, to split the filter's cost into "being there" and "deciding".
@@ -42,13 +45,15 @@ fn main() -> Result<(), String> {
         "scrape" => native::scrape_cost(),
         "presence" => native::presence(),
         "hostile" => native::hostile(),
+        "sharing" => native::sharing(),
         "all" => native::latency(2000)
             .and_then(|_| native::wrk_sweep())
             .and_then(|_| native::presence())
             .and_then(|_| native::hostile())
+            .and_then(|_| native::sharing())
             .and_then(|_| native::scrape_cost()),
         other => Err(format!(
-            "unknown measurement {other:?}: all | latency [N] | wrk | scrape | presence | hostile"
+            "unknown measurement {other:?}: all | latency [N] | wrk | scrape | presence | hostile | sharing"
         )),
     }
 }
@@ -306,14 +311,7 @@ mod native {
                 );
             }
         }
-        let rss = std::fs::read_to_string(format!("/proc/{}/status", envoy.pid()))
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find(|l| l.starts_with("VmRSS:"))
-                    .map(|l| l.trim_start_matches("VmRSS:").trim().to_string())
-            })
-            .unwrap_or_else(|| "unknown".into());
+        let rss = rss(envoy.pid());
         let routed =
             envoy.stat("wasmcustom.kvroute.decision.cold") + envoy.stat("wasmcustom.kvroute.decision.prefix_hit");
         println!(
@@ -414,6 +412,83 @@ mod native {
             envoy.stat("wasm.kvroute.vm_reload"),
             envoy.stat("wasmcustom.kvroute.skipped.malformed")
         );
+        Ok(())
+    }
+
+    /// Envoy's resident memory as `/proc` reports it (e.g. "123456 kB").
+    fn rss(pid: u32) -> String {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("VmRSS:"))
+                    .map(|l| l.trim_start_matches("VmRSS:").trim().to_string())
+            })
+            .unwrap_or_else(|| "unknown".into())
+    }
+
+    /// The bench Envoy with `workers` workers, kvroute's workers sharing one view or not.
+    fn sharing_envoy(ports: &[u16], workers: u32, share: bool) -> Result<Envoy, String> {
+        let edit = move |t: String| {
+            if share {
+                t
+            } else {
+                t.replace(
+                    "\"policy\": \"cost\",",
+                    "\"policy\": \"cost\", \"share\": {\"workers\": false},",
+                )
+            }
+        };
+        let envoy = Envoy::start_workers("bench-overhead.yaml", ports, workers, edit)?;
+        std::thread::sleep(Duration::from_millis(600));
+        Ok(envoy)
+    }
+
+    /// `sharing`: what one view per process costs. Envoy CPU per request on the kvroute
+    /// listener (1 KiB, 8 connections, wrk 4 s, order on/off/off/on) with workers sharing
+    /// and not, at 2 and 8 workers; then at 32 workers, Envoy's resident memory after
+    /// traffic and its CPU while idle (the sharing tick), both ways.
+    pub fn sharing() -> Result<(), String> {
+        let servers = fleet(4)?;
+        let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
+        let dir = std::env::temp_dir().join(format!("kvroute-sharing-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let script = post_script(&dir, 1024)?;
+        println!("| workers | Envoy CPU/req sharing | Envoy CPU/req not sharing | added by sharing | req/s sharing | req/s not sharing |");
+        println!("|---|---|---|---|---|---|");
+        for workers in [2u32, 8] {
+            let mut runs: [Vec<WrkResult>; 2] = [Vec::new(), Vec::new()];
+            for share in [true, false, false, true] {
+                let envoy = sharing_envoy(&ports, workers, share)?;
+                runs[usize::from(!share)].push(wrk_path(&envoy, envoy.port, "/v1/chat/completions", &script, 8, 4)?);
+            }
+            let mean = |r: &[WrkResult], f: fn(&WrkResult) -> f64| r.iter().map(f).sum::<f64>() / r.len() as f64;
+            let (on, off) = (mean(&runs[0], |r| r.envoy_cpu_us), mean(&runs[1], |r| r.envoy_cpu_us));
+            println!(
+                "| {workers} | {on:.1} µs | {off:.1} µs | {:+.1} µs | {:.0} | {:.0} |",
+                on - off,
+                mean(&runs[0], |r| r.rps),
+                mean(&runs[1], |r| r.rps)
+            );
+        }
+        println!("\n| 32 workers | RSS after 8 s of wrk (8 connections, 1 KiB) | Envoy CPU while idle (10 s) | peer events applied |");
+        println!("|---|---|---|---|");
+        for share in [true, false] {
+            let envoy = sharing_envoy(&ports, 32, share)?;
+            wrk_path(&envoy, envoy.port, "/v1/chat/completions", &script, 8, 8)?;
+            std::thread::sleep(Duration::from_secs(1));
+            let before = process_cpu_s(envoy.pid()).unwrap_or(0.0);
+            std::thread::sleep(Duration::from_secs(10));
+            let idle = process_cpu_s(envoy.pid()).unwrap_or(0.0) - before;
+            println!(
+                "| {} | {} | {:.1}% of a core | {} |",
+                if share { "sharing" } else { "not sharing" },
+                rss(envoy.pid()),
+                idle * 10.0,
+                envoy.stat("wasmcustom.kvroute.mesh.events_applied")
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
         Ok(())
     }
 

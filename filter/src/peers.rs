@@ -1,0 +1,126 @@
+//! The worker side of one view per process: when a worker exchanges with its peers
+//! (`mesh`), and what it does with what arrives.
+//!
+//! A worker exchanges on every tick (`share.tick_ms`, 2 ms by default) while anything moves.
+//! After `IDLE_AFTER_MS` with nothing published or received it slows its tick to
+//! `IDLE_TICK_MS`, so an idle gateway does not wake every worker 500 times a second; the
+//! first request it then routes catches up inline (one exchange) before it is scored, and
+//! the fast tick resumes.
+
+use std::cell::{Cell, RefCell};
+
+use kvroute_core::{Config, Millis, Router};
+use proxy_wasm::types::LogLevel;
+
+use crate::host;
+use crate::mesh::Mesh;
+use crate::stats::RequestStats;
+
+const IDLE_AFTER_MS: u64 = 1000;
+const IDLE_TICK_MS: u64 = 50;
+
+pub struct Peers {
+    /// `None` when this worker does not share (switched off, or it could not join).
+    mesh: RefCell<Option<Mesh>>,
+    tick_ms: u64,
+    idle: Cell<bool>,
+    last_activity: Cell<u64>,
+    members: Cell<u64>,
+}
+
+impl Peers {
+    /// Joins the process's mesh when `share.workers` is on, and stamps `router` with the
+    /// origin it got.
+    pub fn join(router: &mut Router) -> Peers {
+        let config: &Config = router.config();
+        let share = config.share().clone();
+        let scrape_interval_ms = config.scrape().interval_ms;
+        let mesh = share.workers.then(Mesh::join).flatten();
+        match &mesh {
+            Some(m) => router.share_with_peers(m.origin()),
+            None if share.workers => host::log(
+                LogLevel::Warn,
+                "this worker cannot join the shared view (shared data refused or too many workers); it routes on its own",
+            ),
+            None => {}
+        }
+        let tick_ms = if mesh.is_some() {
+            share.tick_ms
+        } else {
+            (scrape_interval_ms / 2).clamp(10, 1000)
+        };
+        Peers {
+            mesh: RefCell::new(mesh),
+            tick_ms,
+            idle: Cell::new(false),
+            last_activity: Cell::new(0),
+            members: Cell::new(0),
+        }
+    }
+
+    /// The worker's tick period to start with.
+    pub fn tick_ms(&self) -> u64 {
+        self.tick_ms
+    }
+
+    pub fn on_tick(&self, router: &mut Router, stats: &RequestStats, now: Millis) {
+        if self.exchange(router, stats, now) {
+            self.last_activity.set(now.0);
+        } else if !self.idle.get()
+            && now.0.saturating_sub(self.last_activity.get()) > IDLE_AFTER_MS
+            && host::set_tick_period_ms(IDLE_TICK_MS).is_ok()
+        {
+            self.idle.set(true);
+        }
+    }
+
+    /// Before scoring a request: a worker whose tick slowed down catches up first.
+    pub fn before_route(&self, router: &mut Router, stats: &RequestStats, now: Millis) {
+        if !self.idle.get() {
+            return;
+        }
+        self.exchange(router, stats, now);
+        self.last_activity.set(now.0);
+        if host::set_tick_period_ms(self.tick_ms).is_ok() {
+            self.idle.set(false);
+        }
+    }
+
+    /// Publishes this worker's changes and applies its peers'. Returns whether anything moved.
+    fn exchange(&self, router: &mut Router, stats: &RequestStats, now: Millis) -> bool {
+        let Ok(mut guard) = self.mesh.try_borrow_mut() else {
+            return false;
+        };
+        let Some(mesh) = guard.as_mut() else { return false };
+        let out = router.take_peer_events();
+        mesh.publish(&out, now);
+        let rx = mesh.receive(now, router.config().share().peer_timeout_ms);
+        for event in &rx.events {
+            router.on_peer_event(event, now);
+        }
+        if let Some(origin) = rx.new_origin {
+            host::log(
+                LogLevel::Warn,
+                &format!("another worker used this worker's mesh origin; now {origin}"),
+            );
+            router.share_with_peers(origin);
+        }
+        for origin in &rx.gone {
+            router.forget_peer(*origin);
+            host::log(
+                LogLevel::Info,
+                &format!("worker {origin} left the shared view; its load is released"),
+            );
+        }
+        if rx.members > 0 && rx.members != self.members.get() {
+            // Each worker keeps a full copy of the index: the configured budget is split.
+            self.members.set(rx.members);
+            let budget = router.config().index().max_memory_bytes / rx.members as usize;
+            router.set_index_budget(budget);
+        }
+        stats.peer_events.add(rx.events.len() as u64);
+        stats.peer_events_lost.add(rx.lost);
+        stats.peers_gone.add(rx.gone.len() as u64);
+        !out.is_empty() || !rx.events.is_empty()
+    }
+}
