@@ -1,70 +1,83 @@
 #!/usr/bin/env bash
 # `make run`: four simulated vLLM servers (Llama-3.1-8B on H100) behind real Envoy, first
 # with kvroute (envoy/envoy.yaml), then with plain round-robin (envoy/envoy-round-robin.yaml),
-# the same shared-prefix workload through each, then one side-by-side table and an SVG
+# the same shared-prefix workloads through each on a fresh fleet, then one table and an SVG
 # report. Every process it starts is stopped on exit, on failure and on Ctrl-C.
 #
-# Knobs (environment): RATE (requests/s, default 140), OUT (default target/demo).
+# The workload is one where routing matters: 400 shared 2048-token system prompts (819k
+# tokens of prefix: 1.75× one server's KV cache, 0.44× the pool's) at RATE req/s for
+# DURATION s. A router that keeps each prefix on one server serves it from cache; one that
+# spreads prefixes over every server cannot hold them all. The table reports the cold start
+# (requests scheduled in the first COLD_S s, while the caches fill) apart from the steady
+# state (the rest). Before it, the 1024-request burst (64 prompts, 140 req/s, ≈ 7 s) that
+# `make run` used to show: a cold-start figure only, since its prefixes fit in every cache.
+#
+# Knobs (environment): CONCURRENCY (Envoy workers, default 2), RATE (default 100),
+# DURATION (s, default 120), COLD_S (default 15), BURST (1: also the burst; default 1),
+# OUT (default target/demo); ports as in scripts/lib.sh (default 8000-8004, 9901, 10000).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-SIM=target/release/kvroute-sim
-ENVOY=.venv/bin/envoy
 OUT=${OUT:-target/demo}
-RATE=${RATE:-140}
-WORKLOAD=(--workload shared-prefix --rate "$RATE" --output-tokens 32)
-PORTS=(8000 8001 8002 8003 8004 9901 10000)
+CONCURRENCY=${CONCURRENCY:-2}
+RATE=${RATE:-100}
+DURATION=${DURATION:-120}
+COLD_S=${COLD_S:-15}
+BURST=${BURST:-1}
+STEADY=(--workload shared-prefix --groups 400 --per-group 30 --rate "$RATE" --output-tokens 32 --duration "$DURATION")
+BURST_WL=(--workload shared-prefix --groups 64 --per-group 16 --rate 140 --output-tokens 32 --duration 60)
 
-pids=()
-stop_all() {
-  for p in "${pids[@]+"${pids[@]}"}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${pids[@]+"${pids[@]}"}"; do wait "$p" 2>/dev/null || true; done
-  pids=()
-}
-trap stop_all EXIT
-trap 'echo; echo "interrupted: stopping everything"; exit 130' INT TERM
+source scripts/lib.sh
 
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-
-for p in "${PORTS[@]}"; do
-  if port_open "$p"; then
-    echo "port $p is already in use: stop whatever listens there (make run needs ${PORTS[*]})" >&2
-    exit 1
-  fi
-done
 [ -x "$SIM" ] && [ -x "$ENVOY" ] && [ -f dist/kvroute.wasm ] || { echo "run through 'make run' (it builds first)" >&2; exit 1; }
+[[ "$CONCURRENCY" =~ ^[1-9][0-9]*$ ]] || { echo "CONCURRENCY must be a positive integer (Envoy's --concurrency)" >&2; exit 1; }
+require_free $(sim_ports) "$ENVOY_PORT" "$ADMIN_PORT"
 mkdir -p "$OUT"
+rm -f "$OUT/index.tsv"
 
-wait_ready() {
-  for _ in $(seq 1 150); do
-    if port_open 8004 && port_open 10000 && curl -sf http://127.0.0.1:9901/ready >/dev/null 2>&1; then
-      return 0
-    fi
-    sleep 0.1
-  done
-  echo "Envoy or the simulated servers did not come up; logs in $OUT/" >&2
-  return 1
-}
-
-run_side() {
-  local label=$1 config=$2
-  echo "==> [$label] starting 4 simulated vLLM servers and Envoy ($config)"
-  "$SIM" serve --servers 4 --base-port 8001 >"$OUT/sim-$label.log" 2>&1 &
-  pids+=($!)
-  "$ENVOY" -c "$config" --concurrency 2 -l warn --log-path "$OUT/envoy-$label.log" >/dev/null 2>&1 &
-  pids+=($!)
-  wait_ready
+# One run on a fresh fleet and Envoy: label, config, then the bench arguments.
+run_once() {
+  local label=$1 config=$2 tag=$3
+  shift 3
+  start_fleet "$tag"
+  start_envoy "$tag" "$config" "$CONCURRENCY"
+  require_loopback_only
   sleep 1 # a few metrics scrapes reach kvroute's workers
-  echo "==> [$label] shared-prefix workload: 1024 requests (64 groups x 16, 2048-token system prompts, 128-token questions, 32 output tokens) at $RATE req/s"
-  "$SIM" bench --url http://127.0.0.1:10000 "${WORKLOAD[@]}" --duration 120 --label "$label" --json "$OUT/$label.json" >"$OUT/bench-$label.txt"
-  tail -n +4 "$OUT/bench-$label.txt" | sed 's/^/    /'
+  "$SIM" bench --url "http://127.0.0.1:$ENVOY_PORT" "$@" --label "$label" --json "$OUT/$tag.json" >"$OUT/bench-$tag.txt"
+  grep '^  ' "$OUT/bench-$tag.txt" | sed 's/^/    /' || true
   stop_all
 }
 
-run_side kvroute envoy/envoy.yaml
-run_side round-robin envoy/envoy-round-robin.yaml
+side() {
+  local label=$1 config=$2
+  if [ "$BURST" = 1 ]; then
+    echo "==> [$label] burst: 1024 requests (64 prompts x 16) at 140 req/s, fresh fleet, Envoy --concurrency $CONCURRENCY"
+    run_once "$label" "$config" "$label-burst" "${BURST_WL[@]}"
+    printf 'burst (1024 requests)\tcold\t%s\t%s\t1\t%s\t0\n' "$label" "$CONCURRENCY" "$OUT/$label-burst.json" >>"$OUT/index.tsv"
+  fi
+  echo "==> [$label] steady: 400 prompts x 30 at $RATE req/s for $DURATION s (first $COLD_S s reported as the cold start), fresh fleet, Envoy --concurrency $CONCURRENCY"
+  KVROUTE_BENCH_COLD_S=$COLD_S KVROUTE_BENCH_PHASES_JSON="$OUT/$label-phases.json" \
+    run_once "$label" "$config" "$label-steady" "${STEADY[@]}"
+  for i in 0 1; do
+    local phase=cold
+    [ "$i" = 1 ] && phase=steady
+    printf '400 prompts, %s s\t%s\t%s\t%s\t1\t%s\t%s\n' "$DURATION" "$phase" "$label" "$CONCURRENCY" "$OUT/$label-phases.json" "$i" >>"$OUT/index.tsv"
+  done
+}
+
+side kvroute envoy/envoy.yaml
+side round-robin envoy/envoy-round-robin.yaml
+
+# The steady state alone, for `compare` (its ratio line and the SVG).
+for label in kvroute round-robin; do
+  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); d["runs"]=d["runs"][1:]; json.dump(d,open(sys.argv[2],"w"))' \
+    "$OUT/$label-phases.json" "$OUT/$label-steady-only.json"
+done
 
 echo
-echo "==> kvroute vs round-robin, same Envoy, same simulated fleet (latencies in ms)"
-"$SIM" compare "$OUT/kvroute.json" "$OUT/round-robin.json" --plot "$OUT/report.svg" \
-  --title "shared-prefix at $RATE req/s, 4 x Llama-3.1-8B on H100 (simulated): kvroute vs round-robin"
+echo "==> kvroute vs round-robin, same Envoy (--concurrency $CONCURRENCY), same simulated fleet, fresh each run (TTFT in ms)"
+python3 scripts/live_summary.py "$OUT/index.tsv" | tee "$OUT/summary.md"
+echo
+echo "==> steady state (requests scheduled after the first $COLD_S s)"
+"$SIM" compare "$OUT/kvroute-steady-only.json" "$OUT/round-robin-steady-only.json" --plot "$OUT/report.svg" \
+  --title "shared-prefix, 400 prompts at $RATE req/s, steady state, 4 x Llama-3.1-8B on H100 (simulated), Envoy --concurrency $CONCURRENCY: kvroute vs round-robin"

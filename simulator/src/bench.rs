@@ -3,6 +3,18 @@
 //! (first content chunk), mean inter-token latency, end-to-end latency, errors, the server
 //! that answered (`x-served-by`) and the cached tokens vLLM reported. The JSON has the same
 //! shape as a replay run.
+//!
+//! Two things a live comparison of gateways needs, and how to ask for them:
+//! - **Several gateways** (replicas behind a Service): `--url` takes a comma-separated list;
+//!   each request goes to one of them at random, from a fixed seed and the request's place in
+//!   the workload, so the same workload spreads the same way every run.
+//! - **Cold start and steady state apart**: with `KVROUTE_BENCH_COLD_S=S` and
+//!   `KVROUTE_BENCH_PHASES_JSON=PATH` in the environment, the requests scheduled in the first
+//!   S seconds (the first fill of the caches) and the rest are also reported separately, as
+//!   two more rows and as `{"cold_s": S, "runs": [cold, steady]}` at PATH (the runs are named
+//!   `<label>/cold` and `<label>/steady`, in wall time whatever `--time-scale` says;
+//!   `kvroute-sim compare` reads the file). These are environment variables because the
+//!   command line belongs to `main.rs`.
 
 #![allow(clippy::disallowed_methods)] // the wall-time driver: reading the clock is its job
 
@@ -20,6 +32,8 @@ use crate::report::{Record, RunReport};
 use crate::workload::SimRequest;
 
 struct Outcome {
+    /// The request's place in the workload (its scheduled arrival decides its phase).
+    index: usize,
     server: String,
     start_ms: f64,
     first_ms: f64,
@@ -30,8 +44,36 @@ struct Outcome {
     cached_tokens: u64,
 }
 
-/// Sends `requests` (arrival times in ms from now) to `url` and reports. Requests arriving
-/// after `duration_s` are not sent.
+/// The seed of the spread across several `--url`s (any constant: it only has to be fixed).
+const SPREAD_SEED: u64 = 0x6b76_726f_7574_6531;
+
+/// The gateways to send to: `url` is one `http://host:port` or a comma-separated list.
+pub fn targets(url: &str) -> anyhow::Result<Vec<hyper::Uri>> {
+    let targets = url
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(|u| {
+            let base: hyper::Uri = u.parse().with_context(|| format!("--url {u:?} is not a URL"))?;
+            anyhow::ensure!(
+                base.scheme_str() == Some("http"),
+                "--url {u:?} must be http://host:port (a comma-separated list for several gateways)"
+            );
+            Ok(format!("{}/v1/chat/completions", u.trim_end_matches('/')).parse()?)
+        })
+        .collect::<anyhow::Result<Vec<hyper::Uri>>>()?;
+    anyhow::ensure!(!targets.is_empty(), "--url is empty: give http://host:port");
+    Ok(targets)
+}
+
+/// Which of `n` gateways request `index` goes to: uniform at random, reproducible.
+pub fn spread(index: usize, n: usize) -> usize {
+    debug_assert!(n > 0, "spread over no gateway");
+    (kvroute_core::policy::mix(SPREAD_SEED ^ index as u64) % n.max(1) as u64) as usize
+}
+
+/// Sends `requests` (arrival times in ms from now) to `url` (one gateway or a comma-separated
+/// list, see `targets`) and reports. Requests arriving after `duration_s` are not sent.
 pub async fn bench(
     url: &str,
     model: &str,
@@ -40,9 +82,8 @@ pub async fn bench(
     label: &str,
     progress: impl Fn(u64) + Send + Sync + 'static,
 ) -> anyhow::Result<(RunReport, Vec<String>)> {
-    let base: hyper::Uri = url.parse().with_context(|| format!("--url {url:?} is not a URL"))?;
-    anyhow::ensure!(base.scheme_str() == Some("http"), "--url must be http://host:port");
-    let target: hyper::Uri = format!("{}/v1/chat/completions", url.trim_end_matches('/')).parse()?;
+    let targets = targets(url)?;
+    let phases = PhaseRequest::from_env()?;
     let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(30))
         .build_http();
@@ -54,7 +95,7 @@ pub async fn bench(
         .iter()
         .filter(|r| r.arrival_ms <= duration_s * 1000.0)
         .collect();
-    for r in &chosen {
+    for (index, r) in chosen.iter().enumerate() {
         let body = serde_json::json!({
             "model": model,
             "messages": [{"role": "user", "content": r.prompt_text()}],
@@ -65,14 +106,14 @@ pub async fn bench(
         .to_string();
         let (client, target, outcomes, progress) = (
             client.clone(),
-            target.clone(),
+            targets[spread(index, targets.len())].clone(),
             Arc::clone(&outcomes),
             Arc::clone(&progress),
         );
         let at = Duration::from_secs_f64(r.arrival_ms / 1000.0);
         tasks.spawn(async move {
             tokio::time::sleep_until(tokio::time::Instant::from_std(start + at)).await;
-            let res = tokio::time::timeout(Duration::from_secs(600), one(&client, target, body, start)).await;
+            let res = tokio::time::timeout(Duration::from_secs(600), one(&client, target, body, start, index)).await;
             if let (Ok(Some(o)), Ok(mut all)) = (res, outcomes.lock()) {
                 all.push(o);
                 progress(all.len() as u64);
@@ -88,28 +129,101 @@ pub async fn bench(
         .into_iter()
         .collect();
     let index: BTreeMap<&str, usize> = servers.iter().enumerate().map(|(i, s)| (s.as_str(), i)).collect();
-    let records: Vec<Record> = outcomes
+    let records: Vec<(usize, Record)> = outcomes
         .iter()
-        .map(|o| Record {
-            server: index.get(o.server.as_str()).copied().unwrap_or(0),
-            arrival_ms: o.start_ms,
-            finish_ms: o.end_ms,
-            ttft_ms: o.first_ms - o.start_ms,
-            itl_ms: if o.tokens > 1 {
-                (o.last_ms - o.first_ms) / (o.tokens - 1) as f64
-            } else {
-                0.0
-            },
-            e2e_ms: o.end_ms - o.start_ms,
-            prompt_tokens: o.prompt_tokens,
-            cached_tokens: o.cached_tokens,
-            output_tokens: o.tokens,
-        })
+        .map(|o| (o.index, record(o, index.get(o.server.as_str()).copied().unwrap_or(0))))
         .collect();
+    let arrivals: Vec<f64> = chosen.iter().map(|r| r.arrival_ms).collect();
+    if let Some(p) = phases {
+        let [cold, steady] = split_phases(label, &arrivals, &records, p.cold_s, servers.len());
+        print!("{}", crate::report::table(&[cold.clone(), steady.clone()]));
+        let doc = serde_json::json!({ "cold_s": p.cold_s, "url": url, "servers": servers, "runs": [cold, steady] });
+        std::fs::write(&p.path, serde_json::to_string_pretty(&doc)? + "\n")
+            .with_context(|| format!("cannot write {} (KVROUTE_BENCH_PHASES_JSON)", p.path))?;
+    }
+    let all: Vec<Record> = records.into_iter().map(|(_, r)| r).collect();
     Ok((
-        RunReport::from_records(label, chosen.len(), &records, &[], servers.len()),
+        RunReport::from_records(label, chosen.len(), &all, &[], servers.len()),
         servers,
     ))
+}
+
+fn record(o: &Outcome, server: usize) -> Record {
+    Record {
+        server,
+        arrival_ms: o.start_ms,
+        finish_ms: o.end_ms,
+        ttft_ms: o.first_ms - o.start_ms,
+        itl_ms: if o.tokens > 1 {
+            (o.last_ms - o.first_ms) / (o.tokens - 1) as f64
+        } else {
+            0.0
+        },
+        e2e_ms: o.end_ms - o.start_ms,
+        prompt_tokens: o.prompt_tokens,
+        cached_tokens: o.cached_tokens,
+        output_tokens: o.tokens,
+    }
+}
+
+/// The cold/steady split asked for in the environment (see the module note).
+struct PhaseRequest {
+    cold_s: f64,
+    path: String,
+}
+
+impl PhaseRequest {
+    fn from_env() -> anyhow::Result<Option<PhaseRequest>> {
+        let cold = std::env::var("KVROUTE_BENCH_COLD_S").ok();
+        let path = std::env::var("KVROUTE_BENCH_PHASES_JSON").ok();
+        match (cold, path) {
+            (None, None) => Ok(None),
+            (Some(c), Some(path)) => {
+                let cold_s: f64 = c
+                    .trim()
+                    .parse()
+                    .ok()
+                    .filter(|s: &f64| s.is_finite() && *s > 0.0)
+                    .with_context(|| format!("KVROUTE_BENCH_COLD_S={c:?} must be a positive number of seconds"))?;
+                Ok(Some(PhaseRequest { cold_s, path }))
+            }
+            _ => anyhow::bail!(
+                "set both KVROUTE_BENCH_COLD_S (seconds of cold start) and KVROUTE_BENCH_PHASES_JSON (output file), or neither"
+            ),
+        }
+    }
+}
+
+/// Reports the cold start (requests scheduled in the first `cold_s` seconds) and the steady
+/// state (the rest) apart. `arrivals[i]` is request i's scheduled arrival (ms); `records` are
+/// the completed ones with their index. A request counts as sent (and failed if it has no
+/// record) in the phase its scheduled arrival falls in.
+pub fn split_phases(
+    label: &str,
+    arrivals: &[f64],
+    records: &[(usize, Record)],
+    cold_s: f64,
+    servers: usize,
+) -> [RunReport; 2] {
+    let cold = |i: usize| arrivals.get(i).is_some_and(|&a| a < cold_s * 1000.0);
+    let sent_cold = (0..arrivals.len()).filter(|&i| cold(i)).count();
+    let phase = |want_cold: bool| -> Vec<Record> {
+        records
+            .iter()
+            .filter(|(i, _)| cold(*i) == want_cold)
+            .map(|(_, r)| r.clone())
+            .collect()
+    };
+    [
+        RunReport::from_records(&format!("{label}/cold"), sent_cold, &phase(true), &[], servers),
+        RunReport::from_records(
+            &format!("{label}/steady"),
+            arrivals.len() - sent_cold,
+            &phase(false),
+            &[],
+            servers,
+        ),
+    ]
 }
 
 async fn one(
@@ -117,6 +231,7 @@ async fn one(
     target: hyper::Uri,
     body: String,
     start: Instant,
+    index: usize,
 ) -> Option<Outcome> {
     let ms = || start.elapsed().as_secs_f64() * 1000.0;
     let start_ms = ms();
@@ -173,6 +288,7 @@ async fn one(
         }
     }
     (done && tokens > 0).then(|| Outcome {
+        index,
         server,
         start_ms,
         first_ms: first,
@@ -182,4 +298,89 @@ async fn one(
         prompt_tokens: prompt,
         cached_tokens: cached,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(arrival_ms: f64, ttft_ms: f64, prompt: u64, cached: u64) -> Record {
+        Record {
+            server: 0,
+            arrival_ms,
+            finish_ms: arrival_ms + ttft_ms + 10.0,
+            ttft_ms,
+            itl_ms: 1.0,
+            e2e_ms: ttft_ms + 10.0,
+            prompt_tokens: prompt,
+            cached_tokens: cached,
+            output_tokens: 4,
+        }
+    }
+
+    #[test]
+    fn phases_split_by_scheduled_arrival_and_count_failures_where_they_were_sent() {
+        // Four requests scheduled at 0, 1, 2 and 3 s; the cold start is the first 2 s.
+        // Request 1 failed (no record); request 2 was sent late (its measured start is
+        // before 2 s) but belongs to the steady state by its schedule.
+        let arrivals = [0.0, 1000.0, 2000.0, 3000.0];
+        let records = [
+            (0, rec(0.0, 500.0, 100, 0)),
+            (2, rec(1999.0, 20.0, 100, 90)),
+            (3, rec(3000.0, 40.0, 100, 80)),
+        ];
+        let [cold, steady] = split_phases("kvroute", &arrivals, &records, 2.0, 1);
+        assert_eq!(
+            (cold.policy.as_str(), steady.policy.as_str()),
+            ("kvroute/cold", "kvroute/steady")
+        );
+        assert_eq!((cold.requests, cold.completed, cold.failed), (2, 1, 1));
+        assert_eq!((steady.requests, steady.completed, steady.failed), (2, 2, 0));
+        assert!(cold.prefix_hit_rate < steady.prefix_hit_rate);
+        assert_eq!(steady.prefix_hit_rate, 0.85);
+        assert!(cold.ttft_ms.p95 > steady.ttft_ms.p95);
+    }
+
+    #[test]
+    fn a_cold_start_longer_than_the_run_leaves_the_steady_state_empty() {
+        let [cold, steady] = split_phases("rr", &[0.0, 10.0], &[(0, rec(0.0, 5.0, 10, 0))], 60.0, 1);
+        assert_eq!((cold.requests, cold.completed), (2, 1));
+        assert_eq!((steady.requests, steady.completed, steady.failed), (0, 0, 0));
+    }
+
+    #[test]
+    fn a_url_list_names_every_gateway_and_rejects_what_is_not_http() {
+        let t = targets("http://127.0.0.1:10000, http://127.0.0.1:10001/").unwrap();
+        let t: Vec<String> = t.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            t,
+            [
+                "http://127.0.0.1:10000/v1/chat/completions",
+                "http://127.0.0.1:10001/v1/chat/completions"
+            ]
+        );
+        assert!(targets("https://127.0.0.1:10000").is_err());
+        assert!(targets(" , ").is_err());
+        assert!(targets("http://a:1,not a url").is_err());
+    }
+
+    #[test]
+    fn the_spread_is_reproducible_and_close_to_even() {
+        let n = 10_000;
+        let mut counts = [0usize; 2];
+        for i in 0..n {
+            assert_eq!(spread(i, 2), spread(i, 2));
+            counts[spread(i, 2)] += 1;
+        }
+        // Binomial(10 000, 1/2): 4 800..5 200 is ± 4 standard deviations.
+        assert!((4_800..=5_200).contains(&counts[0]), "{counts:?}");
+        assert!((0..n).all(|i| spread(i, 1) == 0));
+        assert!(
+            (0..n)
+                .map(|i| spread(i, 3))
+                .collect::<std::collections::BTreeSet<_>>()
+                .len()
+                == 3
+        );
+    }
 }
