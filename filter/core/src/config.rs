@@ -133,6 +133,8 @@ pub struct RawShare {
 pub struct RawIndex {
     pub max_memory_bytes: usize,
     pub default_capacity_tokens: u64,
+    /// Correct what the index keeps per server with the cached tokens vLLM reports.
+    pub learn_from_usage: bool,
 }
 
 impl Default for RawConfig {
@@ -247,6 +249,7 @@ impl Default for RawIndex {
             // For the whole Envoy process: workers that share a view split it (each keeps a copy).
             max_memory_bytes: 256 << 20,
             default_capacity_tokens: 400_000,
+            learn_from_usage: true,
         }
     }
 }

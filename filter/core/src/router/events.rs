@@ -136,7 +136,7 @@ impl Router {
             if let Some(slot) = self.table.get(served).map(|e| e.slot) {
                 self.index.record(slot, &record.blocks);
             }
-        } else if let Some(cached) = cached {
+        } else if let (Some(cached), true) = (cached, self.config.index().learn_from_usage) {
             self.learn_from_cached(record, cached);
         }
     }
