@@ -106,14 +106,11 @@ run_case() {
   local args
   args=$(workload_args "$((run - 1))" "$wl") || return 1
   local json="$OUT/runs/$tag.json" phases="$OUT/runs/$tag.phases.json" rc=0
-  if [ "$wl" = steady ]; then
-    # shellcheck disable=SC2086 # word splitting of the workload arguments is intended
-    KVROUTE_BENCH_COLD_S=$COLD_S KVROUTE_BENCH_PHASES_JSON=$phases \
-      "$SIM" bench --url "$url" $args --label "$router" --json "$json" >"$OUT/runs/$tag.txt" 2>"$OUT/runs/$tag.err" || rc=$?
-  else
-    # shellcheck disable=SC2086
-    "$SIM" bench --url "$url" $args --label "$router" --json "$json" >"$OUT/runs/$tag.txt" 2>"$OUT/runs/$tag.err" || rc=$?
-  fi
+  local phases_env=()
+  [ "$wl" = steady ] && phases_env=("KVROUTE_BENCH_COLD_S=$COLD_S" "KVROUTE_BENCH_PHASES_JSON=$phases")
+  # shellcheck disable=SC2086 # word splitting of the workload arguments is intended
+  run_waited "$OUT/runs/$tag.txt" "$OUT/runs/$tag.err" env "${phases_env[@]+"${phases_env[@]}"}" \
+    "$SIM" bench --url "$url" $args --label "$router" --json "$json" || rc=$?
   stop_all
   local name
   name=$(workload_name "$wl")

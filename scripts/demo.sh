@@ -43,7 +43,8 @@ run_once() {
   start_envoy "$tag" "$config" "$CONCURRENCY"
   require_loopback_only
   sleep 1 # a few metrics scrapes reach kvroute's workers
-  "$SIM" bench --url "http://127.0.0.1:$ENVOY_PORT" "$@" --label "$label" --json "$OUT/$tag.json" >"$OUT/bench-$tag.txt"
+  run_waited "$OUT/bench-$tag.txt" /dev/stderr env ${PHASES:+"KVROUTE_BENCH_COLD_S=$COLD_S" "KVROUTE_BENCH_PHASES_JSON=$PHASES"} \
+    "$SIM" bench --url "http://127.0.0.1:$ENVOY_PORT" "$@" --label "$label" --json "$OUT/$tag.json"
   grep '^  ' "$OUT/bench-$tag.txt" | sed 's/^/    /' || true
   stop_all
 }
@@ -52,12 +53,11 @@ side() {
   local label=$1 config=$2
   if [ "$BURST" = 1 ]; then
     echo "==> [$label] burst: 1024 requests (64 prompts x 16) at 140 req/s, fresh fleet, Envoy --concurrency $CONCURRENCY"
-    run_once "$label" "$config" "$label-burst" "${BURST_WL[@]}"
+    PHASES='' run_once "$label" "$config" "$label-burst" "${BURST_WL[@]}"
     printf 'burst (1024 requests)\tcold\t%s\t%s\t1\t%s\t0\n' "$label" "$CONCURRENCY" "$OUT/$label-burst.json" >>"$OUT/index.tsv"
   fi
   echo "==> [$label] steady: 400 prompts x 30 at $RATE req/s for $DURATION s (first $COLD_S s reported as the cold start), fresh fleet, Envoy --concurrency $CONCURRENCY"
-  KVROUTE_BENCH_COLD_S=$COLD_S KVROUTE_BENCH_PHASES_JSON="$OUT/$label-phases.json" \
-    run_once "$label" "$config" "$label-steady" "${STEADY[@]}"
+  PHASES="$OUT/$label-phases.json" run_once "$label" "$config" "$label-steady" "${STEADY[@]}"
   for i in 0 1; do
     local phase=cold
     [ "$i" = 1 ] && phase=steady

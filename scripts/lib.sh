@@ -51,6 +51,21 @@ spawn() {
   pids+=($!)
 }
 
+# Runs "$@" like spawn, with stdout to $1 and stderr to $2, and waits for it. In the
+# background rather than in the foreground so that a signal to this script is handled at
+# once (bash runs traps only between foreground commands) and stops it too.
+run_waited() {
+  local out=$1 err=$2 rc=0 p q keep=()
+  shift 2
+  setsid "$@" >"$out" 2>"$err" </dev/null &
+  p=$!
+  pids+=("$p")
+  wait "$p" || rc=$?
+  for q in "${pids[@]}"; do [ "$q" = "$p" ] || keep+=("$q"); done
+  pids=("${keep[@]+"${keep[@]}"}")
+  return "$rc"
+}
+
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 # Fails unless every port given is free.
