@@ -44,12 +44,12 @@ INDEX="$OUT/index.tsv"
 : >"$INDEX"
 failures=()
 
-# Cases: "router|workers|kind|concurrency" (kind: envoy, rr, smg, replicas).
+# Cases: "id|router|workers|kind|concurrency" (kind: envoy, rr, smg, replicas).
 cases=()
-for c in $CONCURRENCIES; do cases+=("kvroute|$c|envoy|$c"); done
-for c in $CONCURRENCIES; do cases+=("round-robin|$c|rr|$c"); done
-[ "$PEER" = 1 ] && cases+=("smg cache_aware|-|smg|0")
-[ "$REPLICAS" = 1 ] && cases+=("kvroute, 2 Envoy processes|2 x $REPLICA_CONCURRENCY|replicas|$REPLICA_CONCURRENCY")
+for c in $CONCURRENCIES; do cases+=("kvroute-c$c|kvroute|$c|envoy|$c"); done
+for c in $CONCURRENCIES; do cases+=("round-robin-c$c|round-robin|$c|rr|$c"); done
+[ "$PEER" = 1 ] && cases+=("smg|smg cache_aware|-|smg|0")
+[ "$REPLICAS" = 1 ] && cases+=("kvroute-2x$REPLICA_CONCURRENCY|kvroute, 2 Envoy processes|2 x $REPLICA_CONCURRENCY|replicas|$REPLICA_CONCURRENCY")
 
 workload_args() {
   local seed=$1
@@ -82,10 +82,9 @@ PY
 # One run of one case on one workload, on a fresh fleet. Returns non-zero on any failure.
 run_case() {
   local spec=$1 wl=$2 run=$3
-  local router workers kind conc
-  IFS='|' read -r router workers kind conc <<<"$spec"
-  local tag
-  tag="$wl-$(printf '%s' "$router-$workers" | tr -c 'a-zA-Z0-9-' '_')-r$run"
+  local id router workers kind conc
+  IFS='|' read -r id router workers kind conc <<<"$spec"
+  local tag="$wl-$id-r$run"
   local url="http://127.0.0.1:$ENVOY_PORT"
   start_fleet "$tag" || return 1
   case $kind in
@@ -132,7 +131,7 @@ for run in $(seq 1 "$RUNS"); do
   for wl in $WORKLOADS; do
     for spec in "${cases[@]}"; do
       n=$((n + 1))
-      IFS='|' read -r router workers _ _ <<<"$spec"
+      IFS='|' read -r _ router workers _ _ <<<"$spec"
       echo "==> [$n/$total, $((SECONDS - started)) s] run $run, $wl, $router, Envoy workers: $workers"
       if ! run_case "$spec" "$wl" "$run"; then
         stop_all
