@@ -75,6 +75,7 @@ fn router(policy: PolicyKind, budget: usize) -> Router {
         index: RawIndex {
             max_memory_bytes: budget,
             default_capacity_tokens: 100_000,
+            ..RawIndex::default()
         },
         ..RawConfig::default()
     };
