@@ -281,6 +281,12 @@ pub struct TopologyArgs {
     /// The workers' tick (flushing and applying peer events and snapshots), in ms.
     #[arg(long, default_value_t = 10.0)]
     tick_ms: f64,
+    /// Replicas exchange peer events too (a modelled cross-replica protocol).
+    #[arg(long)]
+    share_gateways: bool,
+    /// With --share-gateways: ms from a replica's flush until the other replicas have its events.
+    #[arg(long, default_value_t = 20.0)]
+    gateway_delay_ms: f64,
 }
 
 impl TopologyArgs {
@@ -290,11 +296,14 @@ impl TopologyArgs {
             "--gateways and --workers must be between 1 and 64"
         );
         anyhow::ensure!(self.tick_ms > 0.0, "--tick-ms must be positive");
+        anyhow::ensure!(self.gateway_delay_ms >= 0.0, "--gateway-delay-ms must not be negative");
         Ok(Topology {
             gateways: self.gateways,
             workers: self.workers,
             share_workers: !self.no_share,
             tick_ms: self.tick_ms,
+            share_gateways: self.share_gateways,
+            gateway_delay_ms: self.gateway_delay_ms,
         })
     }
 }

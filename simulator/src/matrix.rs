@@ -15,7 +15,7 @@
 use std::fmt::Write;
 
 use crate::policies::PolicyName;
-use crate::replay::{run, ReplaySetup};
+use crate::replay::{run, ReplaySetup, Topology};
 use crate::report::RunReport;
 use crate::workload::SimRequest;
 
@@ -24,6 +24,8 @@ pub struct Cell {
     pub workload: String,
     pub load_pct: u32,
     pub arrival_rate: f64,
+    /// The gateway topology every policy ran under (see `replay::topology`).
+    pub topology: String,
     /// `replicas[k][i]`: replica k, policy i (the same policy order in every replica).
     pub replicas: Vec<Vec<RunReport>>,
 }
@@ -104,8 +106,13 @@ pub fn perturbed(requests: &[SimRequest], k: u64) -> Vec<SimRequest> {
     out
 }
 
-/// Requests per second the fleet admits with everything offered at t = 0.
+/// Requests per second the fleet admits with everything offered at t = 0, behind one router:
+/// capacity is the fleet's, so every topology is loaded at the same arrival rate.
 pub fn capacity(setup: &ReplaySetup, requests: &[SimRequest]) -> f64 {
+    let setup = ReplaySetup {
+        topology: Topology::default(),
+        ..setup.clone()
+    };
     let burst: Vec<SimRequest> = requests
         .iter()
         .map(|r| SimRequest {
@@ -113,7 +120,7 @@ pub fn capacity(setup: &ReplaySetup, requests: &[SimRequest]) -> f64 {
             ..r.clone()
         })
         .collect();
-    let r = run(setup, PolicyName::LeastRequest, &burst, &|_| {});
+    let r = run(&setup, PolicyName::LeastRequest, &burst, &|_| {});
     let last_first_token_s = r.ttft_cdf_ms.last().copied().unwrap_or(0.0) / 1000.0;
     r.completed as f64 / last_first_token_s.max(1e-9)
 }
@@ -176,6 +183,7 @@ pub fn cells(
             workload: name.to_string(),
             load_pct: *load,
             arrival_rate: rate,
+            topology: setup.topology.to_string(),
             replicas: by_replica.into_iter().map(|(_, runs)| runs).collect(),
         });
     }
@@ -190,10 +198,11 @@ pub fn markdown(cells: &[Cell]) -> String {
     for c in cells {
         let _ = writeln!(
             s,
-            "\n#### {} at {}% load ({:.2} req/s; medians of {} replicas)\n",
+            "\n#### {} at {}% load ({:.2} req/s; {}; medians of {} replicas)\n",
             c.workload,
             c.load_pct,
             c.arrival_rate,
+            c.topology,
             c.replicas.len()
         );
         let _ = writeln!(

@@ -75,6 +75,7 @@ fn with_topology(workers: usize, share: bool, tick_ms: f64) -> ReplaySetup {
             workers,
             share_workers: share,
             tick_ms,
+            ..Topology::default()
         },
         ..setup(4)
     }
@@ -101,6 +102,43 @@ fn workers_that_share_at_once_route_exactly_like_one_router() {
         apart.prefix_hit_rate < one.prefix_hit_rate - 0.02,
         "unshared {} vs one {}",
         apart.prefix_hit_rate,
+        one.prefix_hit_rate
+    );
+}
+
+#[test]
+fn replicas_that_exchange_peer_events_agree_where_isolated_replicas_do_not() {
+    // 4 replicas share nothing but what the modelled cross-replica exchange carries; even
+    // 50 ms late it keeps one prefix in one place, where isolated replicas spread it.
+    let p = GenParams {
+        rate: 40.0,
+        groups: 32,
+        prompts_per_group: 6,
+        ..GenParams::defaults(Generator::SharedPrefix)
+    };
+    let reqs = generate(Generator::SharedPrefix, &p);
+    let replicas = |share: bool| ReplaySetup {
+        topology: Topology {
+            gateways: 4,
+            share_gateways: share,
+            gateway_delay_ms: 50.0,
+            ..Topology::default()
+        },
+        ..setup(4)
+    };
+    let one = run(&setup(4), PolicyName::Kvroute, &reqs, &|_| {});
+    let apart = run(&replicas(false), PolicyName::Kvroute, &reqs, &|_| {});
+    let shared = run(&replicas(true), PolicyName::Kvroute, &reqs, &|_| {});
+    assert!(
+        shared.prefix_hit_rate > apart.prefix_hit_rate + 0.02,
+        "shared {} vs isolated {}",
+        shared.prefix_hit_rate,
+        apart.prefix_hit_rate
+    );
+    assert!(
+        shared.prefix_hit_rate >= one.prefix_hit_rate - 0.02,
+        "shared {} vs one router {}",
+        shared.prefix_hit_rate,
         one.prefix_hit_rate
     );
 }

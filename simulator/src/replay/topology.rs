@@ -11,7 +11,11 @@
 //!   applies its replica's snapshot at its own tick after it was taken.
 //! - Sharing: with `share_workers`, the workers of one replica exchange peer events
 //!   (`kvroute_core::peer`) as the filter does: a worker flushes its events at its next tick,
-//!   and a peer applies them at its first tick after that. Replicas never share.
+//!   and a peer applies them at its first tick after that.
+//! - Replicas share nothing unless `share_gateways` models a cross-replica exchange of the
+//!   same peer events: a replica's events leave at the sender's flush and reach every other
+//!   replica `gateway_delay_ms` later (one network hop, batching included), where each worker
+//!   applies them at its next tick. Nothing else crosses: each replica keeps its own scrapes.
 
 use kvroute_core::{Config, PeerEvent};
 
@@ -25,6 +29,10 @@ pub struct Topology {
     pub share_workers: bool,
     /// The workers' tick: when they flush and apply peer events and apply snapshots.
     pub tick_ms: f64,
+    /// Replicas exchange peer events too (a modelled cross-replica protocol).
+    pub share_gateways: bool,
+    /// How long a flushed event takes to reach another replica.
+    pub gateway_delay_ms: f64,
 }
 
 impl Default for Topology {
@@ -34,7 +42,26 @@ impl Default for Topology {
             workers: 1,
             share_workers: true,
             tick_ms: 10.0,
+            share_gateways: false,
+            gateway_delay_ms: 0.0,
         }
+    }
+}
+
+impl std::fmt::Display for Topology {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.routers() == 1 {
+            return f.write_str("one router");
+        }
+        write!(f, "{} gateways × {} workers", self.gateways, self.workers)?;
+        if self.workers > 1 {
+            let how = if self.share_workers { "shared" } else { "unshared" };
+            write!(f, ", workers {how} at a {} ms tick", self.tick_ms)?;
+        }
+        if self.gateways > 1 && self.share_gateways {
+            write!(f, ", replicas shared after {} ms", self.gateway_delay_ms)?;
+        }
+        Ok(())
     }
 }
 
@@ -61,19 +88,34 @@ impl Topology {
         phase + k * self.tick_ms
     }
 
-    /// When a peer event `from` makes at `t` reaches `to`: `from`'s next flush, then `to`'s
-    /// next tick after it.
+    /// When a peer event `from` makes at `t` reaches `to`: `from`'s next flush, the hop to
+    /// another replica if `to` is on one, then `to`'s next tick after it.
     pub fn peer_delivery_ms(&self, from: usize, to: usize, t: f64) -> f64 {
-        let flushed = self.next_tick_ms(from, t);
+        let mut flushed = self.next_tick_ms(from, t);
+        if self.gateway_of(from) != self.gateway_of(to) {
+            flushed += self.gateway_delay_ms;
+        }
         self.next_tick_ms(to, flushed + 1e-6)
     }
 
-    /// Peers of `router` that receive its events (none unless sharing).
+    /// Peers of `router` that receive its events: its replica's other workers when workers
+    /// share, every other replica's routers when replicas share.
     pub fn peers(&self, router: usize) -> impl Iterator<Item = usize> + '_ {
         let w = self.workers.max(1);
         let g = self.gateway_of(router);
-        let share = self.share_workers && w > 1;
-        (g * w..(g + 1) * w).filter(move |r| share && *r != router)
+        let workers = self.share_workers && w > 1;
+        let replicas = self.share_gateways && self.gateways > 1;
+        (0..self.routers()).filter(move |r| *r != router && if self.gateway_of(*r) == g { workers } else { replicas })
+    }
+
+    /// `router`'s peer origin: unique among all routers it may exchange events with.
+    pub fn origin(&self, router: usize) -> u32 {
+        let local = if self.share_gateways {
+            router
+        } else {
+            router % self.workers.max(1)
+        };
+        1 + local as u32
     }
 }
 
@@ -104,7 +146,7 @@ impl Routers {
             .map(|r| {
                 let mut p = policy.build(servers, capacity_blocks, seed.wrapping_add(r as u64), config, split);
                 if topology.peers(r).next().is_some() {
-                    p.share_with_peers(1 + (r % topology.workers.max(1)) as u32);
+                    p.share_with_peers(topology.origin(r));
                 }
                 p
             })
@@ -157,6 +199,7 @@ mod tests {
             workers: 4,
             share_workers: true,
             tick_ms: 10.0,
+            ..Topology::default()
         };
         assert_eq!(t.next_tick_ms(0, 0.0), 1.25);
         assert_eq!(t.next_tick_ms(3, 0.0), 8.75);
@@ -174,5 +217,16 @@ mod tests {
             ..t
         };
         assert_eq!(alone.peers(5).count(), 0);
+        let replicas = Topology {
+            share_gateways: true,
+            gateway_delay_ms: 20.0,
+            ..t
+        };
+        assert_eq!(replicas.peers(5).count(), 7, "every other router");
+        assert_ne!(replicas.origin(1), replicas.origin(5), "origins unique across replicas");
+        let near = replicas.peer_delivery_ms(0, 1, 0.0);
+        let far = replicas.peer_delivery_ms(0, 5, 0.0);
+        assert!((21.25..=31.25).contains(&far), "a flush, 20 ms, a tick: {far}");
+        assert!(near < far);
     }
 }
