@@ -71,6 +71,28 @@ pub fn dispatch_get(cluster: &str, authority: &str, path: &str, route_to: &str, 
     hostcalls::dispatch_http_call(cluster, headers, None, vec![], Duration::from_millis(timeout_ms))
 }
 
+/// POSTs `body` to `route_to` through `cluster` (an `override_host` cluster) with the
+/// replicas' shared secret.
+pub fn dispatch_post(
+    cluster: &str,
+    route_to: &str,
+    path: &str,
+    secret: &str,
+    body: &[u8],
+    timeout_ms: u64,
+) -> HostResult<u32> {
+    let headers = vec![
+        (":method", "POST"),
+        (":path", path),
+        (":authority", route_to),
+        (":scheme", "http"),
+        ("content-type", "application/x-protobuf"),
+        (crate::DESTINATION_HEADER, route_to),
+        (crate::PEER_SECRET_HEADER, secret),
+    ];
+    hostcalls::dispatch_http_call(cluster, headers, Some(body), vec![], Duration::from_millis(timeout_ms))
+}
+
 pub fn set_tick_period_ms(ms: u64) -> HostResult<()> {
     hostcalls::set_tick_period(Duration::from_millis(ms))
 }

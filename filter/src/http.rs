@@ -25,7 +25,11 @@ const TAIL_BYTES: usize = 4096;
 enum Phase {
     PassThrough,
     Buffering(ApiKind),
-    Routed { request_id: u64 },
+    Routed {
+        request_id: u64,
+    },
+    /// Another gateway replica forwarding its placements (`share.replicas.path`).
+    PeerBatch,
 }
 
 pub struct Http {
@@ -134,6 +138,60 @@ impl Http {
 }
 
 impl Http {
+    /// A request to `share.replicas.path` is another replica's batch, answered here and never
+    /// sent upstream: 403 without the shared secret; otherwise its body is buffered.
+    fn peer_batch_headers(&mut self, shared: &Shared, headers: &Headers) -> Option<Action> {
+        let router = shared.router.try_borrow().ok()?;
+        let replicas = router.config().share().replicas.as_ref()?;
+        let path = headers.text(":path")?;
+        if path.split('?').next() != Some(replicas.path.as_str()) {
+            return None;
+        }
+        let secret = headers.get(crate::PEER_SECRET_HEADER).unwrap_or_default();
+        let post = headers.text(":method") == Some("POST");
+        if !post || !same_secret(secret, replicas.secret.as_bytes()) {
+            shared.stats.replica_batches_refused.inc();
+            let _ = host::send_local_response(403, vec![], b"not a kvroute replica\n");
+            return Some(Action::Pause);
+        }
+        self.phase = Phase::PeerBatch;
+        Some(Action::Pause)
+    }
+
+    fn peer_batch_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        let Some(shared) = self.shared.clone() else {
+            return Action::Continue;
+        };
+        let max = shared
+            .router
+            .try_borrow()
+            .ok()
+            .and_then(|r| r.config().share().replicas.as_ref().map(|p| p.max_body_bytes));
+        if body_size > max.unwrap_or(0) {
+            let _ = host::send_local_response(413, vec![], b"batch too large\n");
+            return Action::Pause;
+        }
+        if !end_of_stream {
+            return Action::Pause;
+        }
+        self.phase = Phase::PassThrough;
+        let taken = host::buffer(BufferType::HttpRequestBody, 0, body_size)
+            .ok()
+            .and_then(|body| crate::replicas::take_forwarded(&body, host::now()));
+        let (status, body): (u32, &[u8]) = match taken {
+            Some(n) => {
+                shared.stats.replica_events.add(n as u64);
+                (204, b"")
+            }
+            None => {
+                shared.stats.replica_batches_refused.inc();
+                (400, b"not a kvroute batch\n")
+            }
+        };
+        let _ = host::send_local_response(status, vec![], body);
+        Action::Pause
+    }
+
     /// The destination header could not be checked or removed: refuse rather than risk a
     /// client choosing the upstream.
     fn refuse_unsanitised(&self) -> Action {
@@ -175,6 +233,11 @@ fn tenant_key(value: &[u8]) -> String {
     }
 }
 
+/// Compares secrets in time that does not depend on where they first differ.
+fn same_secret(given: &[u8], expected: &[u8]) -> bool {
+    given.len() == expected.len() && given.iter().zip(expected).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+}
+
 impl Context for Http {}
 
 impl HttpContext for Http {
@@ -194,6 +257,9 @@ impl HttpContext for Http {
         let Some(shared) = self.shared.clone() else {
             return Action::Continue;
         };
+        if let Some(action) = self.peer_batch_headers(&shared, &headers) {
+            return action;
+        }
         let kind = headers.text(":path").and_then(ApiKind::from_path);
         let (Some("POST"), Some(kind)) = (headers.text(":method"), kind) else {
             shared.stats.passthrough.inc();
@@ -224,6 +290,9 @@ impl HttpContext for Http {
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if self.phase == Phase::PeerBatch {
+            return self.peer_batch_body(body_size, end_of_stream);
+        }
         let Phase::Buffering(kind) = self.phase else {
             return Action::Continue;
         };

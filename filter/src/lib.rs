@@ -8,6 +8,7 @@ pub mod host;
 pub mod http;
 pub mod mesh;
 pub mod peers;
+pub mod replicas;
 pub mod scraper;
 pub mod snapshot;
 pub mod stats;
@@ -23,6 +24,8 @@ use crate::worker::Worker;
 
 /// The header Envoy's `override_host` / `ORIGINAL_DST` cluster reads.
 pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
+/// The header that carries the replicas' shared secret on forwarded placements.
+pub const PEER_SECRET_HEADER: &str = "x-kvroute-peer-secret";
 /// The `root_id` that makes a root context the scraping service.
 pub const SCRAPER_ROOT_ID: &str = "kvroute.scraper";
 

@@ -35,7 +35,7 @@ use proxy_wasm::types::Status;
 use crate::host;
 
 const MEMBERS_KEY: &str = "kvroute.mesh.members";
-const HEAD_KEY: &str = "kvroute.mesh.head";
+pub(crate) const HEAD_KEY: &str = "kvroute.mesh.head";
 /// Workers of one process that can share (origins above it do not join).
 pub const MAX_PEERS: u64 = 256;
 /// Segments kept readable: a reader more than this many segments behind loses events.
@@ -43,11 +43,11 @@ const SLOTS: u64 = 1024;
 /// How long a reader waits for a reserved segment to be written before skipping it.
 const UNWRITTEN_WAIT_MS: u64 = 100;
 /// A worker with nothing to say still writes a segment this often, so peers know it lives.
-const HEARTBEAT_MS: u64 = 1000;
+pub(crate) const HEARTBEAT_MS: u64 = 1000;
 /// Segments a reader reads in one tick at most (it catches up over the next ticks).
 const MAX_READ_PER_TICK: u64 = 256;
 
-fn slot_key(segment: u64) -> String {
+pub(crate) fn slot_key(segment: u64) -> String {
     format!("kvroute.mesh.seg.{}", segment % SLOTS)
 }
 
@@ -175,12 +175,63 @@ pub struct Mesh {
     origin: u32,
     nonce: u64,
     last_write_ms: u64,
-    /// The next segment number this worker reads.
+    cursor: Cursor,
+    last_members_read_ms: u64,
+    peers: BTreeMap<u32, Peer>,
+}
+
+/// Where a reader is in the process's log.
+#[derive(Debug, Default)]
+pub struct Cursor {
+    /// The next segment number to read (`None` before the first read).
     next: Option<u64>,
     /// Since when the segment `next` was found reserved but not written.
     unwritten_since: Option<u64>,
-    last_members_read_ms: u64,
-    peers: BTreeMap<u32, Peer>,
+}
+
+impl Cursor {
+    /// The segments written since the last call, in order, and how many were lost
+    /// (overwritten before this reader came, or reserved and never written).
+    pub fn read_new(&mut self, now: Millis) -> (Vec<Segment>, u64) {
+        let (mut out, mut lost) = (Vec::new(), 0);
+        let head = read_u64(HEAD_KEY).unwrap_or(0);
+        // First call: start after what is already there (older events are history).
+        let mut next = *self.next.get_or_insert(head + 1);
+        if head + 1 > next + SLOTS {
+            lost += head + 1 - SLOTS - next;
+            next = head + 1 - SLOTS;
+        }
+        let last = head.min(next + MAX_READ_PER_TICK - 1);
+        while next <= last {
+            match read_segment(next) {
+                Some(segment) => {
+                    lost += segment.number - next;
+                    next = segment.number + 1;
+                    self.unwritten_since = None;
+                    out.push(segment);
+                }
+                None => {
+                    let since = *self.unwritten_since.get_or_insert(now.0);
+                    if now.0.saturating_sub(since) < UNWRITTEN_WAIT_MS {
+                        break;
+                    }
+                    lost += 1;
+                    next += 1;
+                    self.unwritten_since = None;
+                }
+            }
+        }
+        self.next = Some(next);
+        (out, lost)
+    }
+}
+
+/// Segment `number`, or a later one that overwrote its slot; `None` when it is reserved
+/// but not written yet (the slot still holds an older one).
+fn read_segment(number: u64) -> Option<Segment> {
+    let bytes = host::shared_data(&slot_key(number)).ok().flatten()?;
+    let segment = Segment::decode(bytes.as_slice()).ok()?;
+    (segment.number >= number).then_some(segment)
 }
 
 impl Mesh {
@@ -190,8 +241,7 @@ impl Mesh {
             origin: claim_origin()?,
             nonce: host::now_nanos() | 1,
             last_write_ms: 0,
-            next: None,
-            unwritten_since: None,
+            cursor: Cursor::default(),
             last_members_read_ms: 0,
             peers: BTreeMap::new(),
         })
@@ -223,32 +273,11 @@ impl Mesh {
     /// What the peers published since the last call.
     pub fn receive(&mut self, now: Millis, peer_timeout_ms: u64) -> Received {
         let mut rx = Received::default();
-        let head = read_u64(HEAD_KEY).unwrap_or(0);
-        // First call: start after what is already there (older events are history).
-        let mut next = *self.next.get_or_insert(head + 1);
-        if head + 1 > next + SLOTS {
-            rx.lost += head + 1 - SLOTS - next;
-            next = head + 1 - SLOTS;
+        let (segments, lost) = self.cursor.read_new(now);
+        rx.lost = lost;
+        for segment in segments {
+            self.apply(segment, now, &mut rx);
         }
-        let last = head.min(next + MAX_READ_PER_TICK - 1);
-        while next <= last {
-            match self.read_segment(next, now, &mut rx) {
-                Some(done) => {
-                    next = done + 1;
-                    self.unwritten_since = None;
-                }
-                None => {
-                    let since = *self.unwritten_since.get_or_insert(now.0);
-                    if now.0.saturating_sub(since) < UNWRITTEN_WAIT_MS {
-                        break;
-                    }
-                    rx.lost += 1;
-                    next += 1;
-                    self.unwritten_since = None;
-                }
-            }
-        }
-        self.next = Some(next);
         rx.gone = self.expire(now, peer_timeout_ms);
         if rx.origin_taken {
             if let Some(origin) = claim_origin() {
@@ -275,21 +304,6 @@ impl Mesh {
         gone
     }
 
-    /// Reads segment `number`: `Some(n)` when segment `n ≥ number` was read (`n > number`
-    /// when the slot was already overwritten: the ones between are lost), `None` when it
-    /// is reserved but not written yet.
-    fn read_segment(&mut self, number: u64, now: Millis, rx: &mut Received) -> Option<u64> {
-        let bytes = host::shared_data(&slot_key(number)).ok().flatten()?;
-        let segment = Segment::decode(bytes.as_slice()).ok()?;
-        if segment.number < number {
-            return None;
-        }
-        rx.lost += segment.number - number;
-        let read = segment.number;
-        self.apply(segment, now, rx);
-        Some(read)
-    }
-
     fn apply(&mut self, segment: Segment, now: Millis, rx: &mut Received) {
         if segment.origin == self.origin {
             rx.origin_taken |= segment.nonce != self.nonce;
@@ -306,7 +320,7 @@ impl Mesh {
     }
 }
 
-fn read_u64(key: &str) -> Option<u64> {
+pub(crate) fn read_u64(key: &str) -> Option<u64> {
     match host::shared_data(key) {
         Ok(Some(bytes)) => bytes.try_into().ok().map(u64::from_le_bytes),
         _ => None,
@@ -314,7 +328,7 @@ fn read_u64(key: &str) -> Option<u64> {
 }
 
 /// Adds one to a shared counter and returns the new value (compare-and-swap, retried).
-fn increment(key: &str) -> Option<u64> {
+pub(crate) fn increment(key: &str) -> Option<u64> {
     for _ in 0..64 {
         let (value, cas) = host::shared_data_cas(key).ok()?;
         let Some(cas) = cas else {
@@ -380,8 +394,7 @@ mod tests {
             origin: 1,
             nonce: 9,
             last_write_ms: 0,
-            next: None,
-            unwritten_since: None,
+            cursor: Cursor::default(),
             last_members_read_ms: 0,
             peers: BTreeMap::new(),
         }

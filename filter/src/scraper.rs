@@ -4,7 +4,9 @@
 //! with the destination header naming that endpoint, and a timeout below the interval. It
 //! feeds results into its own `Router`, whose health state machine decides active health,
 //! and publishes a versioned snapshot into shared data when a round completes (or at the
-//! next tick if some answer never came).
+//! next tick if some answer never came). With `share.replicas`, it also forwards this
+//! process's placements to the other gateway replicas every `share.replicas.interval_ms`
+//! (see `mesh::Forwarder`).
 
 use std::collections::BTreeMap;
 
@@ -14,6 +16,7 @@ use prost::Message;
 use proxy_wasm::types::{BufferType, LogLevel};
 
 use crate::host;
+use crate::replicas::{init_replica_nonce, Forwarder};
 use crate::snapshot::{EndpointSnap, MetricsSnap, Snapshot, SNAPSHOT_KEY, VERSION_KEY};
 use crate::stats::ScrapeStats;
 
@@ -23,11 +26,28 @@ pub struct Scraper {
     version: u64,
     dirty: bool,
     stats: ScrapeStats,
+    /// Forwards this process's placements to the other gateway replicas, when configured.
+    forwarder: Option<(Forwarder, u64)>,
+    /// Calls to other replicas in flight (their answers are only counted).
+    forwards: BTreeMap<u32, ()>,
+    last_scrape: Millis,
 }
 
 impl Scraper {
     pub fn new(config: Config) -> Scraper {
-        let interval = config.scrape().interval_ms;
+        let replicas = config.share().replicas.as_ref();
+        let interval = replicas.map_or(config.scrape().interval_ms, |r| {
+            r.interval_ms.min(config.scrape().interval_ms)
+        });
+        let forwarder = replicas
+            .and_then(|_| init_replica_nonce())
+            .map(|nonce| (Forwarder::default(), nonce));
+        if replicas.is_some() && forwarder.is_none() {
+            host::log(
+                LogLevel::Error,
+                "cannot name this replica in shared data; not forwarding to the other replicas",
+            );
+        }
         if host::set_tick_period_ms(interval).is_err() {
             host::log(
                 LogLevel::Error,
@@ -40,11 +60,53 @@ impl Scraper {
             version: 0,
             dirty: true,
             stats: ScrapeStats::define(),
+            forwarder,
+            forwards: BTreeMap::new(),
+            last_scrape: Millis(0),
+        }
+    }
+
+    /// POSTs this process's new placements to every replica listed (each drops its own).
+    fn forward(&mut self, now: Millis) {
+        let Some((forwarder, nonce)) = self.forwarder.as_mut() else {
+            return;
+        };
+        let Some(replicas) = self.router.config().share().replicas.clone() else {
+            return;
+        };
+        let Some(body) = forwarder.collect(*nonce, now) else {
+            return;
+        };
+        for peer in &replicas.peers {
+            match host::dispatch_post(
+                &replicas.cluster,
+                peer,
+                &replicas.path,
+                &replicas.secret,
+                &body,
+                replicas.interval_ms.max(200),
+            ) {
+                Ok(token) => {
+                    self.forwards.insert(token, ());
+                }
+                Err(status) => {
+                    self.stats.forward_failure.inc();
+                    host::log(
+                        LogLevel::Debug,
+                        &format!("cannot forward to replica {peer}: {status:?}"),
+                    );
+                }
+            }
         }
     }
 
     pub fn on_tick(&mut self) {
         let now = host::now();
+        self.forward(now);
+        if now.since(self.last_scrape) + 5 < self.router.config().scrape().interval_ms {
+            return;
+        }
+        self.last_scrape = now;
         if self.dirty || !self.pending.is_empty() {
             // Answers still missing are timeouts Envoy will report; publish what we have.
             self.publish(now);
@@ -75,6 +137,13 @@ impl Scraper {
     }
 
     pub fn on_http_call_response(&mut self, token: u32, body_size: usize) {
+        if self.forwards.remove(&token).is_some() {
+            let status = host::call_response_header(":status").ok().flatten();
+            if status.as_deref() != Some(b"204") {
+                self.stats.forward_failure.inc();
+            }
+            return;
+        }
         let Some(id) = self.pending.remove(&token) else { return };
         let now = host::now();
         let max = self.router.config().scrape().max_bytes;

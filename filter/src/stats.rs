@@ -71,6 +71,8 @@ pub struct RequestStats {
     pub peers_gone: Metric,
     pub usage_reported: Metric,
     pub usage_missing: Metric,
+    pub replica_events: Metric,
+    pub replica_batches_refused: Metric,
     per_endpoint: RefCell<BTreeMap<String, Metric>>,
 }
 
@@ -100,6 +102,8 @@ impl RequestStats {
             peers_gone: c("mesh.peers_gone"),
             usage_reported: c("responses.usage_reported"),
             usage_missing: c("responses.usage_missing"),
+            replica_events: c("replicas.events_taken"),
+            replica_batches_refused: c("replicas.batches_refused"),
             per_endpoint: RefCell::new(BTreeMap::new()),
         }
     }
@@ -127,6 +131,7 @@ impl RequestStats {
 /// The scraping service's stats.
 #[derive(Debug, Default)]
 pub struct ScrapeStats {
+    pub forward_failure: Metric,
     pub success: Metric,
     pub failure: Metric,
     pub healthy_endpoints: Metric,
@@ -136,6 +141,7 @@ pub struct ScrapeStats {
 impl ScrapeStats {
     pub fn define() -> ScrapeStats {
         ScrapeStats {
+            forward_failure: Metric::define(MetricType::Counter, "kvroute.replicas.forward_failure"),
             success: Metric::define(MetricType::Counter, "kvroute.scrape.success"),
             failure: Metric::define(MetricType::Counter, "kvroute.scrape.failure"),
             healthy_endpoints: Metric::define(MetricType::Gauge, "kvroute.scrape.healthy_endpoints"),

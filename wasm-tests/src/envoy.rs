@@ -59,20 +59,33 @@ impl Envoy {
         workers: u32,
         edit: impl Fn(String) -> String,
     ) -> Result<Envoy, String> {
+        Self::start_listening(config, pool, workers, None, edit)
+    }
+
+    /// Like `start_workers`, with the main listener on `listen` (a port chosen before the
+    /// config is written, for configs that must name it) when given.
+    pub fn start_listening(
+        config: &str,
+        pool: &[u16],
+        workers: u32,
+        listen: Option<u16>,
+        edit: impl Fn(String) -> String,
+    ) -> Result<Envoy, String> {
         let path = repo_root().join("envoy").join(config);
         let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        Self::start_with(text, pool, workers, edit)
+        Self::start_with(text, pool, workers, listen, edit)
     }
 
     /// Like `start`, from config text already in hand.
     pub fn start_text(text: String, pool: &[u16], edit: impl Fn(String) -> String) -> Result<Envoy, String> {
-        Self::start_with(text, pool, 2, edit)
+        Self::start_with(text, pool, 2, None, edit)
     }
 
     fn start_with(
         mut text: String,
         pool: &[u16],
         workers: u32,
+        listen: Option<u16>,
         edit: impl Fn(String) -> String,
     ) -> Result<Envoy, String> {
         let root = repo_root();
@@ -85,7 +98,8 @@ impl Envoy {
         if !root.join("dist/kvroute.wasm").exists() {
             return Err("no dist/kvroute.wasm: run `make build-wasm`".into());
         }
-        let (port, port2, port3, admin) = (free_port(), free_port(), free_port(), free_port());
+        let port = listen.unwrap_or_else(free_port);
+        let (port2, port3, admin) = (free_port(), free_port(), free_port());
         for (i, p) in pool.iter().enumerate() {
             let old = 8001 + i;
             text = text.replace(&format!("127.0.0.1:{old}"), &format!("127.0.0.1:{p}"));

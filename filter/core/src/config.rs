@@ -126,6 +126,38 @@ pub struct RawShare {
     pub tick_ms: u64,
     /// A peer silent this long is gone: its requests' load is released.
     pub peer_timeout_ms: u64,
+    /// Gateway replicas (other Envoy processes) to exchange the same events with; off when
+    /// absent.
+    pub replicas: Option<RawReplicas>,
+}
+
+/// How a gateway forwards its workers' events to the other replicas and takes theirs:
+/// the scraping service POSTs them through `cluster` (an `override_host` cluster listing
+/// the replicas' peer listeners) to `path`, which the filter answers locally.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawReplicas {
+    /// Every replica's peer listener, `host:port` (this one's may be listed too).
+    pub peers: Vec<String>,
+    pub cluster: String,
+    pub path: String,
+    /// Sent in `x-kvroute-peer-secret`; a request to `path` without it gets 403.
+    pub secret: String,
+    pub interval_ms: u64,
+    pub max_body_bytes: usize,
+}
+
+impl Default for RawReplicas {
+    fn default() -> Self {
+        Self {
+            peers: Vec::new(),
+            cluster: "kvroute_gateways".into(),
+            path: "/kvroute/v1/peer-events".into(),
+            secret: String::new(),
+            interval_ms: 20,
+            max_body_bytes: 4 << 20,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -239,6 +271,7 @@ impl Default for RawShare {
             workers: true,
             tick_ms: 2,
             peer_timeout_ms: 5000,
+            replicas: None,
         }
     }
 }

@@ -92,9 +92,45 @@ fn sharing_between_workers_is_on_by_default_and_its_timings_are_checked() {
     let c = Config::from_json(b"").unwrap();
     assert!(c.share().workers);
     assert_eq!(c.share().tick_ms, 2);
-    assert_eq!(parse(r#"{"share": {"tick_ms": 0}}"#).unwrap_err().field, "share.tick_ms");
+    assert_eq!(
+        parse(r#"{"share": {"tick_ms": 0}}"#).unwrap_err().field,
+        "share.tick_ms"
+    );
     let e = parse(r#"{"share": {"tick_ms": 200, "peer_timeout_ms": 1500}}"#).unwrap_err();
     assert_eq!(e.field, "share.peer_timeout_ms");
     assert!(e.message.contains("10 × share.tick_ms"), "{e}");
     assert!(!parse(r#"{"share": {"workers": false}}"#).unwrap().share().workers);
+}
+
+#[test]
+fn replicas_need_peers_and_a_real_secret() {
+    let ok =
+        r#"{"share": {"replicas": {"peers": ["10.0.0.1:10001", "10.0.0.2:10001"], "secret": "0123456789abcdef"}}}"#;
+    let r = parse(ok).unwrap().share().replicas.clone().unwrap();
+    assert_eq!(
+        (r.cluster.as_str(), r.path.as_str(), r.interval_ms),
+        ("kvroute_gateways", "/kvroute/v1/peer-events", 20)
+    );
+    assert_eq!(
+        parse(r#"{"share": {"replicas": {"peers": ["10.0.0.1:1"], "secret": "short"}}}"#)
+            .unwrap_err()
+            .field,
+        "share.replicas.secret"
+    );
+    assert_eq!(
+        parse(r#"{"share": {"replicas": {"secret": "0123456789abcdef"}}}"#)
+            .unwrap_err()
+            .field,
+        "share.replicas.peers"
+    );
+    assert_eq!(
+        parse(r#"{"share": {"replicas": {"peers": ["nope"], "secret": "0123456789abcdef"}}}"#)
+            .unwrap_err()
+            .field,
+        "share.replicas.peers"
+    );
+    assert!(
+        parse(r#"{}"#).unwrap().share().replicas.is_none(),
+        "off unless configured"
+    );
 }

@@ -170,5 +170,51 @@ pub(super) fn validate_share(s: &RawShare) -> Result<(), ConfigError> {
             ),
         ));
     }
+    if let Some(r) = &s.replicas {
+        validate_replicas(r)?;
+    }
+    Ok(())
+}
+
+pub(super) fn validate_replicas(r: &super::RawReplicas) -> Result<(), ConfigError> {
+    if r.peers.is_empty() {
+        return Err(reject(
+            "share.replicas.peers",
+            "must list every replica's peer listener (host:port)",
+        ));
+    }
+    for address in &r.peers {
+        if address
+            .rsplit_once(':')
+            .is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().map_or(true, |p| p == 0))
+            || address.contains(',')
+        {
+            return Err(reject(
+                "share.replicas.peers",
+                format!("{address:?} must be host:port with a port in 1-65535"),
+            ));
+        }
+    }
+    if r.secret.len() < 16 {
+        return Err(reject(
+            "share.replicas.secret",
+            "must be at least 16 characters: anyone who knows it can feed this gateway placements",
+        ));
+    }
+    if !r.path.starts_with('/') || r.cluster.is_empty() {
+        return Err(reject(
+            "share.replicas",
+            "path must start with '/' and cluster must name the replicas' cluster",
+        ));
+    }
+    if !(5..=1000).contains(&r.interval_ms) {
+        return Err(reject(
+            "share.replicas.interval_ms",
+            format!("({}) must be in 5..=1000", r.interval_ms),
+        ));
+    }
+    if r.max_body_bytes < 64 * 1024 {
+        return Err(reject("share.replicas.max_body_bytes", "must be at least 65536"));
+    }
     Ok(())
 }

@@ -1,0 +1,139 @@
+//! Gateway replicas (separate Envoy processes behind one Service) share no memory: each
+//! forwards its own workers' peer events to the others through Envoy itself, and takes
+//! theirs into its process's log (`mesh`), so every router of every replica sees the
+//! placements and load of all.
+//!
+//! The protocol, and why: the scraping service (main thread, one per process) reads the
+//! process's log like a worker does (`Forwarder`, which takes no origin and applies nothing)
+//! and every `share.replicas.interval_ms` POSTs what its own workers wrote since the last
+//! batch — not what came from other replicas, so nothing echoes — to every replica listed
+//! in `share.replicas.peers`, through the `share.replicas.cluster` cluster (an
+//! `override_host` cluster, so the destination header picks each replica). A replica's
+//! kvroute filter answers `share.replicas.path` itself (204), after checking the shared
+//! secret in `x-kvroute-peer-secret` (403 without it), and writes each segment into its own
+//! log under a remote origin with the request keys re-stamped (`take_forwarded`). No new
+//! service, no extra hop on the request path.
+//!
+//! Cost: one POST of the batch per replica per interval (empty batches only as a 1 s
+//! heartbeat); each forwarded event is applied by every worker of every replica. A replica
+//! that is down makes its POSTs fail (`replicas.forward_failure`; nothing is retried or
+//! queued) and its workers' load is released on the others after `share.peer_timeout_ms`
+//! without a heartbeat. Its placements already taken stay: the servers still hold them.
+
+use kvroute_core::Millis;
+use prost::Message;
+
+use crate::host;
+use crate::mesh::{increment, read_u64, slot_key, Cursor, Segment, HEAD_KEY, HEARTBEAT_MS, MAX_PEERS};
+
+/// What one replica forwards to the others: its workers' segments since its last batch.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Forward {
+    /// The sending replica's nonce (a receiver drops its own).
+    #[prost(uint64, tag = "1")]
+    pub replica: u64,
+    #[prost(message, repeated, tag = "2")]
+    pub segments: Vec<Segment>,
+}
+
+const REPLICA_KEY: &str = "kvroute.mesh.replica";
+/// Origins of events from other replicas start here, above every local origin.
+const REMOTE_BASE: u32 = 0x1000;
+
+/// This process's replica nonce, as the scraping service set it (`None` before it did).
+pub fn replica_nonce() -> Option<u64> {
+    read_u64(REPLICA_KEY)
+}
+
+/// Sets this process's replica nonce unless set: only the scraping service (one per process,
+/// on the main thread) calls it, so there is no race to create it.
+pub fn init_replica_nonce() -> Option<u64> {
+    if let Some(n) = replica_nonce() {
+        return Some(n);
+    }
+    host::set_shared_data(REPLICA_KEY, &(host::now_nanos() | 1).to_le_bytes()).ok()?;
+    replica_nonce()
+}
+
+/// The local origin under which worker `origin` of replica `replica` is known here: above
+/// every local origin, distinct per (replica, worker) unless two replicas' nonces collide
+/// modulo 16383 (then their workers share origins: accounting blurs, nothing breaks).
+pub fn remote_origin(replica: u64, origin: u32) -> u32 {
+    let r = (kvroute_core::policy::mix(replica) % 0x3fff) as u32;
+    REMOTE_BASE + ((r << 9) | (origin & 0x1ff))
+}
+
+/// Reads the workers' segments for forwarding to the other replicas (the scraping service
+/// runs it on the main thread; it takes no origin and applies nothing).
+#[derive(Default)]
+pub struct Forwarder {
+    cursor: Cursor,
+    last_sent_ms: u64,
+}
+
+impl Forwarder {
+    /// The body to POST to the other replicas: this process's own workers' segments since
+    /// the last call (not those that came from other replicas), or `None` when there is
+    /// nothing new and no heartbeat is due.
+    pub fn collect(&mut self, replica: u64, now: Millis) -> Option<Vec<u8>> {
+        let (segments, _) = self.cursor.read_new(now);
+        let local: Vec<Segment> = segments
+            .into_iter()
+            .filter(|s| s.origin != 0 && s.origin <= MAX_PEERS as u32)
+            .collect();
+        if local.is_empty() && now.0.saturating_sub(self.last_sent_ms) < HEARTBEAT_MS {
+            return None;
+        }
+        self.last_sent_ms = now.0;
+        Some(
+            Forward {
+                replica,
+                segments: local,
+            }
+            .encode_to_vec(),
+        )
+    }
+}
+
+/// Takes a batch another replica forwarded into this process's log, each segment under the
+/// sender's remote origin with its request keys re-stamped, so every worker here applies it.
+/// Returns the number of events taken, `None` for a batch that does not decode, and
+/// `Some(0)` for this replica's own.
+pub fn take_forwarded(body: &[u8], now: Millis) -> Option<usize> {
+    let batch = Forward::decode(body).ok()?;
+    // Until the scraping service named this replica, a batch could be this replica's own.
+    if replica_nonce().is_none_or(|own| own == batch.replica) {
+        return Some(0);
+    }
+    let mut taken = 0;
+    for mut segment in batch.segments {
+        let origin = remote_origin(batch.replica, segment.origin);
+        for e in &mut segment.events {
+            e.key = kvroute_core::peer::request_key(origin, e.key);
+        }
+        taken += segment.events.len();
+        let Some(number) = increment(HEAD_KEY) else {
+            return Some(taken);
+        };
+        segment.number = number;
+        segment.origin = origin;
+        segment.nonce = batch.replica;
+        segment.written_ms = now.0;
+        let _ = host::set_shared_data(&slot_key(number), &segment.encode_to_vec());
+    }
+    Some(taken)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remote_origins_sit_above_local_ones_and_differ_per_worker() {
+        let a = remote_origin(12345, 1);
+        assert!(a > MAX_PEERS as u32);
+        assert_ne!(a, remote_origin(12345, 2));
+        assert_ne!(a, remote_origin(999, 1));
+        assert!(remote_origin(u64::MAX, 256) < 1 << (64 - kvroute_core::peer::LOCAL_ID_BITS));
+    }
+}

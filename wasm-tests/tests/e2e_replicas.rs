@@ -1,0 +1,166 @@
+//! End to end: gateway replicas (two Envoy processes in front of one fleet) exchange their
+//! placements through Envoy itself (`share.replicas`), so a prefix one replica placed is
+//! found by the other; only a caller with the shared secret can feed a replica placements;
+//! a replica that is down costs the other nothing but failed forwards.
+
+#![allow(clippy::disallowed_methods)] // wall-time end-to-end tests read the clock
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] functions
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use kvroute_wasm_tests::envoy::{free_port, repo_root, Envoy};
+use kvroute_wasm_tests::fake_vllm::{FakeVllm, Load, MODEL};
+use kvroute_wasm_tests::http_client;
+
+const SECRET: &str = "e2e-replica-secret-0123456789";
+const PATH: &str = "/kvroute/v1/peer-events";
+
+fn chat_body(system: &str, question: &str) -> String {
+    format!(
+        r#"{{"model":"{MODEL}","max_tokens":16,"messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"{question}"}}]}}"#
+    )
+}
+
+fn long_prompt(tag: &str) -> String {
+    format!("You are the assistant of team {tag}. Follow the house style. ").repeat(60)
+}
+
+/// envoy.yaml with the replicas' cluster (envoy/fragments/replicas-cluster.yaml) naming
+/// `peers`, and kvroute told to exchange with them (or not).
+fn replica_config(text: String, peers: [u16; 2], share: bool) -> String {
+    let fragment = std::fs::read_to_string(repo_root().join("envoy/fragments/replicas-cluster.yaml")).unwrap();
+    let cluster: String = fragment
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .collect::<Vec<_>>()
+        .join("\n")
+        .replace("port_value: 10100", &format!("port_value: {}", peers[0]))
+        .replace("port_value: 10200", &format!("port_value: {}", peers[1]));
+    let plugin = if share {
+        format!(
+            r#""policy": "cost", "debug_headers": true, "share": {{"replicas": {{"peers": ["127.0.0.1:{}", "127.0.0.1:{}"], "secret": "{SECRET}", "interval_ms": 20}}}},"#,
+            peers[0], peers[1]
+        )
+    } else {
+        r#""policy": "cost", "debug_headers": true,"#.to_string()
+    };
+    text.replace("\"policy\": \"cost\",", &plugin)
+        .replace("  clusters:\n", &format!("  clusters:\n{cluster}\n"))
+}
+
+struct Pair {
+    servers: Vec<FakeVllm>,
+    a: Envoy,
+    b: Envoy,
+}
+
+fn pair(share: bool) -> Pair {
+    let servers: Vec<FakeVllm> = (0..4).map(|_| FakeVllm::start(Load::idle()).unwrap()).collect();
+    let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
+    let peers = [free_port(), free_port()];
+    let start = |listen: u16| {
+        Envoy::start_listening("envoy.yaml", &ports, 2, Some(listen), |t| {
+            replica_config(t, peers, share)
+        })
+        .unwrap()
+    };
+    let (a, b) = (start(peers[0]), start(peers[1]));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while servers.iter().any(|s| s.scrapes() < 4) {
+        assert!(Instant::now() < deadline, "no scrapes:\n{}", a.log_text());
+        thread::sleep(Duration::from_millis(20));
+    }
+    thread::sleep(Duration::from_millis(300));
+    Pair { servers, a, b }
+}
+
+fn chat(envoy: &Envoy, body: &str) -> (String, String) {
+    let r = envoy
+        .post("/v1/chat/completions", &[("content-type", "application/json")], body)
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    (
+        r.header("x-served-by").unwrap_or("").to_string(),
+        r.header("x-kvroute-reason").unwrap_or("").to_string(),
+    )
+}
+
+/// Per pair: (server of the first request, sent to replica A; server and kvroute's reason
+/// of its sibling, sent to replica B 200 ms later).
+fn across(p: &Pair, pairs: usize) -> Vec<(String, String, String)> {
+    (0..pairs)
+        .map(|i| {
+            let system = long_prompt(&format!("replica-pair-{i}"));
+            let (first, _) = chat(&p.a, &chat_body(&system, "first"));
+            thread::sleep(Duration::from_millis(200));
+            let (second, reason) = chat(&p.b, &chat_body(&system, "second"));
+            (first, second, reason)
+        })
+        .collect()
+}
+
+#[test]
+fn a_replica_finds_the_prefix_another_replica_placed() {
+    let p = pair(true);
+    // A starts before B: its first forwards may find B not listening yet.
+    let failed_at_start = p.a.stat("wasmcustom.kvroute.replicas.forward_failure");
+    let pairs = across(&p, 12);
+    for (i, (first, second, reason)) in pairs.iter().enumerate() {
+        assert_eq!(reason, "prefix_hit", "pair {i}: {pairs:?}\n{}", p.b.log_text());
+        assert_eq!(first, second, "pair {i}: {pairs:?}");
+    }
+    assert!(p.b.stat("wasmcustom.kvroute.replicas.events_taken") >= 12);
+    assert_eq!(p.a.stat("wasmcustom.kvroute.replicas.forward_failure"), failed_at_start);
+}
+
+#[test]
+fn without_the_exchange_a_replica_sees_only_its_own_placements() {
+    let p = pair(false);
+    let pairs = across(&p, 12);
+    assert!(
+        pairs.iter().all(|(_, _, r)| r == "cold"),
+        "B never saw A's prefixes: {pairs:?}"
+    );
+}
+
+#[test]
+fn only_a_replica_with_the_secret_can_feed_placements_and_nothing_reaches_a_server() {
+    let p = pair(true);
+    let before: u64 = p.servers.iter().map(FakeVllm::inference_requests).sum();
+    let cases: [(&str, Vec<(&str, &str)>); 4] = [
+        ("POST", vec![]),
+        ("POST", vec![("x-kvroute-peer-secret", "wrong-secret-0123456789")]),
+        ("GET", vec![("x-kvroute-peer-secret", SECRET)]),
+        ("POST", vec![("x-kvroute-peer-secret", &SECRET[..SECRET.len() - 1])]),
+    ];
+    for (method, headers) in &cases {
+        let r = http_client::request(p.b.port, method, PATH, headers, b"\x0a\x00").unwrap();
+        assert_eq!(r.status, 403, "{method} {headers:?}: {}", r.body);
+    }
+    let r = http_client::request(
+        p.b.port,
+        "POST",
+        PATH,
+        &[("x-kvroute-peer-secret", SECRET)],
+        b"\xff\xff\xff",
+    )
+    .unwrap();
+    assert_eq!(r.status, 400, "garbage with the secret is refused: {}", r.body);
+    let after: u64 = p.servers.iter().map(FakeVllm::inference_requests).sum();
+    assert_eq!(before, after, "a peer-events request reached a vLLM server");
+    assert!(p.b.stat("wasmcustom.kvroute.replicas.batches_refused") >= 5);
+}
+
+#[test]
+fn a_replica_that_is_down_costs_the_other_only_failed_forwards() {
+    let Pair { servers, a, b } = pair(true);
+    drop(a);
+    for i in 0..10 {
+        let (_, reason) = chat(&b, &chat_body(&long_prompt(&format!("alone-{i}")), "q"));
+        assert!(reason == "cold" || reason == "prefix_hit", "{reason}");
+    }
+    thread::sleep(Duration::from_millis(300));
+    assert!(b.stat("wasmcustom.kvroute.replicas.forward_failure") > 0);
+    drop(servers);
+}
