@@ -91,8 +91,8 @@ run_case() {
     envoy) start_envoy "$tag" envoy/envoy.yaml "$conc" 0 || return 1 ;;
     rr) start_envoy "$tag" envoy/envoy-round-robin.yaml "$conc" 0 || return 1 ;;
     replicas)
-      start_envoy "$tag" envoy/envoy.yaml "$conc" 0 || return 1
-      start_envoy "$tag" envoy/envoy.yaml "$conc" 1 || return 1
+      start_envoy "$tag" envoy/envoy.yaml "$conc" 0 exchange || return 1
+      start_envoy "$tag" envoy/envoy.yaml "$conc" 1 exchange || return 1
       url="http://127.0.0.1:$ENVOY_PORT,http://127.0.0.1:$((ENVOY_PORT + 1))"
       ;;
     smg)

@@ -136,14 +136,34 @@ envoy_config() {
   fi
 }
 
+# Makes the config `dst` one of two gateway replicas that exchange placements (kvroute's
+# share.replicas): the replicas' cluster from envoy/fragments/replicas-cluster.yaml naming
+# both replicas' listeners, and the exchange in the plugin configuration.
+add_replicas() {
+  local dst=$1 a=$ENVOY_PORT b=$((ENVOY_PORT + 1)) cluster
+  cluster=$(grep -v '^#' envoy/fragments/replicas-cluster.yaml |
+    sed -e "s/port_value: 10100\b/port_value: $a/" -e "s/port_value: 10200\b/port_value: $b/")
+  local share="\"share\": {\"replicas\": {\"peers\": [\"127.0.0.1:$a\", \"127.0.0.1:$b\"], \"secret\": \"bench-live-replica-secret\"}},"
+  python3 - "$dst" "$cluster" "$share" <<'PY'
+import sys
+path, cluster, share = sys.argv[1:4]
+text = open(path).read()
+text = text.replace('"policy": "cost",', '"policy": "cost", ' + share)
+text = text.replace("  clusters:\n", "  clusters:\n" + cluster + "\n", 1)
+open(path, "w").write(text)
+PY
+}
+
 envoy_ready() { port_open "$1" && curl -sf "http://127.0.0.1:$2/ready" >/dev/null 2>&1; }
 
-# Envoy replica k (0, 1, ...) with `config` and `workers` worker threads.
+# Envoy replica k (0, 1, ...) with `config` and `workers` worker threads; a fifth
+# argument `exchange` makes it exchange placements with the other replica (add_replicas).
 start_envoy() {
-  local tag=$1 config=$2 workers=$3 k=${4:-0}
+  local tag=$1 config=$2 workers=$3 k=${4:-0} exchange=${5:-}
   local port=$((ENVOY_PORT + k)) admin=$((ADMIN_PORT + k))
   require_free "$port" "$admin" || return 1
   envoy_config "$config" "$OUT/envoy-$tag-$k.yaml" "$k" || return 1
+  if [ "$exchange" = exchange ]; then add_replicas "$OUT/envoy-$tag-$k.yaml" || return 1; fi
   # A dynamic base id: two Envoys (ours, or a test's) never share hot-restart memory.
   spawn "$OUT/envoy-$tag-$k.out" "$ENVOY" -c "$OUT/envoy-$tag-$k.yaml" --concurrency "$workers" \
     --use-dynamic-base-id -l warn --log-path "$OUT/envoy-$tag-$k.log"
