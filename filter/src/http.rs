@@ -124,6 +124,7 @@ impl Http {
         }
         let request_id = shared.next_request_id();
         router.on_routed(request_id, &req, &decision, now);
+        shared.peers.after_route(&mut router, now);
         let best = decision.best().map(|e| e.to_string()).unwrap_or_default();
         shared.stats.chosen(&best);
         let predicted = u64::from(decision.matched_blocks) * (router.config().hashing().block_bytes as u64 / 4);

@@ -1,7 +1,13 @@
 //! The worker side of one view per process: when a worker exchanges with its peers
 //! (`mesh`), and what it does with what arrives.
 //!
-//! A worker exchanges on every tick (`share.tick_ms`, 2 ms by default) while anything moves.
+//! A worker exchanges on every tick (`share.tick_ms`, 2 ms by default) while anything moves,
+//! and with `share.on_request` (the default) also around each routing decision: it applies
+//! its peers' new placements just before scoring and publishes its own just after, so a
+//! decision lags the others' by microseconds instead of up to two ticks (replay: the lag is
+//! what separates W workers' TTFT p95 from one router's). That costs host calls on the
+//! request path (measured in BENCHMARKS.md); the tick still carries first tokens and
+//! completions.
 //! After `IDLE_AFTER_MS` with nothing published or received it slows its tick to
 //! `IDLE_TICK_MS`, so an idle gateway does not wake every worker 500 times a second; the
 //! first request it then routes catches up inline (one exchange) before it is scored, and
@@ -23,6 +29,8 @@ pub struct Peers {
     /// `None` when this worker does not share (switched off, or it could not join).
     mesh: RefCell<Option<Mesh>>,
     tick_ms: u64,
+    /// `share.on_request`: also exchange around each routing decision.
+    on_request: bool,
     idle: Cell<bool>,
     last_activity: Cell<u64>,
     members: Cell<u64>,
@@ -52,6 +60,7 @@ impl Peers {
         Peers {
             mesh: RefCell::new(mesh),
             tick_ms,
+            on_request: share.on_request,
             idle: Cell::new(false),
             last_activity: Cell::new(0),
             members: Cell::new(0),
@@ -74,8 +83,13 @@ impl Peers {
         }
     }
 
-    /// Before scoring a request: a worker whose tick slowed down catches up first.
+    /// Before scoring a request: with `share.on_request`, apply what the peers published
+    /// since (so the decision sees their latest placements, not those of the last tick); a
+    /// worker whose tick slowed down catches up and speeds it up again.
     pub fn before_route(&self, router: &mut Router, stats: &RequestStats, now: Millis) {
+        if self.on_request {
+            self.pull(router, stats, now);
+        }
         if !self.idle.get() {
             return;
         }
@@ -86,14 +100,37 @@ impl Peers {
         }
     }
 
+    /// After a request was routed: with `share.on_request`, publish the placement at once.
+    pub fn after_route(&self, router: &mut Router, now: Millis) {
+        if self.on_request {
+            self.push(router, now);
+        }
+    }
+
     /// Publishes this worker's changes and applies its peers'. Returns whether anything moved.
     fn exchange(&self, router: &mut Router, stats: &RequestStats, now: Millis) -> bool {
+        let pushed = self.push(router, now);
+        let pulled = self.pull(router, stats, now);
+        pushed || pulled
+    }
+
+    /// Publishes what this worker did since it last published.
+    fn push(&self, router: &mut Router, now: Millis) -> bool {
         let Ok(mut guard) = self.mesh.try_borrow_mut() else {
             return false;
         };
         let Some(mesh) = guard.as_mut() else { return false };
         let out = router.take_peer_events();
         mesh.publish(&out, now);
+        !out.is_empty()
+    }
+
+    /// Applies what the peers published since this worker last looked.
+    fn pull(&self, router: &mut Router, stats: &RequestStats, now: Millis) -> bool {
+        let Ok(mut guard) = self.mesh.try_borrow_mut() else {
+            return false;
+        };
+        let Some(mesh) = guard.as_mut() else { return false };
         let rx = mesh.receive(now, router.config().share().peer_timeout_ms);
         for event in &rx.events {
             router.on_peer_event(event, now);
@@ -121,6 +158,6 @@ impl Peers {
         stats.peer_events.add(rx.events.len() as u64);
         stats.peer_events_lost.add(rx.lost);
         stats.peers_gone.add(rx.gone.len() as u64);
-        !out.is_empty() || !rx.events.is_empty()
+        !rx.events.is_empty()
     }
 }

@@ -126,6 +126,8 @@ pub struct RawShare {
     pub tick_ms: u64,
     /// A peer silent this long is gone: its requests' load is released.
     pub peer_timeout_ms: u64,
+    /// Also exchange around each routing decision (not only on the tick).
+    pub on_request: bool,
     /// Gateway replicas (other Envoy processes) to exchange the same events with; off when
     /// absent.
     pub replicas: Option<RawReplicas>,
@@ -271,6 +273,7 @@ impl Default for RawShare {
             workers: true,
             tick_ms: 2,
             peer_timeout_ms: 5000,
+            on_request: true,
             replicas: None,
         }
     }

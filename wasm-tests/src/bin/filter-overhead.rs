@@ -427,17 +427,24 @@ mod native {
             .unwrap_or_else(|| "unknown".into())
     }
 
-    /// The bench Envoy with `workers` workers, kvroute's workers sharing one view or not.
-    fn sharing_envoy(ports: &[u16], workers: u32, share: bool) -> Result<Envoy, String> {
+    /// How kvroute's workers share: at each decision and on the tick (the default), on the
+    /// tick only, or not at all.
+    #[derive(Clone, Copy, PartialEq)]
+    enum Sharing {
+        OnRequest,
+        TickOnly,
+        Off,
+    }
+
+    /// The bench Envoy with `workers` workers sharing as `sharing` says.
+    fn sharing_envoy(ports: &[u16], workers: u32, sharing: Sharing) -> Result<Envoy, String> {
         let edit = move |t: String| {
-            if share {
-                t
-            } else {
-                t.replace(
-                    "\"policy\": \"cost\",",
-                    "\"policy\": \"cost\", \"share\": {\"workers\": false},",
-                )
-            }
+            let share = match sharing {
+                Sharing::OnRequest => "",
+                Sharing::TickOnly => " \"share\": {\"on_request\": false},",
+                Sharing::Off => " \"share\": {\"workers\": false},",
+            };
+            t.replace("\"policy\": \"cost\",", &format!("\"policy\": \"cost\",{share}"))
         };
         let envoy = Envoy::start_workers("bench-overhead.yaml", ports, workers, edit)?;
         std::thread::sleep(Duration::from_millis(600));
@@ -445,36 +452,44 @@ mod native {
     }
 
     /// `sharing`: what one view per process costs. Envoy CPU per request on the kvroute
-    /// listener (1 KiB, 8 connections, wrk 4 s, order on/off/off/on) with workers sharing
-    /// and not, at 2 and 8 workers; then at 32 workers, Envoy's resident memory after
-    /// traffic and its CPU while idle (the sharing tick), both ways.
+    /// listener (1 KiB, 8 connections, wrk 4 s, each variant twice in the order
+    /// on-request / tick-only / off / off / tick-only / on-request, a fresh Envoy each run),
+    /// at 2 and 8 workers; then at 32 workers, Envoy's resident memory after traffic and its
+    /// CPU while idle, sharing and not.
     pub fn sharing() -> Result<(), String> {
         let servers = fleet(4)?;
         let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
         let dir = std::env::temp_dir().join(format!("kvroute-sharing-{}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
         let script = post_script(&dir, 1024)?;
-        println!("| workers | Envoy CPU/req sharing | Envoy CPU/req not sharing | added by sharing | req/s sharing | req/s not sharing |");
-        println!("|---|---|---|---|---|---|");
+        println!("| workers | Envoy CPU/req: sharing at each request + tick | tick only | not sharing | added (each request) | added (tick only) | req/s each request / tick only / not sharing |");
+        println!("|---|---|---|---|---|---|---|");
+        let order = [Sharing::OnRequest, Sharing::TickOnly, Sharing::Off];
         for workers in [2u32, 8] {
-            let mut runs: [Vec<WrkResult>; 2] = [Vec::new(), Vec::new()];
-            for share in [true, false, false, true] {
-                let envoy = sharing_envoy(&ports, workers, share)?;
-                runs[usize::from(!share)].push(wrk_path(&envoy, envoy.port, "/v1/chat/completions", &script, 8, 4)?);
+            let mut runs: [Vec<WrkResult>; 3] = [Vec::new(), Vec::new(), Vec::new()];
+            for i in [0usize, 1, 2, 2, 1, 0] {
+                let envoy = sharing_envoy(&ports, workers, order[i])?;
+                runs[i].push(wrk_path(&envoy, envoy.port, "/v1/chat/completions", &script, 8, 4)?);
             }
             let mean = |r: &[WrkResult], f: fn(&WrkResult) -> f64| r.iter().map(f).sum::<f64>() / r.len() as f64;
-            let (on, off) = (mean(&runs[0], |r| r.envoy_cpu_us), mean(&runs[1], |r| r.envoy_cpu_us));
+            let cpu = [0, 1, 2].map(|i| mean(&runs[i], |r| r.envoy_cpu_us));
+            let rps = [0, 1, 2].map(|i| mean(&runs[i], |r| r.rps));
             println!(
-                "| {workers} | {on:.1} µs | {off:.1} µs | {:+.1} µs | {:.0} | {:.0} |",
-                on - off,
-                mean(&runs[0], |r| r.rps),
-                mean(&runs[1], |r| r.rps)
+                "| {workers} | {:.1} µs | {:.1} µs | {:.1} µs | {:+.1} µs | {:+.1} µs | {:.0} / {:.0} / {:.0} |",
+                cpu[0],
+                cpu[1],
+                cpu[2],
+                cpu[0] - cpu[2],
+                cpu[1] - cpu[2],
+                rps[0],
+                rps[1],
+                rps[2]
             );
         }
         println!("\n| 32 workers | RSS after 8 s of wrk (8 connections, 1 KiB) | Envoy CPU while idle (10 s) | peer events applied |");
         println!("|---|---|---|---|");
-        for share in [true, false] {
-            let envoy = sharing_envoy(&ports, 32, share)?;
+        for sharing in [Sharing::OnRequest, Sharing::Off] {
+            let envoy = sharing_envoy(&ports, 32, sharing)?;
             wrk_path(&envoy, envoy.port, "/v1/chat/completions", &script, 8, 8)?;
             std::thread::sleep(Duration::from_secs(1));
             let before = process_cpu_s(envoy.pid()).unwrap_or(0.0);
@@ -482,7 +497,11 @@ mod native {
             let idle = process_cpu_s(envoy.pid()).unwrap_or(0.0) - before;
             println!(
                 "| {} | {} | {:.1}% of a core | {} |",
-                if share { "sharing" } else { "not sharing" },
+                if sharing == Sharing::Off {
+                    "not sharing"
+                } else {
+                    "sharing"
+                },
                 rss(envoy.pid()),
                 idle * 10.0,
                 envoy.stat("wasmcustom.kvroute.mesh.events_applied")
