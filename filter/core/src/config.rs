@@ -156,7 +156,10 @@ impl Default for RawReplicas {
             cluster: "kvroute_gateways".into(),
             path: "/kvroute/v1/peer-events".into(),
             secret: String::new(),
-            interval_ms: 20,
+            // Replay: the cross-replica delay, not the workers' tick, decides TTFT p95 across
+            // replicas (BENCHMARKS.md: 8 replicas, shared-prefix p95 63 / 108 / 211 ms at a
+            // delay of 0 / 5 / 20 ms).
+            interval_ms: 5,
             max_body_bytes: 4 << 20,
         }
     }

@@ -109,7 +109,7 @@ fn replicas_need_peers_and_a_real_secret() {
     let r = parse(ok).unwrap().share().replicas.clone().unwrap();
     assert_eq!(
         (r.cluster.as_str(), r.path.as_str(), r.interval_ms),
-        ("kvroute_gateways", "/kvroute/v1/peer-events", 20)
+        ("kvroute_gateways", "/kvroute/v1/peer-events", 5)
     );
     assert_eq!(
         parse(r#"{"share": {"replicas": {"peers": ["10.0.0.1:1"], "secret": "short"}}}"#)

@@ -207,10 +207,10 @@ pub(super) fn validate_replicas(r: &super::RawReplicas) -> Result<(), ConfigErro
             "path must start with '/' and cluster must name the replicas' cluster",
         ));
     }
-    if !(5..=1000).contains(&r.interval_ms) {
+    if !(1..=1000).contains(&r.interval_ms) {
         return Err(reject(
             "share.replicas.interval_ms",
-            format!("({}) must be in 5..=1000", r.interval_ms),
+            format!("({}) must be in 1..=1000", r.interval_ms),
         ));
     }
     if r.max_body_bytes < 64 * 1024 {
