@@ -17,7 +17,8 @@
 //! - A worker with nothing to say writes an empty segment every `HEARTBEAT_MS`; a peer
 //!   silent for `share.peer_timeout_ms` (its VM failed or stopped) is forgotten and its
 //!   requests' load released.
-//! - Origins come from a counter (`kvroute.mesh.members`, compare-and-swap). Shared data has
+//! - Origins come from a counter (`kvroute.mesh.members`, compare-and-swap, counting around
+//!   `MAX_PEERS` so configuration reloads never run out of them). Shared data has
 //!   no create-if-absent, so two VMs starting at the same instant could take one origin;
 //!   every segment carries its writer's nonce, and a worker that reads a segment under its
 //!   own origin with another nonce takes a new origin.
@@ -163,7 +164,7 @@ pub struct Received {
     pub lost: u64,
     /// Origins to forget: silent past the timeout.
     pub gone: Vec<u32>,
-    /// Workers that joined the process so far (read once a heartbeat period; 0 otherwise).
+    /// This process's live workers (counted once a heartbeat period; 0 otherwise).
     pub members: u64,
     /// Another VM writes under this worker's origin...
     origin_taken: bool,
@@ -287,9 +288,20 @@ impl Mesh {
         }
         if now.0.saturating_sub(self.last_members_read_ms) >= HEARTBEAT_MS {
             self.last_members_read_ms = now.0;
-            rx.members = read_u64(MEMBERS_KEY).unwrap_or(0).min(MAX_PEERS);
+            rx.members = self.live_workers();
         }
         rx
+    }
+
+    /// This process's workers alive now: this one and the local peers not gone (workers of
+    /// other replicas do not count: they keep their own copies elsewhere).
+    fn live_workers(&self) -> u64 {
+        let peers = self
+            .peers
+            .iter()
+            .filter(|(origin, p)| **origin <= MAX_PEERS as u32 && !p.gone)
+            .count();
+        1 + peers as u64
     }
 
     /// Peers not heard from for `timeout_ms`, each reported once until heard again.
@@ -347,9 +359,13 @@ pub(crate) fn increment(key: &str) -> Option<u64> {
     None
 }
 
+/// The next origin, counting around `MAX_PEERS`: a filter reloaded by a configuration change
+/// starts new worker roots, and the origins of the ones it replaced (silent, so forgotten by
+/// their peers after `share.peer_timeout_ms`) are taken again. Two live workers could share
+/// one only if 256 joined while one of them lived; the nonce check then moves one of them.
 fn claim_origin() -> Option<u32> {
     let n = increment(MEMBERS_KEY)?;
-    (n <= MAX_PEERS).then_some(n as u32)
+    Some(((n.saturating_sub(1) % MAX_PEERS) + 1) as u32)
 }
 
 #[cfg(test)]
@@ -431,6 +447,22 @@ mod tests {
         m.apply(other, Millis(10), &mut rx);
         assert!(rx.origin_taken, "another VM writes under origin 1");
         assert_eq!(rx.events.len(), 2);
+    }
+
+    #[test]
+    fn only_live_local_workers_split_the_index_budget() {
+        let mut m = reader();
+        let mut rx = Received::default();
+        m.apply(segment(1, 2, &[]), Millis(10), &mut rx);
+        m.apply(segment(2, 3, &[]), Millis(10), &mut rx);
+        m.apply(segment(3, 0x1000 + 7, &[]), Millis(10), &mut rx);
+        assert_eq!(
+            m.live_workers(),
+            3,
+            "this one and two local peers; the remote one is not"
+        );
+        m.peers.get_mut(&3).unwrap().gone = true;
+        assert_eq!(m.live_workers(), 2);
     }
 
     #[test]
