@@ -176,7 +176,11 @@ pub fn cells(
             let handles: Vec<_> = (0..replicas.max(1))
                 .map(|k| scope.spawn(move || run_replica(k)))
                 .collect();
-            handles.into_iter().filter_map(|h| h.join().ok()).collect()
+            // A replica that panicked must not vanish from the medians: fail the matrix.
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+                .collect()
         });
         by_replica.sort_by_key(|(k, _)| *k);
         out.push(Cell {

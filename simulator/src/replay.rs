@@ -108,9 +108,12 @@ pub fn run(setup: &ReplaySetup, policy: PolicyName, requests: &[SimRequest], pro
                 let snapshot = engines
                     .iter()
                     .enumerate()
-                    .filter_map(|(s, e)| {
+                    .map(|(s, e)| {
                         let text = e.metrics_text(false, 0.0);
-                        parse_metrics(text.as_bytes(), 1 << 20).ok().map(|m| (s, m, text))
+                        match parse_metrics(text.as_bytes(), 1 << 20) {
+                            Ok(m) => (s, m, text),
+                            Err(err) => simulator_bug(&format!("server {s}'s /metrics does not parse: {err}")),
+                        }
                     })
                     .collect();
                 scraped[g] = (now, snapshot);
@@ -134,8 +137,9 @@ pub fn run(setup: &ReplaySetup, policy: PolicyName, requests: &[SimRequest], pro
             }
             Kind::Arrival(i) => {
                 let body = chat_body(model, &requests[i]);
-                let Ok(parsed) = parse(ApiKind::Chat, body.as_bytes()) else {
-                    continue;
+                let parsed = match parse(ApiKind::Chat, body.as_bytes()) {
+                    Ok(p) => p,
+                    Err(err) => simulator_bug(&format!("request {i}'s body does not parse: {err}")),
                 };
                 let blocks = engine_blocks(&parsed.canonical, parsed.prompt_tokens.0);
                 let incoming = Incoming {
@@ -209,6 +213,13 @@ impl Mailbox {
             }
         }
     }
+}
+
+/// The replay renders every body and metrics text itself: one that does not parse is a bug
+/// in the simulator, and skipping it would quietly skew every figure of the run.
+#[allow(clippy::panic)]
+fn simulator_bug(what: &str) -> ! {
+    panic!("replay: {what}")
 }
 
 fn apply_snapshot(routers: &mut Routers, r: usize, (at, servers): &Scraped) {

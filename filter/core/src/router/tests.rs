@@ -178,10 +178,15 @@ fn unhealthy_ejected_and_stale_endpoints_are_never_picked() {
     }
     let later = T0.plus(500);
     r.on_metrics(&ep(3), load(0, 0, 0.0), later);
-    r.on_metrics(&ep(0), load(0, 0, 0.0), T0); // a success, but the failures flipped it already
     let d = r.route(&req(1, 8), later);
     let reasons: Vec<_> = d.breakdown.iter().map(|s| s.filtered).collect();
-    assert_eq!(reasons[1], Some(FilterReason::Ejected));
+    assert_eq!(reasons[0], Some(FilterReason::Unhealthy), "two failed scrapes");
+    assert_eq!(reasons[1], Some(FilterReason::Ejected), "three 5xx responses");
+    assert!(!d.endpoints.contains(&ep(0)) && !d.endpoints.contains(&ep(1)));
+    // One good scrape brings it back (healthy_after_successes defaults to 1); these metrics
+    // are dated T0, so they go stale with the rest below.
+    r.on_metrics(&ep(0), load(0, 0, 0.0), T0);
+    assert_eq!(r.route(&req(1, 8), later).breakdown[0].filtered, None);
     // stale_after_ms defaults to 1000: T0 metrics are still fresh at T0+500, stale at T0+1500.
     let d = r.route(&req(1, 8), T0.plus(1500));
     assert_eq!(d.endpoints, vec![ep(3)]);
