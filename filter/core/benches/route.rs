@@ -120,14 +120,14 @@ fn bench_hostile(c: &mut Criterion) {
     let mut group = c.benchmark_group("parse_hostile_4mib");
     group.sample_size(10);
     // Each body with the API it belongs to: a completions body parsed as chat would only
-    // measure the error path.
+    // measure the error path. (`many_messages` is over the message cap and is refused: its
+    // figure is what refusing costs.)
     for (name, kind, body) in [
         ("many_messages", ApiKind::Chat, &many),
         ("escaped_string", ApiKind::Chat, &escapes),
         ("nested_tools", ApiKind::Chat, &nested),
         ("token_ids", ApiKind::Completions, &ids),
     ] {
-        assert!(parse(kind, body.as_bytes()).is_ok(), "{name} must parse as {kind:?}");
         group.bench_with_input(
             BenchmarkId::from_parameter(format!("{name}_{}KiB", body.len() / 1024)),
             body,
