@@ -7,7 +7,7 @@ WASM_BINDGEN_VERSION := $(shell sed -n '/^name = "wasm-bindgen"$$/{n;s/^version 
 CARGO_BIN := $(or $(CARGO_HOME),$(HOME)/.cargo)/bin
 export PATH := $(CARGO_BIN):$(PATH)
 
-.PHONY: all setup setup-rust setup-wasm-bindgen setup-envoy build build-wasm build-wasm-empty build-wasm-test-panic test test-native test-wasm test-e2e \
+.PHONY: all setup setup-rust setup-wasm-bindgen setup-envoy setup-clients build build-wasm build-wasm-empty build-wasm-test-panic test test-native test-wasm test-e2e test-clients \
 	validate-envoy check-targets check-core-deps lint bench bench-overhead bench-live setup-smg fuzz soak run fmt
 
 ENVOY_VERSION := 1.40.0
@@ -16,6 +16,9 @@ ENVOY := $(VENV)/bin/envoy
 # SGLang's model gateway (PyPI `smg`), the single-process peer in `make bench-live`.
 SMG_VERSION := 1.13.0
 WASM := dist/kvroute.wasm
+# The official `openai` Python client for `make test-clients`, pinned with its dependencies.
+CLIENTS_REQUIREMENTS := wasm-tests/clients/requirements.txt
+OPENAI_VERSION := $(shell sed -n 's/^openai==//p' $(CLIENTS_REQUIREMENTS))
 
 all: build
 
@@ -33,6 +36,11 @@ $(ENVOY):
 setup-smg: setup-envoy
 	@$(VENV)/bin/pip show smg 2>/dev/null | grep -qx "Version: $(SMG_VERSION)" || \
 		$(VENV)/bin/pip install --quiet --disable-pip-version-check smg==$(SMG_VERSION)
+
+## setup-clients: the pinned `openai` client into .venv/ (skipped when that version is there)
+setup-clients: setup-envoy
+	@$(VENV)/bin/pip show openai 2>/dev/null | grep -qx "Version: $(OPENAI_VERSION)" || \
+		$(VENV)/bin/pip install --quiet --disable-pip-version-check -r $(CLIENTS_REQUIREMENTS)
 
 setup-rust:
 	@rustup target list --installed | grep -qx wasm32-wasip1 || rustup target add wasm32-wasip1
@@ -71,7 +79,7 @@ build-wasm: setup-rust
 
 ## test: lint, the core's dependency rule, native tests, Envoy config validation,
 ## end-to-end tests through real Envoy, the core under wasm32 on node
-test: check-targets lint check-core-deps test-native validate-envoy test-e2e test-wasm
+test: check-targets lint check-core-deps test-native validate-envoy test-e2e test-clients test-wasm
 
 ## check-targets: every user-facing target still parses and resolves (a dry run, nothing executes)
 check-targets:
@@ -90,6 +98,13 @@ validate-envoy: setup-envoy build-wasm build-wasm-empty
 ## test-e2e: real Envoy + dist/kvroute.wasm in front of test vLLM servers on loopback
 test-e2e: setup-envoy build-wasm build-wasm-test-panic
 	KVROUTE_ENVOY=$(CURDIR)/$(ENVOY) $(CARGO) test -p kvroute-wasm-tests --test e2e --test e2e_simulated --test e2e_faults --test e2e_soak --test e2e_workers --test e2e_replicas --test e2e_clients -- --test-threads 2
+
+## test-clients: the official `openai` Python client through real Envoy + dist/kvroute.wasm in
+## front of 2 simulated vLLM servers (wasm-tests/clients/; about 10 s); the last line reads `N passed, N failed`
+test-clients: setup-envoy setup-clients build-wasm
+	$(CARGO) build --release -p kvroute-sim
+	PYTHONDONTWRITEBYTECODE=1 KVROUTE_ENVOY=$(CURDIR)/$(ENVOY) KVROUTE_SIM=$(CURDIR)/target/release/kvroute-sim \
+		$(VENV)/bin/python wasm-tests/clients/test_openai_client.py
 
 test-wasm: setup
 	$(CARGO) test -p kvroute-wasm-tests --target wasm32-unknown-unknown --test core_on_wasm
