@@ -39,7 +39,7 @@ fn replica_config(text: String, peers: [u16; 2], share: bool) -> String {
         .replace("port_value: 10200", &format!("port_value: {}", peers[1]));
     let plugin = if share {
         format!(
-            r#""policy": "cost", "debug_headers": true, "share": {{"replicas": {{"peers": ["127.0.0.1:{}", "127.0.0.1:{}"], "secret": "{SECRET}", "interval_ms": 20}}}},"#,
+            r#""policy": "cost", "debug_headers": true, "share": {{"replicas": {{"peers": ["127.0.0.1:{}", "127.0.0.1:{}"], "secret": "{SECRET}", "interval_ms": 5}}}},"#,
             peers[0], peers[1]
         )
     } else {
