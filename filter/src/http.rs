@@ -9,7 +9,7 @@ use std::rc::Rc;
 
 use kvroute_core::config::ClusterShape;
 use kvroute_core::request::{parse, ApiKind};
-use kvroute_core::response::cached_tokens;
+use kvroute_core::response::{cached_tokens, reports_usage};
 use kvroute_core::{Completion, Outcome};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, BufferType, LogLevel};
@@ -364,12 +364,13 @@ impl HttpContext for Http {
         let Some(shared) = self.shared.clone() else { return };
         let served_by = host::property_string(&["upstream", "address"]).map(kvroute_core::EndpointId::new);
         let cached = cached_tokens(&self.tail);
-        match cached {
-            Some(c) => {
-                shared.stats.reported_cached_tokens.add(c);
-                shared.stats.usage_reported.inc();
-            }
-            None => shared.stats.usage_missing.inc(),
+        if let Some(c) = cached {
+            shared.stats.reported_cached_tokens.add(c);
+        }
+        if reports_usage(&self.tail) {
+            shared.stats.usage_reported.inc();
+        } else {
+            shared.stats.usage_missing.inc();
         }
         let Ok(mut router) = shared.router.try_borrow_mut() else {
             return;
@@ -378,6 +379,7 @@ impl HttpContext for Http {
             served_by,
             status: self.status,
             cached_tokens: cached,
+            usage: reports_usage(&self.tail),
         };
         if let Some(flip) = router.on_completed(request_id, &done, host::now()) {
             host::log(LogLevel::Warn, &format!("passive health: {flip:?}"));

@@ -36,7 +36,10 @@ fn live_servers_answer_like_vllm_and_take_faults() {
     assert!(head.contains(&format!("x-served-by: 127.0.0.1:{base}")), "{head}");
     let v: serde_json::Value = serde_json::from_str(&first).unwrap();
     assert_eq!(v["usage"]["completion_tokens"], 4);
-    assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    assert!(
+        v["usage"].get("prompt_tokens_details").is_none(),
+        "a miss has no details, as vLLM sends them: {first}"
+    );
     let (_, _, again) = http(base, "POST", "/v1/chat/completions", &body).unwrap();
     let v: serde_json::Value = serde_json::from_str(&again).unwrap();
     assert!(

@@ -27,6 +27,9 @@ pub struct Endpoint {
     /// Uncached prompt tokens of this gateway's requests here that have not produced a first
     /// token yet: prefill work the gateway knows is queued or running, whatever the scrape says.
     pub pending_prefill_tokens: Tokens,
+    /// It has reported `prompt_tokens_details` (vLLM's `--enable-prompt-tokens-details`): from
+    /// it, `usage` without details means nothing was cached.
+    pub reports_cached: bool,
 }
 
 impl Endpoint {
@@ -41,6 +44,7 @@ impl Endpoint {
             sent_since_scrape: 0,
             sent_tokens_since_scrape: Tokens(0),
             pending_prefill_tokens: Tokens(0),
+            reports_cached: false,
         }
     }
 

@@ -5,8 +5,19 @@
 //! end of a non-streaming body and in the last data event of a stream with
 //! `stream_options.include_usage`, so the tail is enough. The scan takes the last
 //! `"cached_tokens": <integer>` in the text and ignores anything it cannot read.
+//!
+//! vLLM writes `prompt_tokens_details` only when started with `--enable-prompt-tokens-details`
+//! and only when some prompt tokens were cached: a miss has `usage` without it. So whether
+//! `usage` came at all is reported too (`reports_usage`); the router reads "usage without
+//! details" as 0 cached from a server that has shown details before.
 
 const KEY: &[u8] = b"\"cached_tokens\"";
+const USAGE: &[u8] = b"\"prompt_tokens\"";
+
+/// Whether `tail` holds a `usage` object (its `prompt_tokens`).
+pub fn reports_usage(tail: &[u8]) -> bool {
+    tail.windows(USAGE.len()).any(|w| w == USAGE)
+}
 
 /// The last `cached_tokens` value in `tail`, if one is there whole.
 pub fn cached_tokens(tail: &[u8]) -> Option<u64> {
@@ -41,6 +52,16 @@ mod tests {
     fn reads_the_last_value_of_a_stream() {
         let body = b"data: {\"usage\":{\"prompt_tokens_details\":{\"cached_tokens\": 16}}}\n\ndata: {\"usage\":{\"prompt_tokens_details\":{\"cached_tokens\" : 32}}}\n\ndata: [DONE]\n\n";
         assert_eq!(cached_tokens(body), Some(32));
+    }
+
+    #[test]
+    fn usage_without_details_is_told_apart_from_no_usage() {
+        let miss = br#"{"choices":[],"usage":{"prompt_tokens":2100,"completion_tokens":5,"total_tokens":2105}}"#;
+        assert!(reports_usage(miss));
+        assert_eq!(cached_tokens(miss), None);
+        assert!(!reports_usage(
+            b"data: {\"choices\":[{\"delta\":{\"content\":\" tok\"}}]}\n\n"
+        ));
     }
 
     #[test]

@@ -37,7 +37,7 @@ pub struct RouteRequest {
 }
 
 /// How a routed request ended.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Completion {
     /// The upstream that actually answered, when the proxy knows it (retries may move it).
     pub served_by: Option<EndpointId>,
@@ -45,6 +45,8 @@ pub struct Completion {
     pub status: u16,
     /// `usage.prompt_tokens_details.cached_tokens`, when the response carried it.
     pub cached_tokens: Option<u64>,
+    /// The response carried `usage` (with or without `prompt_tokens_details`).
+    pub usage: bool,
 }
 
 /// Counters for stats and for checking the index's predictions against vLLM's reports.

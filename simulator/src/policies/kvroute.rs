@@ -66,7 +66,9 @@ impl Policy for Kvroute {
         let done = Completion {
             served_by: Some(self.ids[s].clone()),
             status: 200,
-            cached_tokens: Some(f.cached_tokens),
+            // What vLLM (with --enable-prompt-tokens-details) reports: no details on a miss.
+            cached_tokens: (f.cached_tokens > 0).then_some(f.cached_tokens),
+            usage: true,
         };
         self.router.on_completed(f.id, &done, Millis(now_ms as u64));
     }

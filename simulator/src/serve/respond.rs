@@ -75,12 +75,17 @@ fn usage(reply: &Reply, finished: &[Finished]) -> Value {
             cached += f.cached_tokens;
         }
     }
-    json!({
+    // As vLLM 0.33 started with --enable-prompt-tokens-details: the details only when some
+    // prompt tokens were cached (a miss has none).
+    let mut usage = json!({
         "prompt_tokens": prompt,
         "total_tokens": prompt + completion,
         "completion_tokens": completion,
-        "prompt_tokens_details": {"cached_tokens": cached},
-    })
+    });
+    if cached > 0 {
+        usage["prompt_tokens_details"] = json!({"cached_tokens": cached});
+    }
+    usage
 }
 
 /// Waits for every sequence, then answers one JSON body.

@@ -108,8 +108,9 @@ impl Router {
         self.stats.completed += 1;
         let served = done.served_by.clone().unwrap_or_else(|| record.endpoint.clone());
         let moved = (served != record.endpoint).then(|| served.clone());
-        self.finish(&record, moved.as_ref(), done.cached_tokens);
-        if let Some(cached) = done.cached_tokens {
+        let cached = self.cached_reported(&served, done);
+        self.finish(&record, moved.as_ref(), cached);
+        if let Some(cached) = cached {
             let predicted = record.prompt_tokens.saturating_sub(record.uncached).0;
             let cached_in_prompt = cached.min(record.prompt_tokens.0);
             self.stats.overpredicted_tokens += predicted.saturating_sub(cached_in_prompt);
@@ -121,11 +122,24 @@ impl Router {
         self.tell_peers(|| PeerEvent::Completed {
             key,
             served_by: moved,
-            cached_tokens: done.cached_tokens,
+            cached_tokens: cached,
         });
         let ok = done.status != 0 && done.status < 500;
         let health = self.config.health().clone();
         self.table.get_mut(&served)?.health.on_response(ok, now, &health)
+    }
+
+    /// What `served` reported cached for a response: the number when the response gave one
+    /// (and from then on the server counts as one that reports), 0 when it gave `usage`
+    /// without details and the server has reported before (vLLM omits the details of a
+    /// miss), nothing otherwise.
+    fn cached_reported(&mut self, served: &EndpointId, done: &Completion) -> Option<u64> {
+        let e = self.table.get_mut(served)?;
+        if done.cached_tokens.is_some() {
+            e.reports_cached = true;
+            return done.cached_tokens;
+        }
+        (done.usage && e.reports_cached).then_some(0)
     }
 
     /// Releases a request's load and learns where its prefix lives: where it was served when

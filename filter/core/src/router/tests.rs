@@ -116,6 +116,7 @@ fn when_every_endpoint_has_a_queue_recomputing_a_prefix_costs_more() {
             served_by: Some(holder.clone()),
             status: 200,
             cached_tokens: None,
+            usage: false,
         };
         r.on_completed(1, &done, T0);
         r.on_metrics(&holder, load(8, 12, 0.5), Millis(T0.0 + 1));
@@ -172,6 +173,7 @@ fn unhealthy_ejected_and_stale_endpoints_are_never_picked() {
                 served_by: Some(ep(1)),
                 status: 503,
                 cached_tokens: None,
+                usage: false,
             },
             T0,
         );
@@ -321,6 +323,7 @@ fn independent_routers_agree_on_the_owner_of_a_cold_prefix() {
             served_by: None,
             status: 200,
             cached_tokens: Some(0),
+            usage: true,
         },
         T0,
     );
@@ -352,6 +355,7 @@ fn completion_releases_accounting_and_a_retry_moves_the_prefix() {
             served_by: Some(other.clone()),
             status: 200,
             cached_tokens: Some(0),
+            usage: true,
         },
         T0,
     );
@@ -375,7 +379,8 @@ fn completion_releases_accounting_and_a_retry_moves_the_prefix() {
             &Completion {
                 served_by: None,
                 status: 200,
-                cached_tokens: None
+                cached_tokens: None,
+                usage: false
             },
             T0
         ),
@@ -446,6 +451,7 @@ fn prefill_the_gateway_sent_counts_until_the_first_token_even_after_a_scrape() {
             served_by: None,
             status: 200,
             cached_tokens: None,
+            usage: false,
         },
         T0.plus(40),
     );
@@ -477,6 +483,7 @@ fn done_at(endpoint: Option<EndpointId>, cached: Option<u64>) -> Completion {
         served_by: endpoint,
         status: 200,
         cached_tokens: cached,
+        usage: cached.is_some(),
     }
 }
 
@@ -662,4 +669,30 @@ fn a_request_routed_after_a_scrape_was_taken_stays_counted_when_the_scrape_arriv
         0,
         "a scrape taken after it shows it"
     );
+}
+
+#[test]
+fn usage_without_details_counts_as_a_miss_only_from_a_server_that_reports_details() {
+    let mut r = router(PolicyKind::Cost, &idle(1));
+    let without_details = Completion {
+        served_by: None,
+        status: 200,
+        cached_tokens: None,
+        usage: true,
+    };
+    // Never reported details (vLLM without --enable-prompt-tokens-details): nothing learned.
+    let d = r.route(&req(1, 8), T0);
+    r.on_routed(1, &req(1, 8), &d, T0);
+    let d = r.route(&req(1, 8), T0);
+    r.on_routed(2, &req(1, 8), &d, T0);
+    r.on_completed(2, &without_details, T0);
+    assert_eq!(r.stats().reported_prompt_tokens, 0);
+    // Once it reported details, usage without them is vLLM's way of saying "0 cached".
+    r.on_completed(1, &done_at(None, Some(64)), T0);
+    let d = r.route(&req(1, 8), T0);
+    r.on_routed(3, &req(1, 8), &d, T0);
+    r.on_completed(3, &without_details, T0);
+    // Request 1 was predicted cold and had 64 cached; request 3 was predicted fully cached.
+    assert_eq!(r.stats().underpredicted_tokens, 64);
+    assert_eq!(r.stats().overpredicted_tokens, 8 * 64);
 }
