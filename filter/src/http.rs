@@ -141,7 +141,7 @@ impl Http {
 impl Http {
     /// A request to `share.replicas.path` is another replica's batch, answered here and never
     /// sent upstream: 403 without the shared secret; otherwise its body is buffered.
-    fn peer_batch_headers(&mut self, shared: &Shared, headers: &Headers) -> Option<Action> {
+    fn peer_batch_headers(&mut self, shared: &Shared, headers: &Headers, end_of_stream: bool) -> Option<Action> {
         let router = shared.router.try_borrow().ok()?;
         let replicas = router.config().share().replicas.as_ref()?;
         let path = headers.text(":path")?;
@@ -153,6 +153,10 @@ impl Http {
         if !post || !same_secret(secret, replicas.secret.as_bytes()) {
             shared.stats.replica_batches_refused.inc();
             let _ = host::send_local_response(403, vec![], b"not a kvroute replica\n");
+            return Some(Action::Pause);
+        }
+        if end_of_stream {
+            let _ = host::send_local_response(400, vec![], b"a batch needs a body\n");
             return Some(Action::Pause);
         }
         self.phase = Phase::PeerBatch;
@@ -169,6 +173,7 @@ impl Http {
             .ok()
             .and_then(|r| r.config().share().replicas.as_ref().map(|p| p.max_body_bytes));
         if body_size > max.unwrap_or(0) {
+            self.phase = Phase::PassThrough;
             let _ = host::send_local_response(413, vec![], b"batch too large\n");
             return Action::Pause;
         }
@@ -258,7 +263,7 @@ impl HttpContext for Http {
         let Some(shared) = self.shared.clone() else {
             return Action::Continue;
         };
-        if let Some(action) = self.peer_batch_headers(&shared, &headers) {
+        if let Some(action) = self.peer_batch_headers(&shared, &headers, end_of_stream) {
             return action;
         }
         let kind = headers.text(":path").and_then(ApiKind::from_path);

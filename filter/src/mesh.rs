@@ -164,6 +164,8 @@ pub struct Received {
     pub lost: u64,
     /// Origins to forget: silent past the timeout.
     pub gone: Vec<u32>,
+    /// Origins now written by a new VM (forget the old one's requests before applying).
+    pub replaced: Vec<u32>,
     /// This process's live workers (counted once a heartbeat period; 0 otherwise).
     pub members: u64,
     /// Another VM writes under this worker's origin...
@@ -201,6 +203,7 @@ impl Cursor {
         if head + 1 > next + SLOTS {
             lost += head + 1 - SLOTS - next;
             next = head + 1 - SLOTS;
+            self.unwritten_since = None;
         }
         let last = head.min(next + MAX_READ_PER_TICK - 1);
         while next <= last {
@@ -313,6 +316,9 @@ impl Mesh {
                 gone.push(*origin);
             }
         }
+        // Long gone (a replica restarted with new origins): no need to remember them.
+        self.peers
+            .retain(|_, p| !p.gone || now.0.saturating_sub(p.heard_ms) <= 10 * timeout_ms);
         gone
     }
 
@@ -326,6 +332,9 @@ impl Mesh {
             heard_ms: now.0,
             gone: false,
         });
+        if peer.nonce != segment.nonce {
+            rx.replaced.push(segment.origin);
+        }
         (peer.nonce, peer.heard_ms, peer.gone) = (segment.nonce, now.0, false);
         rx.events
             .extend(segment.events.into_iter().filter_map(WireEvent::into_event));

@@ -23,6 +23,9 @@ use crate::mesh::Mesh;
 use crate::stats::RequestStats;
 
 const IDLE_AFTER_MS: u64 = 1000;
+/// A peer's request still in flight after this long lost its completion on the way (it is
+/// released; a generation really that long is then under-counted on the other workers).
+const PEER_REQUEST_MAX_MS: u64 = 600_000;
 const IDLE_TICK_MS: u64 = 50;
 
 pub struct Peers {
@@ -75,6 +78,10 @@ impl Peers {
     pub fn on_tick(&self, router: &mut Router, stats: &RequestStats, now: Millis) {
         if self.exchange(router, stats, now) {
             self.last_activity.set(now.0);
+            // Peers are busy again: read at the fast tick, not 256 segments per 50 ms.
+            if self.idle.get() && host::set_tick_period_ms(self.tick_ms).is_ok() {
+                self.idle.set(false);
+            }
         } else if !self.idle.get()
             && now.0.saturating_sub(self.last_activity.get()) > IDLE_AFTER_MS
             && host::set_tick_period_ms(IDLE_TICK_MS).is_ok()
@@ -132,6 +139,10 @@ impl Peers {
         };
         let Some(mesh) = guard.as_mut() else { return false };
         let rx = mesh.receive(now, router.config().share().peer_timeout_ms);
+        // A known origin now written by a new VM: what the old one had in flight goes first.
+        for origin in &rx.replaced {
+            router.forget_peer(*origin);
+        }
         for event in &rx.events {
             router.on_peer_event(event, now);
         }
@@ -148,6 +159,10 @@ impl Peers {
                 LogLevel::Info,
                 &format!("worker {origin} left the shared view; its load is released"),
             );
+        }
+        if rx.members > 0 {
+            // Once a heartbeat period: peers' requests whose completion never came.
+            router.expire_peer_requests(now, PEER_REQUEST_MAX_MS);
         }
         if rx.members > 0 && rx.members != self.members.get() {
             // Each worker keeps a full copy of the index: the configured budget is split.

@@ -37,6 +37,10 @@ pub struct Forward {
 }
 
 const REPLICA_KEY: &str = "kvroute.mesh.replica";
+/// A batch bigger than this is refused (400): a sender never has more to say in one
+/// interval, and writing it would lap every reader of this process's log.
+const MAX_SEGMENTS_PER_BATCH: usize = 256;
+const MAX_EVENTS_PER_BATCH: usize = 65_536;
 /// Origins of events from other replicas start here, above every local origin.
 const REMOTE_BASE: u32 = 0x1000;
 
@@ -101,6 +105,10 @@ impl Forwarder {
 /// `Some(0)` for this replica's own.
 pub fn take_forwarded(body: &[u8], now: Millis) -> Option<usize> {
     let batch = Forward::decode(body).ok()?;
+    let events: usize = batch.segments.iter().map(|s| s.events.len()).sum();
+    if batch.segments.len() > MAX_SEGMENTS_PER_BATCH || events > MAX_EVENTS_PER_BATCH {
+        return None;
+    }
     // Until the scraping service named this replica, a batch could be this replica's own.
     if replica_nonce().is_none_or(|own| own == batch.replica) {
         return Some(0);
@@ -110,6 +118,10 @@ pub fn take_forwarded(body: &[u8], now: Millis) -> Option<usize> {
         let origin = remote_origin(batch.replica, segment.origin);
         for e in &mut segment.events {
             e.key = kvroute_core::peer::request_key(origin, e.key);
+            // The sender's clock is not ours: "routed after the scrape" is judged by arrival.
+            if e.at_ms != 0 {
+                e.at_ms = now.0;
+            }
         }
         taken += segment.events.len();
         let Some(number) = increment(HEAD_KEY) else {

@@ -147,6 +147,12 @@ fn only_a_replica_with_the_secret_can_feed_placements_and_nothing_reaches_a_serv
     )
     .unwrap();
     assert_eq!(r.status, 400, "garbage with the secret is refused: {}", r.body);
+    let r = http_client::request(p.b.port, "POST", PATH, &[("x-kvroute-peer-secret", SECRET)], b"").unwrap();
+    assert_eq!(
+        r.status, 400,
+        "a batch without a body is answered, not left hanging: {}",
+        r.body
+    );
     let after: u64 = p.servers.iter().map(FakeVllm::inference_requests).sum();
     assert_eq!(before, after, "a peer-events request reached a vLLM server");
     assert!(p.b.stat("wasmcustom.kvroute.replicas.batches_refused") >= 5);

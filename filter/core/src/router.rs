@@ -94,6 +94,35 @@ pub struct Router {
     origin: u32,
     /// Changes not yet handed to peers; `None` when this router shares with none.
     outbox: Option<Vec<PeerEvent>>,
+    /// Peers' requests whose completion arrived before their placement (bounded).
+    early_completions: RecentKeys,
+}
+
+/// A bounded set of request keys: the oldest is forgotten past `RecentKeys::CAP`.
+#[derive(Clone, Debug, Default)]
+struct RecentKeys {
+    keys: std::collections::BTreeSet<u64>,
+    order: std::collections::VecDeque<u64>,
+}
+
+impl RecentKeys {
+    const CAP: usize = 4096;
+
+    fn insert(&mut self, key: u64) {
+        if self.keys.insert(key) {
+            self.order.push_back(key);
+        }
+        while self.order.len() > Self::CAP {
+            if let Some(old) = self.order.pop_front() {
+                self.keys.remove(&old);
+            }
+        }
+    }
+
+    fn remove(&mut self, key: &u64) -> bool {
+        // `order` keeps the key until it is popped; a stale entry there only ages out.
+        self.keys.remove(key)
+    }
 }
 
 impl Router {
@@ -112,6 +141,7 @@ impl Router {
             stats: RouterStats::default(),
             origin: 0,
             outbox: None,
+            early_completions: RecentKeys::default(),
         };
         let endpoints = router.config.endpoints().to_vec();
         router.on_endpoints(&endpoints);

@@ -161,11 +161,11 @@ pub(super) fn validate_share(s: &RawShare) -> Result<(), ConfigError> {
     if !(1..=1000).contains(&s.tick_ms) {
         return Err(reject("share.tick_ms", format!("({}) must be in 1..=1000", s.tick_ms)));
     }
-    if s.peer_timeout_ms < 1000 || s.peer_timeout_ms < 10 * s.tick_ms {
+    if s.peer_timeout_ms < 3000 || s.peer_timeout_ms < 10 * s.tick_ms {
         return Err(reject(
             "share.peer_timeout_ms",
             format!(
-                "({}) must be at least 1000 and at least 10 × share.tick_ms ({})",
+                "({}) must be at least 3000 (three 1 s heartbeats) and at least 10 × share.tick_ms ({})",
                 s.peer_timeout_ms, s.tick_ms
             ),
         ));

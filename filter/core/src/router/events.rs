@@ -93,8 +93,11 @@ impl Router {
         if let Some(old) = self.inflight.insert(key, record) {
             self.release(&old);
         }
-        while self.inflight.len() > MAX_INFLIGHT {
-            if let Some((_, old)) = self.inflight.pop_first() {
+        if self.inflight.len() > MAX_INFLIGHT {
+            // Lost completions must not pin load forever: release the oldest request (a scan,
+            // but only past 65,536 requests in flight).
+            let oldest = self.inflight.iter().min_by_key(|(_, r)| r.routed_at).map(|(k, _)| *k);
+            if let Some(old) = oldest.and_then(|k| self.inflight.remove(&k)) {
                 self.release(&old);
             }
         }
@@ -219,7 +222,15 @@ impl Router {
                 uncached,
                 at,
             } => {
-                self.place(*key, endpoint, blocks, *prompt_tokens, *uncached, *at);
+                if self.early_completions.remove(key) {
+                    // Its completion came first (batches from other replicas can overtake each
+                    // other): the prefix is on the server, the load already gone.
+                    if let Some(slot) = self.table.get(endpoint).map(|e| e.slot) {
+                        self.index.record(slot, blocks);
+                    }
+                } else {
+                    self.place(*key, endpoint, blocks, *prompt_tokens, *uncached, *at);
+                }
             }
             PeerEvent::FirstToken { key } => {
                 self.prefill_done(*key);
@@ -228,12 +239,30 @@ impl Router {
                 key,
                 served_by,
                 cached_tokens,
-            } => {
-                if let Some(record) = self.inflight.remove(key) {
-                    self.finish(&record, served_by.as_ref(), *cached_tokens);
-                }
+            } => match self.inflight.remove(key) {
+                Some(record) => self.finish(&record, served_by.as_ref(), *cached_tokens),
+                None => self.early_completions.insert(*key),
+            },
+        }
+    }
+
+    /// Releases peers' requests routed more than `max_age_ms` before `now`: their completion
+    /// was lost (a batch from another replica that never arrived, a reader lapped), and a
+    /// live peer is never forgotten as a whole. This router's own requests are left alone.
+    pub fn expire_peer_requests(&mut self, now: Millis, max_age_ms: u64) -> usize {
+        let origin = self.origin;
+        let old: Vec<u64> = self
+            .inflight
+            .iter()
+            .filter(|(k, r)| origin_of(**k) != origin && now.since(r.routed_at) > max_age_ms)
+            .map(|(k, _)| *k)
+            .collect();
+        for key in &old {
+            if let Some(record) = self.inflight.remove(key) {
+                self.release(&record);
             }
         }
+        old.len()
     }
 
     /// Peer `origin` is gone (its VM stopped reporting): release its requests' load, which

@@ -565,10 +565,54 @@ fn keys_from_two_peers_with_the_same_local_id_stay_apart_and_own_events_are_igno
         2,
         "same local id, two origins; a repeated event counts once"
     );
+    let applied = a.stats().peer_events;
     for ev in a.take_peer_events() {
         a.on_peer_event(&ev, T0);
     }
-    assert_eq!(a.inflight_requests(), 2, "a router ignores its own events");
+    assert_eq!(a.stats().peer_events, applied, "a router ignores its own events");
+    let total: u32 = a.endpoints().iter().map(|e| e.inflight).sum();
+    assert_eq!(total, 2);
+}
+
+#[test]
+fn a_completion_that_overtakes_its_placement_leaves_no_load() {
+    let mut a = router(PolicyKind::Cost, &idle(2));
+    let mut b = router(PolicyKind::Cost, &idle(2));
+    a.share_with_peers(1);
+    b.share_with_peers(2);
+    let d = a.route(&req(3, 8), T0);
+    a.on_routed(1, &req(3, 8), &d, T0);
+    a.on_completed(1, &done_at(None, None), T0);
+    let events = a.take_peer_events();
+    for ev in events.iter().rev() {
+        b.on_peer_event(ev, T0);
+    }
+    assert_eq!(b.inflight_requests(), 0);
+    assert!(b
+        .endpoints()
+        .iter()
+        .all(|e| e.inflight == 0 && e.pending_prefill_tokens == Tokens(0)));
+    assert_eq!(b.route(&req(3, 8), T0).matched_blocks, 8, "the placement still counts");
+}
+
+#[test]
+fn peer_requests_whose_completion_never_came_are_released_after_a_while() {
+    let mut a = router(PolicyKind::Cost, &idle(2));
+    let mut b = router(PolicyKind::Cost, &idle(2));
+    a.share_with_peers(1);
+    b.share_with_peers(2);
+    let d = a.route(&req(3, 8), T0);
+    a.on_routed(1, &req(3, 8), &d, T0);
+    pass(&mut a, &mut b);
+    let d = b.route(&req(4, 8), T0);
+    b.on_routed(1, &req(4, 8), &d, T0);
+    assert_eq!(b.expire_peer_requests(T0.plus(1000), 60_000), 0);
+    assert_eq!(
+        b.expire_peer_requests(T0.plus(61_000), 60_000),
+        1,
+        "a's request is released"
+    );
+    assert_eq!(b.inflight_requests(), 1, "b's own request stays");
 }
 
 #[test]
