@@ -33,11 +33,12 @@ REPLICAS=${REPLICAS:-1}
 
 source scripts/lib.sh
 
-[ -x "$SIM" ] && [ -x "$ENVOY" ] && [ -f dist/kvroute.wasm ] || { echo "run through 'make bench-live' (it builds first)" >&2; exit 1; }
+[ -x "$SIM" ] && [ -x "$ENVOY" ] && [ -f "$WASM" ] || { echo "run through 'make bench-live' (it builds first)" >&2; exit 1; }
 [ "$PEER" != 1 ] || [ -x "$SMG" ] || { echo "$SMG missing: run through 'make bench-live' (it installs smg)" >&2; exit 1; }
 for c in $CONCURRENCIES $REPLICA_CONCURRENCY $RUNS; do
   [[ "$c" =~ ^[1-9][0-9]*$ ]] || { echo "RUNS, CONCURRENCIES and REPLICA_CONCURRENCY must be positive integers" >&2; exit 1; }
 done
+snapshot_artifacts
 require_free $(sim_ports) "$ENVOY_PORT" "$((ENVOY_PORT + 1))" "$ADMIN_PORT" "$((ADMIN_PORT + 1))" "$SMG_PORT" "$SMG_METRICS_PORT"
 mkdir -p "$OUT/runs"
 INDEX="$OUT/index.tsv"
@@ -144,7 +145,7 @@ done
 {
   echo "Live routers on 4 simulated Llama-3.1-8B/H100 servers, fresh fleet per run, $(nproc) cores;"
   echo "medians over runs with [min–max]; cold = requests scheduled in the first $COLD_S s of the"
-  echo "steady-state workload, or the whole burst; steady = the rest ($(date -u +%Y-%m-%dT%H:%MZ), $(git rev-parse --short HEAD))."
+  echo "steady-state workload, or the whole burst; steady = the rest ($(date -u +%Y-%m-%dT%H:%MZ), build $BUILD; $OUT/bin/SHA256SUMS)."
   echo
   python3 scripts/live_summary.py "$INDEX" --checks
 } | tee "$OUT/summary.md"

@@ -29,11 +29,12 @@ BURST_WL=(--workload shared-prefix --groups 64 --per-group 16 --rate 140 --outpu
 
 source scripts/lib.sh
 
-[ -x "$SIM" ] && [ -x "$ENVOY" ] && [ -f dist/kvroute.wasm ] || { echo "run through 'make run' (it builds first)" >&2; exit 1; }
+[ -x "$SIM" ] && [ -x "$ENVOY" ] && [ -f "$WASM" ] || { echo "run through 'make run' (it builds first)" >&2; exit 1; }
 [[ "$CONCURRENCY" =~ ^[1-9][0-9]*$ ]] || { echo "CONCURRENCY must be a positive integer (Envoy's --concurrency)" >&2; exit 1; }
 require_free $(sim_ports) "$ENVOY_PORT" "$ADMIN_PORT"
 mkdir -p "$OUT"
 rm -f "$OUT/index.tsv"
+snapshot_artifacts
 
 # One run on a fresh fleet and Envoy: label, config, then the bench arguments.
 run_once() {
@@ -75,7 +76,7 @@ for label in kvroute round-robin; do
 done
 
 echo
-echo "==> kvroute vs round-robin, same Envoy (--concurrency $CONCURRENCY), same simulated fleet, fresh each run (TTFT in ms)"
+echo "==> kvroute vs round-robin, same Envoy (--concurrency $CONCURRENCY), same simulated fleet, fresh each run (TTFT in ms; build $BUILD)"
 python3 scripts/live_summary.py "$OUT/index.tsv" | tee "$OUT/summary.md"
 echo
 echo "==> steady state (requests scheduled after the first $COLD_S s)"

@@ -9,6 +9,7 @@
 # failing step says `|| return 1`: errexit is off inside a function called from `if`).
 
 SIM=${SIM:-target/release/kvroute-sim}
+WASM=${WASM:-dist/kvroute.wasm}
 ENVOY=${ENVOY:-.venv/bin/envoy}
 SMG=${SMG:-.venv/bin/smg}
 OUT=${OUT:?set OUT before sourcing scripts/lib.sh}
@@ -66,6 +67,21 @@ run_waited() {
   return "$rc"
 }
 
+# Copies the filter and the simulator into $OUT/bin and uses the copies from then on, so a
+# rebuild in the same checkout during a long series (others build there too) cannot change
+# what is measured. BUILD names what was copied: the commit, "+uncommitted" when filter/ or
+# simulator/ differed from it.
+snapshot_artifacts() {
+  mkdir -p "$OUT/bin"
+  cp "$WASM" "$OUT/bin/kvroute.wasm"
+  cp "$SIM" "$OUT/bin/kvroute-sim"
+  WASM="$OUT/bin/kvroute.wasm"
+  SIM="$OUT/bin/kvroute-sim"
+  BUILD=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+  if [ -n "$(git status --porcelain -- filter simulator 2>/dev/null)" ]; then BUILD="$BUILD+uncommitted"; fi
+  (cd "$OUT/bin" && sha256sum kvroute.wasm kvroute-sim >SHA256SUMS)
+}
+
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 # Fails unless every port given is free.
@@ -120,7 +136,7 @@ start_fleet() {
 }
 
 # Writes envoy/<config> to $OUT with its pool, listener and admin ports moved to ours
-# (replica k: listener ENVOY_PORT+k, admin ADMIN_PORT+k).
+# (replica k: listener ENVOY_PORT+k, admin ADMIN_PORT+k) and the filter loaded from $WASM.
 envoy_config() {
   local src=$1 dst=$2 k=$3 i expr=()
   for i in 0 1 2 3; do
@@ -129,6 +145,7 @@ envoy_config() {
   done
   expr+=(-e "s/port_value: 10000\b/port_value: $((ENVOY_PORT + k))/")
   expr+=(-e "s/port_value: 9901\b/port_value: $((ADMIN_PORT + k))/")
+  expr+=(-e "s#filename: dist/kvroute.wasm#filename: $WASM#")
   sed "${expr[@]}" "$src" >"$dst"
   if grep -qE 'address: (0\.0\.0\.0|::)[^0-9]|"0\.0\.0\.0' "$dst"; then
     echo "$dst binds a non-loopback address" >&2
