@@ -492,6 +492,15 @@ fn inflight_on(r: &Router, id: &EndpointId) -> (u32, Tokens) {
     (e.inflight, e.pending_prefill_tokens)
 }
 
+/// Two routers of one process over `n` idle endpoints, sharing as peers 1 and 2.
+fn peers(n: usize) -> (Router, Router) {
+    let mut a = router(PolicyKind::Cost, &idle(n));
+    let mut b = router(PolicyKind::Cost, &idle(n));
+    a.share_with_peers(1);
+    b.share_with_peers(2);
+    (a, b)
+}
+
 fn pass(from: &mut Router, to: &mut Router) {
     for ev in from.take_peer_events() {
         to.on_peer_event(&ev, T0);
@@ -500,10 +509,7 @@ fn pass(from: &mut Router, to: &mut Router) {
 
 #[test]
 fn peers_route_with_each_others_placements_and_load() {
-    let mut a = router(PolicyKind::Cost, &idle(4));
-    let mut b = router(PolicyKind::Cost, &idle(4));
-    a.share_with_peers(1);
-    b.share_with_peers(2);
+    let (mut a, mut b) = peers(4);
     let d = a.route(&req(9, 24), T0);
     a.on_routed(1, &req(9, 24), &d, T0);
     let chosen = d.best().unwrap().clone();
@@ -547,10 +553,7 @@ fn without_the_events_a_peer_routes_blind() {
 
 #[test]
 fn keys_from_two_peers_with_the_same_local_id_stay_apart_and_own_events_are_ignored() {
-    let mut a = router(PolicyKind::Cost, &idle(2));
-    let mut b = router(PolicyKind::Cost, &idle(2));
-    a.share_with_peers(1);
-    b.share_with_peers(2);
+    let (mut a, mut b) = peers(2);
     for r in [&mut a, &mut b] {
         let d = r.route(&req(3, 8), T0);
         r.on_routed(5, &req(3, 8), &d, T0);
@@ -576,10 +579,7 @@ fn keys_from_two_peers_with_the_same_local_id_stay_apart_and_own_events_are_igno
 
 #[test]
 fn a_completion_that_overtakes_its_placement_leaves_no_load() {
-    let mut a = router(PolicyKind::Cost, &idle(2));
-    let mut b = router(PolicyKind::Cost, &idle(2));
-    a.share_with_peers(1);
-    b.share_with_peers(2);
+    let (mut a, mut b) = peers(2);
     let d = a.route(&req(3, 8), T0);
     a.on_routed(1, &req(3, 8), &d, T0);
     a.on_completed(1, &done_at(None, None), T0);
@@ -597,10 +597,7 @@ fn a_completion_that_overtakes_its_placement_leaves_no_load() {
 
 #[test]
 fn peer_requests_whose_completion_never_came_are_released_after_a_while() {
-    let mut a = router(PolicyKind::Cost, &idle(2));
-    let mut b = router(PolicyKind::Cost, &idle(2));
-    a.share_with_peers(1);
-    b.share_with_peers(2);
+    let (mut a, mut b) = peers(2);
     let d = a.route(&req(3, 8), T0);
     a.on_routed(1, &req(3, 8), &d, T0);
     pass(&mut a, &mut b);
@@ -633,10 +630,7 @@ fn a_peer_request_routed_before_the_scrape_is_not_counted_as_unseen_load() {
 
 #[test]
 fn a_departed_peer_leaves_no_load_behind() {
-    let mut a = router(PolicyKind::Cost, &idle(2));
-    let mut b = router(PolicyKind::Cost, &idle(2));
-    a.share_with_peers(1);
-    b.share_with_peers(2);
+    let (mut a, mut b) = peers(2);
     for id in 0..3 {
         let d = a.route(&req(id, 8), T0);
         a.on_routed(id, &req(id, 8), &d, T0);
