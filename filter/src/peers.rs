@@ -94,13 +94,14 @@ impl Peers {
     /// since (so the decision sees their latest placements, not those of the last tick); a
     /// worker whose tick slowed down catches up and speeds it up again.
     pub fn before_route(&self, router: &mut Router, stats: &RequestStats, now: Millis) {
-        if self.on_request {
+        let idle = self.idle.get();
+        if self.on_request || idle {
             self.pull(router, stats, now);
         }
-        if !self.idle.get() {
+        if !idle {
             return;
         }
-        self.exchange(router, stats, now);
+        self.push(router, now);
         self.last_activity.set(now.0);
         if host::set_tick_period_ms(self.tick_ms).is_ok() {
             self.idle.set(false);

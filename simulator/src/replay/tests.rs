@@ -81,18 +81,23 @@ fn with_topology(workers: usize, share: bool, tick_ms: f64) -> ReplaySetup {
     }
 }
 
-#[test]
-fn workers_that_share_at_once_route_exactly_like_one_router() {
-    // 32 groups over 4 servers, so affinity decides the hit rate; requests spread at random
-    // over 4 workers. Sharing with a negligible delay must reproduce one router's every
-    // decision (one view per process); without sharing the workers disagree.
+/// 32 groups of 6 over 4 servers at 40 req/s: affinity decides the hit rate.
+fn affinity_workload() -> Vec<SimRequest> {
     let p = GenParams {
         rate: 40.0,
         groups: 32,
         prompts_per_group: 6,
         ..GenParams::defaults(Generator::SharedPrefix)
     };
-    let reqs = generate(Generator::SharedPrefix, &p);
+    generate(Generator::SharedPrefix, &p)
+}
+
+#[test]
+fn workers_that_share_at_once_route_exactly_like_one_router() {
+    // 32 groups over 4 servers, so affinity decides the hit rate; requests spread at random
+    // over 4 workers. Sharing with a negligible delay must reproduce one router's every
+    // decision (one view per process); without sharing the workers disagree.
+    let reqs = affinity_workload();
     let one = run(&setup(4), PolicyName::Kvroute, &reqs, &|_| {});
     let shared = run(&with_topology(4, true, 0.001), PolicyName::Kvroute, &reqs, &|_| {});
     let apart = run(&with_topology(4, false, 0.001), PolicyName::Kvroute, &reqs, &|_| {});
@@ -110,13 +115,7 @@ fn workers_that_share_at_once_route_exactly_like_one_router() {
 fn replicas_that_exchange_peer_events_agree_where_isolated_replicas_do_not() {
     // 4 replicas share nothing but what the modelled cross-replica exchange carries; even
     // 50 ms late it keeps one prefix in one place, where isolated replicas spread it.
-    let p = GenParams {
-        rate: 40.0,
-        groups: 32,
-        prompts_per_group: 6,
-        ..GenParams::defaults(Generator::SharedPrefix)
-    };
-    let reqs = generate(Generator::SharedPrefix, &p);
+    let reqs = affinity_workload();
     let replicas = |share: bool| ReplaySetup {
         topology: Topology {
             gateways: 4,
