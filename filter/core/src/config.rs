@@ -12,7 +12,8 @@ use crate::types::EndpointId;
 
 mod validate;
 use validate::{
-    validate_endpoints, validate_hashing, validate_health, validate_scoring, validate_scrape, validate_share,
+    validate_discovery, validate_endpoints, validate_hashing, validate_health, validate_scoring, validate_scrape,
+    validate_share,
 };
 
 /// Which scoring policy picks the endpoint.
@@ -58,6 +59,42 @@ pub struct RawConfig {
     pub overload: RawOverload,
     pub index: RawIndex,
     pub share: RawShare,
+    pub discovery: RawDiscovery,
+}
+
+/// Where the pool comes from when `endpoints` is empty: Envoy's own view of the pool
+/// cluster, read from its admin `/clusters` through `admin_cluster` (a cluster pointing at
+/// the admin address; in Istio every proxy has `prometheus_stats`). The singleton service
+/// polls it; without one, one worker VM holds a lease in shared data and polls for all.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawDiscovery {
+    pub admin_cluster: String,
+    /// The pool cluster to follow; empty means `scrape.cluster`.
+    pub cluster: String,
+    pub interval_ms: u64,
+    pub timeout_ms: u64,
+    pub max_bytes: usize,
+    /// How often each server's `/v1/models` is read (new servers at once); 0 never.
+    pub models_interval_ms: u64,
+    /// A lease holder (the worker polling for the others) silent this long is replaced.
+    pub lease_ms: u64,
+}
+
+impl Default for RawDiscovery {
+    fn default() -> Self {
+        Self {
+            admin_cluster: "kvroute_admin".into(),
+            cluster: String::new(),
+            // Envoy shows an EDS change in /clusters within about 17 ms (DESIGN §8); 250 ms
+            // keeps a 256-host pool's polling cheap and a new host in use within 0.5 s.
+            interval_ms: 250,
+            timeout_ms: 200,
+            max_bytes: 8 << 20,
+            models_interval_ms: 10_000,
+            lease_ms: 1000,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -97,6 +134,8 @@ pub struct RawCost {
     pub cold_tolerance: f64,
     pub default_prompt_tokens: u64,
     pub work_weight: f64,
+    /// Added to a server's cost when the request's LoRA adapter is not loaded there.
+    pub lora_load_ms: f64,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -194,6 +233,7 @@ impl Default for RawConfig {
             overload: RawOverload::default(),
             index: RawIndex::default(),
             share: RawShare::default(),
+            discovery: RawDiscovery::default(),
         }
     }
 }
@@ -245,6 +285,9 @@ impl Default for RawCost {
             cold_tolerance: 0.1,
             default_prompt_tokens: 512,
             work_weight: 1.0,
+            // vLLM loads an adapter from its CPU cache in milliseconds and from disk in tens
+            // to hundreds: a server that has it loaded wins unless clearly busier.
+            lora_load_ms: 50.0,
         }
     }
 }
@@ -382,6 +425,21 @@ impl Config {
     pub fn index(&self) -> &RawIndex {
         &self.raw.index
     }
+    pub fn discovery(&self) -> &RawDiscovery {
+        &self.raw.discovery
+    }
+    /// Whether the pool is learned from Envoy (no static `endpoints`).
+    pub fn discovers(&self) -> bool {
+        self.endpoints.is_empty()
+    }
+    /// The cluster whose hosts make the pool.
+    pub fn pool_cluster(&self) -> &str {
+        if self.raw.discovery.cluster.is_empty() {
+            &self.raw.scrape.cluster
+        } else {
+            &self.raw.discovery.cluster
+        }
+    }
     pub fn share(&self) -> &RawShare {
         &self.raw.share
     }
@@ -404,6 +462,9 @@ impl TryFrom<RawConfig> for Config {
         validate_health(&raw.health, &raw.scrape)?;
         validate_scoring(&raw)?;
         validate_share(&raw.share)?;
+        if raw.endpoints.is_empty() {
+            validate_discovery(&raw.discovery)?;
+        }
         if raw.max_body_bytes < 1024 {
             return Err(reject(
                 "max_body_bytes",

@@ -23,6 +23,8 @@ pub enum FallbackReason {
     NoMetrics,
     /// No endpoint may serve (all unhealthy, ejected or absent): `endpoints` is empty.
     NoEndpoints,
+    /// No server lists the requested model: Envoy balances it (and the server answers).
+    UnknownModel,
 }
 
 impl Outcome {
@@ -33,6 +35,7 @@ impl Outcome {
             Outcome::Cold => "cold",
             Outcome::Fallback(FallbackReason::NoMetrics) => "fallback_no_metrics",
             Outcome::Fallback(FallbackReason::NoEndpoints) => "fallback_no_endpoints",
+            Outcome::Fallback(FallbackReason::UnknownModel) => "fallback_unknown_model",
             Outcome::Shed { .. } => "shed",
         }
     }
@@ -49,6 +52,15 @@ pub enum FilterReason {
     DoesNotFit,
     /// Past `overload.queue_limit` or `overload.kv_limit` while others were not.
     Overloaded,
+    /// Envoy excludes it: failing its active health check, ejected by outlier detection,
+    /// or unhealthy in EDS.
+    ExcludedByEnvoy,
+    /// Draining or pending removal in Envoy: no new requests.
+    Draining,
+    /// Degraded in Envoy while others are not.
+    Degraded,
+    /// Every LoRA slot is taken by other adapters while another server has room.
+    LoraSlotsFull,
 }
 
 impl fmt::Display for FilterReason {
@@ -61,6 +73,10 @@ impl fmt::Display for FilterReason {
             FilterReason::ModelNotServed => "model_not_served",
             FilterReason::DoesNotFit => "does_not_fit",
             FilterReason::Overloaded => "overloaded",
+            FilterReason::ExcludedByEnvoy => "excluded_by_envoy",
+            FilterReason::Draining => "draining",
+            FilterReason::Degraded => "degraded",
+            FilterReason::LoraSlotsFull => "lora_slots_full",
         })
     }
 }

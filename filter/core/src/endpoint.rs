@@ -5,6 +5,7 @@
 //! refer to endpoints compactly; a departed endpoint's slot is reused only after its index
 //! entries were purged.
 
+use crate::fleet::EnvoyHealth;
 use crate::health::Health;
 use crate::metrics::VllmMetrics;
 use crate::types::{EndpointId, Millis, Tokens};
@@ -30,6 +31,10 @@ pub struct Endpoint {
     /// It has reported `prompt_tokens_details` (vLLM's `--enable-prompt-tokens-details`): from
     /// it, `usage` without details means nothing was cached.
     pub reports_cached: bool,
+    /// What Envoy says of it (always `Serve` for a static pool).
+    pub envoy: EnvoyHealth,
+    /// The model ids its `/v1/models` lists, once read.
+    pub models: Option<Vec<String>>,
 }
 
 impl Endpoint {
@@ -45,7 +50,42 @@ impl Endpoint {
             sent_tokens_since_scrape: Tokens(0),
             pending_prefill_tokens: Tokens(0),
             reports_cached: false,
+            envoy: EnvoyHealth::Serve,
+            models: None,
         }
+    }
+
+    /// Whether it says it serves `model`: in `/v1/models`, as a base model in its metrics,
+    /// or as a LoRA adapter it is running or about to run.
+    pub fn lists_model(&self, model: &str) -> bool {
+        let has = |list: &[String]| list.iter().any(|m| m == model);
+        self.models.as_deref().is_some_and(has)
+            || self
+                .metrics
+                .as_ref()
+                .is_some_and(|m| has(&m.models) || m.lora.as_ref().is_some_and(|l| has(&l.running) || has(&l.waiting)))
+    }
+
+    /// Whether it says anything about its models (a server that does not cannot be
+    /// filtered by model).
+    pub fn knows_models(&self) -> bool {
+        self.models.is_some() || self.metrics.as_ref().is_some_and(|m| !m.models.is_empty())
+    }
+
+    /// For a LoRA adapter `model`: whether it is loaded (running or waiting) here, and
+    /// whether every adapter slot (`max_lora`) is taken by others.
+    pub fn adapter_state(&self, model: &str) -> Option<(bool, bool)> {
+        let m = self.metrics.as_ref()?;
+        if m.models.iter().any(|b| b == model) {
+            return None;
+        }
+        let lora = m.lora.as_ref()?;
+        let loaded = lora.running.iter().chain(&lora.waiting).any(|a| a == model);
+        let mut active: Vec<&String> = lora.running.iter().chain(&lora.waiting).collect();
+        active.sort();
+        active.dedup();
+        let full = lora.max_lora > 0 && active.len() >= lora.max_lora as usize;
+        Some((loaded, full && !loaded))
     }
 
     /// Metrics no older than `stale_after_ms`, if any.

@@ -9,11 +9,14 @@
 //! [`router::Router::route`] scores the endpoints and returns a [`decision::Decision`] without
 //! changing anything; the caller then reports what happened through the router's named events
 //! (`on_routed`, `on_completed`, `on_metrics`, `on_scrape_failed`, `on_active_health`,
-//! `on_endpoints`).
+//! `on_endpoints`, or all the scraping side knows at once: `on_fleet` with a
+//! [`fleet::FleetState`]). [`discovery`] learns the pool from Envoy's admin `/clusters`.
 
 pub mod config;
 pub mod decision;
+pub mod discovery;
 pub mod endpoint;
+pub mod fleet;
 pub mod hashing;
 pub mod health;
 pub mod index;
@@ -29,6 +32,7 @@ pub mod types;
 
 pub use config::{Config, ConfigError, PolicyKind, RawConfig};
 pub use decision::{Decision, EndpointScore, FilterReason, Outcome};
+pub use fleet::{EnvoyHealth, Fleet, FleetState};
 pub use hashing::PrefixHasher;
 pub use metrics::{parse_metrics, MetricsError, VllmMetrics};
 pub use peer::PeerEvent;

@@ -19,7 +19,7 @@ pub const MAX_ENGINES: usize = 64;
 const MAX_MODELS: usize = 16;
 
 /// The LoRA adapters a server reports, from the newest `vllm:lora_requests_info` series.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct LoraInfo {
     pub max_lora: u32,
     pub running: Vec<String>,
@@ -27,7 +27,7 @@ pub struct LoraInfo {
 }
 
 /// What one scrape of one server says.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct VllmMetrics {
     /// Fraction of KV blocks in use, 0..=1.
     pub kv_usage: f64,

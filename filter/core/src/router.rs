@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use crate::config::{Config, PolicyKind};
 use crate::decision::{Decision, EndpointScore, FallbackReason, FilterReason, Outcome};
 use crate::endpoint::{Endpoint, EndpointTable};
+use crate::fleet::EnvoyHealth;
 use crate::hashing::PrefixHasher;
 use crate::health::HealthState;
 use crate::index::PrefixIndex;
@@ -194,10 +195,17 @@ impl Router {
         let mut matched = vec![0u32; slots];
         self.index.matches(&req.blocks, &mut matched);
         let stale_after = self.config.health().stale_after_ms;
-        let model_known = rows
-            .iter()
-            .filter_map(|e| e.fresh_metrics(now, stale_after))
-            .any(|m| m.models.contains(&req.model));
+        let model_known = rows.iter().any(|e| e.lists_model(&req.model));
+        if !model_known && rows.iter().any(|e| e.models.is_some()) {
+            // Servers list their models and none lists this one: a typo or a model this pool
+            // does not serve. Envoy balances it and the server answers (vLLM: 404).
+            return Decision {
+                endpoints: Vec::new(),
+                outcome: Outcome::Fallback(FallbackReason::UnknownModel),
+                matched_blocks: 0,
+                breakdown: Vec::new(),
+            };
+        }
 
         let mut breakdown = Vec::with_capacity(rows.len());
         let mut cands: Vec<(usize, Candidate)> = Vec::with_capacity(rows.len());
@@ -232,6 +240,23 @@ impl Router {
         if cands.is_empty() {
             return self.fallback(breakdown);
         }
+        // Degraded hosts and servers with no LoRA slot for this adapter only when nothing
+        // better is left.
+        let demoted = |c: &Candidate| -> Option<FilterReason> {
+            if c.endpoint.envoy == EnvoyHealth::Degraded {
+                return Some(FilterReason::Degraded);
+            }
+            let full = c.endpoint.adapter_state(&req.model).is_some_and(|(_, full)| full);
+            full.then_some(FilterReason::LoraSlotsFull)
+        };
+        if cands.iter().any(|(_, c)| demoted(c).is_none()) {
+            for (row, c) in &cands {
+                if let Some(reason) = demoted(c) {
+                    breakdown[*row].filtered = Some(reason);
+                }
+            }
+            cands.retain(|(_, c)| demoted(c).is_none());
+        }
         let overload = self.config.overload();
         let over = |c: &Candidate| c.metrics.waiting >= overload.queue_limit || c.metrics.kv_usage >= overload.kv_limit;
         if cands.iter().all(|(_, c)| over(c)) {
@@ -265,7 +290,17 @@ impl Router {
             seed: self.config.seed(),
         };
         let just_cands: Vec<Candidate> = cands.iter().map(|(_, c)| Candidate { ..*c }).collect();
-        let terms = policy::score(&self.config, &just_cands, &ctx);
+        let mut terms = policy::score(&self.config, &just_cands, &ctx);
+        if self.config.policy() == PolicyKind::Cost {
+            // A LoRA adapter not loaded on a server must be loaded before its prefill.
+            let load_ms = self.config.cost().lora_load_ms;
+            for (t, c) in terms.iter_mut().zip(&just_cands) {
+                if c.endpoint.adapter_state(&req.model).is_some_and(|(loaded, _)| !loaded) {
+                    t.prefill_ms += load_ms;
+                    t.cost.0 += load_ms;
+                }
+            }
+        }
         let mut order: Vec<usize> = (0..cands.len()).collect();
         // Equal costs go to the longer prefix match, then (the sort is stable and candidates
         // are in id order) to the lower endpoint id.
@@ -310,6 +345,11 @@ impl Router {
         model_known: bool,
         now: Millis,
     ) -> Option<FilterReason> {
+        match e.envoy {
+            EnvoyHealth::Excluded => return Some(FilterReason::ExcludedByEnvoy),
+            EnvoyHealth::Draining => return Some(FilterReason::Draining),
+            EnvoyHealth::Serve | EnvoyHealth::Degraded => {}
+        }
         if e.health.state() == HealthState::Unhealthy {
             return Some(FilterReason::Unhealthy);
         }
@@ -323,9 +363,10 @@ impl Router {
                 FilterReason::NoMetrics
             });
         };
-        // Filter by model only when some endpoint serves it as a base model: a name no one
-        // exports is probably a LoRA adapter, which metrics cannot place reliably.
-        if model_known && !m.models.is_empty() && !m.models.contains(&req.model) {
+        // Filter by model only when some endpoint lists it, and only servers that list
+        // their models (without `/v1/models`, a name no metrics show may be an idle LoRA
+        // adapter).
+        if model_known && e.knows_models() && !e.lists_model(&req.model) {
             return Some(FilterReason::ModelNotServed);
         }
         let needed = req.prompt_tokens.0.saturating_add(req.max_tokens.unwrap_or(0));

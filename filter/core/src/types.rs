@@ -4,7 +4,7 @@
 use std::fmt;
 
 /// An upstream vLLM server as Envoy addresses it: `ip:port` (or `host:port`).
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
 pub struct EndpointId(String);
 
 impl EndpointId {
@@ -53,7 +53,7 @@ impl Tokens {
 
 /// A point in time in milliseconds, from whatever clock the driver uses (host time in Envoy,
 /// virtual time in replay). Only differences between two `Millis` mean anything.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Millis(pub u64);
 
 impl Millis {

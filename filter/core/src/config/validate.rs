@@ -2,7 +2,7 @@
 
 use std::collections::BTreeSet;
 
-use super::{reject, ClusterShape, ConfigError, RawConfig, RawHashing, RawHealth, RawScrape, RawShare};
+use super::{reject, ClusterShape, ConfigError, RawConfig, RawDiscovery, RawHashing, RawHealth, RawScrape, RawShare};
 use crate::types::EndpointId;
 
 pub(super) fn validate_endpoints(raw: &RawConfig) -> Result<Vec<EndpointId>, ConfigError> {
@@ -50,6 +50,44 @@ pub(super) fn validate_hashing(h: &RawHashing) -> Result<(), ConfigError> {
         return Err(reject(
             "hashing.max_blocks",
             format!("({}) must be in 1..=16384", h.max_blocks),
+        ));
+    }
+    Ok(())
+}
+
+/// Only checked when the pool is discovered (no static `endpoints`).
+pub(super) fn validate_discovery(d: &RawDiscovery) -> Result<(), ConfigError> {
+    if d.admin_cluster.is_empty() {
+        return Err(reject(
+            "discovery.admin_cluster",
+            "must name a cluster pointing at Envoy's admin (or list the pool in `endpoints`)",
+        ));
+    }
+    if d.interval_ms < 20 {
+        return Err(reject(
+            "discovery.interval_ms",
+            format!("({}) must be at least 20", d.interval_ms),
+        ));
+    }
+    if d.timeout_ms == 0 || d.timeout_ms > d.interval_ms {
+        return Err(reject(
+            "discovery.timeout_ms",
+            format!(
+                "({}) must be above 0 and at most discovery.interval_ms ({})",
+                d.timeout_ms, d.interval_ms
+            ),
+        ));
+    }
+    if d.max_bytes < 4096 {
+        return Err(reject(
+            "discovery.max_bytes",
+            format!("({}) must be at least 4096", d.max_bytes),
+        ));
+    }
+    if d.lease_ms < 200 {
+        return Err(reject(
+            "discovery.lease_ms",
+            format!("({}) must be at least 200", d.lease_ms),
         ));
     }
     Ok(())
@@ -111,6 +149,7 @@ pub(super) fn validate_scoring(raw: &RawConfig) -> Result<(), ConfigError> {
         ("cost.decode_ms_per_running", c.decode_ms_per_running),
         ("cost.kv_pressure_ms", c.kv_pressure_ms),
         ("cost.work_weight", c.work_weight),
+        ("cost.lora_load_ms", c.lora_load_ms),
     ] {
         if !(v.is_finite() && v >= 0.0) {
             return Err(reject(field, format!("({v}) must be a non-negative number")));

@@ -1,12 +1,13 @@
 //! The named events that change the router's state: what the caller did with a decision
 //! (`on_routed`), how the request went (`on_first_token`, `on_completed`), what the scrapes
 //! said (`on_metrics`, `on_scrape_failed`, `on_active_health`), who is in the pool
-//! (`on_endpoints`), and what peer routers of the same process did (`on_peer_event`,
+//! (`on_endpoints`), all of that at once from the scraping side (`on_fleet`), and what peer routers of the same process did (`on_peer_event`,
 //! `forget_peer`; see `peer`).
 
 use super::RouteRequest;
 use super::{Completion, Inflight, Router, MAX_INFLIGHT};
 use crate::decision::Decision;
+use crate::fleet::FleetState;
 use crate::health::Flip;
 use crate::metrics::VllmMetrics;
 use crate::peer::{origin_of, request_key, PeerEvent};
@@ -331,6 +332,33 @@ impl Router {
     /// Active health decided elsewhere (see `Health::set_active`).
     pub fn on_active_health(&mut self, id: &EndpointId, healthy: bool) -> Option<Flip> {
         self.table.get_mut(id)?.health.set_active(healthy)
+    }
+
+    /// The scraping side's view of the fleet (see `fleet`): membership (when the pool is
+    /// discovered; a static pool stays the configured list), Envoy's verdict on each host,
+    /// the scrape verdict, metrics newer than those held, and models.
+    pub fn on_fleet(&mut self, state: &FleetState) {
+        if self.config.discovers() {
+            let ids: Vec<EndpointId> = state.members.iter().map(|m| m.id.clone()).collect();
+            self.on_endpoints(&ids);
+        }
+        for m in &state.members {
+            let Some(known_at) = self.table.get(&m.id).map(|e| e.scraped_at) else {
+                continue;
+            };
+            if let (Some(metrics), Some(at)) = (&m.metrics, m.scraped_at) {
+                if known_at.is_none_or(|t| t < at) {
+                    self.on_metrics(&m.id, metrics.clone(), at);
+                }
+            }
+            if let Some(e) = self.table.get_mut(&m.id) {
+                e.health.set_active(m.scrape_healthy);
+                e.envoy = m.envoy;
+                if e.models != m.models {
+                    e.models.clone_from(&m.models);
+                }
+            }
+        }
     }
 
     /// The pool is now exactly `ids`: new endpoints start unknown, departed ones are forgotten.

@@ -734,3 +734,144 @@ fn usage_without_details_counts_as_a_miss_only_from_a_server_that_reports_detail
     assert_eq!(r.stats().underpredicted_tokens, 64);
     assert_eq!(r.stats().overpredicted_tokens, 8 * 64);
 }
+
+/// A discovered pool (no static `endpoints`) fed by fleet states, as the filter's workers are.
+mod fleet {
+    use super::*;
+    use crate::fleet::{EnvoyHealth, Fleet, FleetState, Host};
+    use crate::metrics::LoraInfo;
+
+    fn discovering() -> Router {
+        Router::new(Config::try_from(RawConfig::default()).unwrap())
+    }
+
+    fn hosts(states: &[EnvoyHealth]) -> Vec<Host> {
+        states
+            .iter()
+            .enumerate()
+            .map(|(i, s)| Host { id: ep(i), envoy: *s })
+            .collect()
+    }
+
+    fn publish(fleet: &mut Fleet, loads: &[VllmMetrics]) -> FleetState {
+        for (i, m) in loads.iter().enumerate() {
+            fleet.on_metrics(&ep(i), m.clone(), T0);
+        }
+        fleet.publish(T0)
+    }
+
+    #[test]
+    fn the_pool_is_what_the_fleet_state_says_and_departed_hosts_are_forgotten() {
+        let mut r = discovering();
+        assert!(r.endpoints().is_empty());
+        let mut fleet = Fleet::new(r.config().health().clone());
+        fleet.on_hosts(&hosts(&[EnvoyHealth::Serve; 3]));
+        r.on_fleet(&publish(&mut fleet, &idle(3)));
+        assert_eq!(r.endpoints().len(), 3);
+        let d = r.route(&req(1, 8), T0);
+        r.on_routed(1, &req(1, 8), &d, T0);
+        let holder = d.best().unwrap().clone();
+        let rest: Vec<Host> = hosts(&[EnvoyHealth::Serve; 3])
+            .into_iter()
+            .filter(|h| h.id != holder)
+            .collect();
+        fleet.on_hosts(&rest);
+        r.on_fleet(&fleet.publish(T0));
+        assert_eq!(r.endpoints().len(), 2);
+        assert_eq!(r.index().entries(), 0, "the departed host's index entries are freed");
+        let d = r.route(&req(1, 8), T0);
+        assert!(d.best().is_some_and(|b| *b != holder));
+        r.on_completed(1, &Completion::default(), T0);
+    }
+
+    #[test]
+    fn excluded_and_draining_hosts_get_nothing_and_degraded_ones_only_when_alone() {
+        let mut r = discovering();
+        let mut fleet = Fleet::new(r.config().health().clone());
+        let states = [
+            EnvoyHealth::Excluded,
+            EnvoyHealth::Draining,
+            EnvoyHealth::Degraded,
+            EnvoyHealth::Serve,
+        ];
+        fleet.on_hosts(&hosts(&states));
+        // The only host Envoy fully serves is the busiest: it still wins.
+        r.on_fleet(&publish(
+            &mut fleet,
+            &[idle(1)[0].clone(), load(0, 0, 0.0), load(0, 0, 0.0), load(50, 20, 0.7)],
+        ));
+        let d = r.route(&req(2, 8), T0);
+        assert_eq!(d.endpoints, vec![ep(3)]);
+        let reasons: Vec<Option<FilterReason>> = d.breakdown.iter().map(|b| b.filtered).collect();
+        assert_eq!(
+            reasons,
+            vec![
+                Some(FilterReason::ExcludedByEnvoy),
+                Some(FilterReason::Draining),
+                Some(FilterReason::Degraded),
+                None
+            ]
+        );
+        fleet.on_hosts(&hosts(&states[..3]));
+        r.on_fleet(&fleet.publish(T0));
+        assert_eq!(
+            r.route(&req(2, 8), T0).endpoints,
+            vec![ep(2)],
+            "degraded when nothing else is left"
+        );
+    }
+
+    #[test]
+    fn models_split_the_pool_and_an_unknown_model_is_left_to_envoy() {
+        let mut r = discovering();
+        let mut fleet = Fleet::new(r.config().health().clone());
+        fleet.on_hosts(&hosts(&[EnvoyHealth::Serve; 4]));
+        for i in 0..4 {
+            let name = if i < 2 { "m" } else { "other" };
+            fleet.on_models(&ep(i), vec![name.to_string()]);
+        }
+        let mut loads = idle(4);
+        loads[2].models = vec!["other".into()];
+        loads[3].models = vec!["other".into()];
+        r.on_fleet(&publish(&mut fleet, &loads));
+        for p in 0..20 {
+            let d = r.route(&req(p, 4), T0);
+            assert!(d.endpoints.iter().all(|e| *e == ep(0) || *e == ep(1)), "{d:?}");
+        }
+        let mut unknown = req(1, 4);
+        unknown.model = "nobody-serves-this".into();
+        let d = r.route(&unknown, T0);
+        assert_eq!(d.outcome, Outcome::Fallback(FallbackReason::UnknownModel));
+        assert!(d.endpoints.is_empty());
+    }
+
+    #[test]
+    fn a_lora_adapter_goes_where_it_is_loaded_and_never_to_a_server_with_no_slot() {
+        let mut r = discovering();
+        let mut fleet = Fleet::new(r.config().health().clone());
+        fleet.on_hosts(&hosts(&[EnvoyHealth::Serve; 3]));
+        let lora = |running: &[&str]| LoraInfo {
+            max_lora: 2,
+            running: running.iter().map(|s| s.to_string()).collect(),
+            waiting: vec![],
+        };
+        let mut loads = vec![load(2, 0, 0.2), load(0, 0, 0.0), load(0, 0, 0.0)];
+        loads[0].lora = Some(lora(&["sql"]));
+        loads[1].lora = Some(lora(&["a", "b"]));
+        loads[2].lora = Some(lora(&[]));
+        for i in 0..3 {
+            fleet.on_models(&ep(i), vec!["m".into(), "sql".into(), "a".into(), "b".into()]);
+        }
+        r.on_fleet(&publish(&mut fleet, &loads));
+        let mut sql = req(3, 4);
+        sql.model = "sql".into();
+        let d = r.route(&sql, T0);
+        assert_eq!(
+            d.best(),
+            Some(&ep(0)),
+            "loaded beats a slightly idler server that must load it"
+        );
+        assert_eq!(d.breakdown[1].filtered, Some(FilterReason::LoraSlotsFull));
+        assert!(!d.endpoints.contains(&ep(1)));
+    }
+}
