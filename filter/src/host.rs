@@ -71,6 +71,17 @@ pub fn dispatch_get(cluster: &str, authority: &str, path: &str, route_to: &str, 
     hostcalls::dispatch_http_call(cluster, headers, None, vec![], Duration::from_millis(timeout_ms))
 }
 
+/// GETs `path` from Envoy's own admin through `cluster` (a cluster pointing at the admin).
+pub fn dispatch_admin_get(cluster: &str, path: &str, timeout_ms: u64) -> HostResult<u32> {
+    let headers = vec![
+        (":method", "GET"),
+        (":path", path),
+        (":authority", "envoy-admin"),
+        (":scheme", "http"),
+    ];
+    hostcalls::dispatch_http_call(cluster, headers, None, vec![], Duration::from_millis(timeout_ms))
+}
+
 /// POSTs `body` to `route_to` through `cluster` (an `override_host` cluster) with the
 /// replicas' shared secret.
 pub fn dispatch_post(

@@ -8,6 +8,7 @@
 use std::rc::Rc;
 
 use kvroute_core::config::ClusterShape;
+use kvroute_core::decision::FallbackReason;
 use kvroute_core::request::{parse, ApiKind};
 use kvroute_core::response::{cached_tokens, reports_usage};
 use kvroute_core::{Completion, Outcome};
@@ -87,6 +88,7 @@ impl Http {
             return Action::Continue;
         };
         let now = host::now();
+        shared.catch_up(&mut router, now);
         shared.peers.before_route(&mut router, &shared.stats, now);
         let req = router.request(&parsed, &self.tenant, self.sheddable);
         let decision = router.route(&req, now);
@@ -102,8 +104,11 @@ impl Http {
                 }
                 return Action::Continue;
             }
-            Outcome::Fallback(_) => {
+            Outcome::Fallback(reason) => {
                 shared.stats.fallback.inc();
+                if reason == FallbackReason::UnknownModel {
+                    shared.stats.unknown_model.inc();
+                }
                 return Action::Continue;
             }
             Outcome::PrefixHit => shared.stats.prefix_hit.inc(),
@@ -254,8 +259,13 @@ impl HttpContext for Http {
         };
         #[cfg(feature = "test-panic")]
         #[allow(clippy::panic)]
-        if headers.get("x-kvroute-test-panic").is_some() {
-            panic!("x-kvroute-test-panic");
+        if let Some(which) = headers.text("x-kvroute-test-panic") {
+            // `lease`: the VM holding the polling lease panics at its next tick.
+            if which == "lease" {
+                let _ = host::set_shared_data(crate::lease::TEST_PANIC_KEY, b"1");
+            } else {
+                panic!("x-kvroute-test-panic");
+            }
         }
         if self.strip_client_routing(&headers).is_err() {
             return self.refuse_unsanitised();

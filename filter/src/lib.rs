@@ -3,14 +3,16 @@
 //! One module serves two roots in one VM group (same `vm_id`): the singleton scraping
 //! service (`root_id: kvroute.scraper`, an `envoy.bootstrap.wasm` service) and the HTTP
 //! filter on each worker (any other `root_id`). Both read the same JSON configuration.
+//! The service, when there is one, runs the `Poller` (discovery, scrapes, the published
+//! fleet state); without it one worker does, elected by a lease (`lease`).
 
 pub mod host;
 pub mod http;
+pub mod lease;
 pub mod mesh;
 pub mod peers;
+pub mod poller;
 pub mod replicas;
-pub mod scraper;
-pub mod snapshot;
 pub mod stats;
 pub mod worker;
 
@@ -19,7 +21,8 @@ use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{BufferType, ContextType, LogLevel};
 
 use crate::http::Http;
-use crate::scraper::Scraper;
+use crate::lease::Lease;
+use crate::poller::Poller;
 use crate::worker::Worker;
 
 /// The header Envoy's `override_host` / `ORIGINAL_DST` cluster reads.
@@ -37,14 +40,34 @@ proxy_wasm::main! {{
 
 enum Root {
     Unconfigured,
-    Scraper(Box<Scraper>),
-    Worker(Worker),
+    Service(Box<Service>),
+    Worker(Box<Worker>),
+}
+
+/// The singleton service: holds the polling lease (it outranks every worker) and polls.
+struct Service {
+    poller: Poller,
+    lease: Option<Lease>,
+}
+
+impl Service {
+    fn on_tick(&mut self) {
+        let now = host::now();
+        if let Some(lease) = self.lease.as_mut() {
+            lease.on_tick(now);
+        }
+        self.poller.on_tick(now);
+    }
 }
 
 impl Context for Root {
     fn on_http_call_response(&mut self, token_id: u32, _num_headers: usize, body_size: usize, _num_trailers: usize) {
-        if let Root::Scraper(scraper) = self {
-            scraper.on_http_call_response(token_id, body_size);
+        match self {
+            Root::Service(s) => {
+                s.poller.on_http_call_response(token_id, body_size);
+            }
+            Root::Worker(w) => w.on_http_call_response(token_id, body_size),
+            Root::Unconfigured => {}
         }
     }
 }
@@ -53,14 +76,7 @@ impl RootContext for Root {
     fn on_configure(&mut self, plugin_configuration_size: usize) -> bool {
         let bytes = host::buffer(BufferType::PluginConfiguration, 0, plugin_configuration_size).unwrap_or_default();
         let config = match Config::from_json(&bytes) {
-            Ok(c) if !c.endpoints().is_empty() => c,
-            Ok(_) => {
-                host::log(
-                    LogLevel::Critical,
-                    "invalid kvroute config: endpoints: list the vLLM servers (host:port) of the pool",
-                );
-                return false;
-            }
+            Ok(c) => c,
             Err(e) => {
                 host::log(LogLevel::Critical, &e.to_string());
                 return false;
@@ -68,16 +84,30 @@ impl RootContext for Root {
         };
         let root_id = host::property_string(&["plugin_root_id"]).unwrap_or_default();
         *self = if root_id == SCRAPER_ROOT_ID {
-            Root::Scraper(Box::new(Scraper::new(config)))
+            if host::set_tick_period_ms(Poller::tick_ms(&config)).is_err() {
+                host::log(
+                    LogLevel::Error,
+                    "could not set the poller's tick; nothing will be scraped",
+                );
+            }
+            let mut lease = Lease::new(true, config.discovery().lease_ms);
+            // Take it now, before a worker that starts first does.
+            if let Some(lease) = lease.as_mut() {
+                lease.on_tick(host::now());
+            }
+            Root::Service(Box::new(Service {
+                poller: Poller::new(config),
+                lease,
+            }))
         } else {
-            Root::Worker(Worker::new(config))
+            Root::Worker(Box::new(Worker::new(config)))
         };
         true
     }
 
     fn on_tick(&mut self) {
         match self {
-            Root::Scraper(s) => s.on_tick(),
+            Root::Service(s) => s.on_tick(),
             Root::Worker(w) => w.on_tick(),
             Root::Unconfigured => {}
         }

@@ -73,6 +73,8 @@ pub struct RequestStats {
     pub usage_missing: Metric,
     pub replica_events: Metric,
     pub replica_batches_refused: Metric,
+    pub unknown_model: Metric,
+    pub lease_taken: Metric,
     per_endpoint: RefCell<BTreeMap<String, Metric>>,
 }
 
@@ -104,6 +106,8 @@ impl RequestStats {
             usage_missing: c("responses.usage_missing"),
             replica_events: c("replicas.events_taken"),
             replica_batches_refused: c("replicas.batches_refused"),
+            unknown_model: c("decision.unknown_model"),
+            lease_taken: c("lease.taken"),
             per_endpoint: RefCell::new(BTreeMap::new()),
         }
     }
@@ -136,6 +140,9 @@ pub struct ScrapeStats {
     pub failure: Metric,
     pub healthy_endpoints: Metric,
     pub published: Metric,
+    pub discovery_success: Metric,
+    pub discovery_failure: Metric,
+    pub discovered_hosts: Metric,
 }
 
 impl ScrapeStats {
@@ -146,6 +153,9 @@ impl ScrapeStats {
             failure: Metric::define(MetricType::Counter, "kvroute.scrape.failure"),
             healthy_endpoints: Metric::define(MetricType::Gauge, "kvroute.scrape.healthy_endpoints"),
             published: Metric::define(MetricType::Counter, "kvroute.snapshot.published"),
+            discovery_success: Metric::define(MetricType::Counter, "kvroute.discovery.success"),
+            discovery_failure: Metric::define(MetricType::Counter, "kvroute.discovery.failure"),
+            discovered_hosts: Metric::define(MetricType::Gauge, "kvroute.discovery.hosts"),
         }
     }
 }

@@ -1,18 +1,19 @@
 //! The worker VMs' root context: owns this VM's `Router`, shared with its HTTP contexts,
-//! and on its own tick applies the scraping service's snapshot (decoding only when the
-//! version changed) and exchanges placements and load with the other workers of this
-//! Envoy (`mesh`), so the request path makes no host call for state.
+//! and on its own tick applies the published fleet state (decoding only when the version
+//! changed) and exchanges placements and load with the other workers of this Envoy
+//! (`mesh`), so the request path makes no host call for state. Without a singleton
+//! service, the worker that holds the lease (`lease`) also runs the `Poller`.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
-use kvroute_core::{Config, EndpointId, Millis, Router, VllmMetrics};
-use prost::Message;
+use kvroute_core::{Config, FleetState, Millis, Router};
 use proxy_wasm::types::LogLevel;
 
 use crate::host;
+use crate::lease::Lease;
 use crate::peers::Peers;
-use crate::snapshot::{Snapshot, SNAPSHOT_KEY, VERSION_KEY};
+use crate::poller::{read_version, Poller, SNAPSHOT_KEY};
 use crate::stats::RequestStats;
 
 /// Gauges are refreshed at most this often (the tick can be much faster).
@@ -26,7 +27,16 @@ pub struct Shared {
     next_request: Cell<u64>,
     prompt_tokens: Cell<u64>,
     predicted_cached: Cell<u64>,
+    /// The fleet state version applied last, when it was published, and when it was
+    /// last looked for.
+    seen_version: Cell<u64>,
+    published_at: Cell<Millis>,
+    looked_at: Cell<Millis>,
 }
+
+/// The request path looks for a new fleet state itself when the tick has not for this long
+/// (a VM Envoy reloaded after a crash gets no tick).
+const TICK_MISSING_MS: u64 = 250;
 
 impl Shared {
     pub fn next_request_id(&self) -> u64 {
@@ -43,22 +53,58 @@ impl Shared {
         self.stats.prompt_tokens.add(prompt);
         self.stats.predicted_cached_tokens.add(predicted_cached);
     }
+
+    /// Before routing: applies a new fleet state if the tick has stopped doing it.
+    pub fn catch_up(&self, router: &mut Router, now: Millis) {
+        if now.since(self.looked_at.get()) >= TICK_MISSING_MS {
+            self.apply_fleet_state(router, now);
+        }
+    }
+
+    /// Applies the published fleet state if its version is new (decoding only then).
+    fn apply_fleet_state(&self, router: &mut Router, now: Millis) {
+        self.looked_at.set(now);
+        let version = read_version();
+        if version == 0 || version == self.seen_version.get() {
+            return;
+        }
+        let Ok(Some(bytes)) = host::shared_data(SNAPSHOT_KEY) else {
+            return;
+        };
+        match postcard::from_bytes::<FleetState>(&bytes) {
+            Ok(state) => {
+                self.seen_version.set(version);
+                self.published_at.set(state.published_at);
+                router.on_fleet(&state);
+            }
+            Err(e) => host::log(LogLevel::Error, &format!("cannot decode the fleet state: {e}")),
+        }
+    }
 }
 
 pub struct Worker {
     shared: Rc<Shared>,
-    seen_version: u64,
-    published_at: Millis,
     reported_entries: Cell<u64>,
     reported_inflight: Cell<u64>,
     stats_at: Millis,
+    lease: Option<Lease>,
+    poller: Option<Poller>,
+    config: Config,
 }
 
 impl Worker {
     pub fn new(config: Config) -> Worker {
-        let mut router = Router::new(config);
+        let mut router = Router::new(config.clone());
         let peers = Peers::join(&mut router);
-        if host::set_tick_period_ms(peers.tick_ms()).is_err() {
+        let lease = Lease::new(false, config.discovery().lease_ms);
+        if lease.is_none() {
+            host::log(
+                LogLevel::Warn,
+                "cannot take part in the polling lease; this worker only reads the fleet state",
+            );
+        }
+        let tick = peers.tick_ms().min(Poller::tick_ms(&config));
+        if host::set_tick_period_ms(tick).is_err() {
             host::log(
                 LogLevel::Error,
                 "could not set the snapshot tick; routing will fall back",
@@ -71,14 +117,48 @@ impl Worker {
             next_request: Cell::new(0),
             prompt_tokens: Cell::new(0),
             predicted_cached: Cell::new(0),
+            seen_version: Cell::new(0),
+            published_at: Cell::new(Millis(0)),
+            looked_at: Cell::new(Millis(0)),
         };
         Worker {
             shared: Rc::new(shared),
-            seen_version: 0,
-            published_at: Millis(0),
             reported_entries: Cell::new(0),
             reported_inflight: Cell::new(0),
             stats_at: Millis(0),
+            lease,
+            poller: None,
+            config,
+        }
+    }
+
+    /// Hands an HTTP call's answer to the poller, if this worker runs it.
+    pub fn on_http_call_response(&mut self, token: u32, body_size: usize) {
+        if let Some(poller) = self.poller.as_mut() {
+            poller.on_http_call_response(token, body_size);
+        }
+    }
+
+    /// Takes, keeps or gives up the polling lease, and polls while holding it.
+    fn poll_if_leader(&mut self, now: Millis) {
+        let Some(lease) = self.lease.as_mut() else {
+            return;
+        };
+        let held = lease.on_tick(now);
+        match (held, self.poller.is_some()) {
+            (true, false) => {
+                host::log(LogLevel::Info, "this worker took the polling lease");
+                self.shared.stats.lease_taken.inc();
+                self.poller = Some(Poller::new(self.config.clone()));
+            }
+            (false, true) => {
+                host::log(LogLevel::Info, "this worker gave up the polling lease");
+                self.poller = None;
+            }
+            _ => {}
+        }
+        if let Some(poller) = self.poller.as_mut() {
+            poller.on_tick(now);
         }
     }
 
@@ -88,8 +168,9 @@ impl Worker {
 
     pub fn on_tick(&mut self) {
         let now = host::now();
-        self.poll_snapshot();
+        self.poll_if_leader(now);
         if let Ok(mut router) = self.shared.router.try_borrow_mut() {
+            self.shared.apply_fleet_state(&mut router, now);
             self.shared.peers.on_tick(&mut router, &self.shared.stats, now);
         }
         if now.since(self.stats_at) >= STATS_EVERY_MS {
@@ -99,8 +180,9 @@ impl Worker {
     }
 
     fn report_gauges(&self, now: Millis) {
-        if self.published_at.0 > 0 {
-            self.shared.stats.snapshot_age_ms.set(now.since(self.published_at));
+        let published_at = self.shared.published_at.get();
+        if published_at.0 > 0 {
+            self.shared.stats.snapshot_age_ms.set(now.since(published_at));
         }
         // Summed over the worker VMs: each adds its change since its last report.
         if let Ok(router) = self.shared.router.try_borrow() {
@@ -115,47 +197,6 @@ impl Worker {
         let cached = self.shared.predicted_cached.get().saturating_mul(1000);
         if let Some(permille) = cached.checked_div(self.shared.prompt_tokens.get()) {
             self.shared.stats.estimated_hit_permille.set(permille);
-        }
-    }
-
-    fn poll_snapshot(&mut self) {
-        let version = match host::shared_data(VERSION_KEY) {
-            Ok(Some(bytes)) => bytes.try_into().map(u64::from_le_bytes).unwrap_or(0),
-            _ => return,
-        };
-        if version == self.seen_version {
-            return;
-        }
-        let Ok(Some(bytes)) = host::shared_data(SNAPSHOT_KEY) else {
-            return;
-        };
-        match Snapshot::decode(bytes.as_slice()) {
-            Ok(snapshot) => {
-                self.seen_version = version;
-                self.published_at = Millis(snapshot.published_at_ms);
-                self.apply(snapshot);
-            }
-            Err(e) => host::log(LogLevel::Error, &format!("cannot decode the metrics snapshot: {e}")),
-        }
-    }
-
-    fn apply(&self, snapshot: Snapshot) {
-        let Ok(mut router) = self.shared.router.try_borrow_mut() else {
-            return;
-        };
-        for e in snapshot.endpoints {
-            let id = EndpointId::new(e.address);
-            let known_at = router
-                .endpoints()
-                .iter()
-                .find(|row| row.id == id)
-                .and_then(|row| row.scraped_at);
-            if let Some(m) = e.metrics {
-                if e.scraped_at_ms > 0 && known_at.is_none_or(|t| t.0 < e.scraped_at_ms) {
-                    router.on_metrics(&id, VllmMetrics::from(m), Millis(e.scraped_at_ms));
-                }
-            }
-            router.on_active_health(&id, e.healthy);
         }
     }
 }

@@ -40,7 +40,12 @@ impl Load {
 
 struct State {
     load: Mutex<Load>,
+    model: Mutex<String>,
     legacy: AtomicBool,
+    /// `/health` answers 503 when false (Envoy's active health check fails).
+    healthy: AtomicBool,
+    /// Inference answers 500 when true (Envoy's outlier detection ejects it).
+    failing: AtomicBool,
     alive: AtomicBool,
     inference: AtomicU64,
     scrapes: AtomicU64,
@@ -57,12 +62,20 @@ pub const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
 
 impl FakeVllm {
     pub fn start(load: Load) -> std::io::Result<FakeVllm> {
+        Self::start_serving(load, MODEL)
+    }
+
+    /// A server of `model` (in its metrics, `/v1/models` and answers).
+    pub fn start_serving(load: Load, model: &str) -> std::io::Result<FakeVllm> {
         let listener = TcpListener::bind("127.0.0.1:0")?;
         listener.set_nonblocking(true)?;
         let port = listener.local_addr()?.port();
         let state = Arc::new(State {
             load: Mutex::new(load),
+            model: Mutex::new(model.to_string()),
             legacy: AtomicBool::new(false),
+            healthy: AtomicBool::new(true),
+            failing: AtomicBool::new(false),
             alive: AtomicBool::new(true),
             inference: AtomicU64::new(0),
             scrapes: AtomicU64::new(0),
@@ -83,6 +96,12 @@ impl FakeVllm {
     }
     pub fn set_legacy_names(&self, legacy: bool) {
         self.state.legacy.store(legacy, Ordering::SeqCst);
+    }
+    pub fn set_healthy(&self, healthy: bool) {
+        self.state.healthy.store(healthy, Ordering::SeqCst);
+    }
+    pub fn set_failing(&self, failing: bool) {
+        self.state.failing.store(failing, Ordering::SeqCst);
     }
     pub fn inference_requests(&self) -> u64 {
         self.state.inference.load(Ordering::SeqCst)
@@ -171,19 +190,34 @@ fn serve(stream: TcpStream, state: Arc<State>, port: u16) {
                 state.scrapes.fetch_add(1, Ordering::SeqCst);
                 respond(&mut writer, 200, "text/plain; version=0.0.4", &metrics(&state), port)
             }
-            ("GET", "/health") => respond(&mut writer, 200, "text/plain", b"", port),
+            ("GET", "/health") if state.healthy.load(Ordering::SeqCst) => {
+                respond(&mut writer, 200, "text/plain", b"", port)
+            }
+            ("GET", "/health") => respond(&mut writer, 503, "text/plain", b"", port),
             ("GET", "/v1/models") => {
-                let body = format!(r#"{{"object":"list","data":[{{"id":"{MODEL}","object":"model"}}]}}"#);
+                let model = model_of(&state);
+                let body = format!(r#"{{"object":"list","data":[{{"id":"{model}","object":"model"}}]}}"#);
                 respond(&mut writer, 200, "application/json", body.as_bytes(), port)
+            }
+            ("POST", "/v1/chat/completions") | ("POST", "/v1/completions") if state.failing.load(Ordering::SeqCst) => {
+                state.inference.fetch_add(1, Ordering::SeqCst);
+                respond(
+                    &mut writer,
+                    500,
+                    "application/json",
+                    br#"{"error":{"message":"broken"}}"#,
+                    port,
+                )
             }
             ("POST", "/v1/chat/completions") | ("POST", "/v1/completions") => {
                 state.inference.fetch_add(1, Ordering::SeqCst);
+                let model = model_of(&state);
                 let stream = String::from_utf8_lossy(&req.body).contains("\"stream\":true");
                 if stream {
                     respond_stream(&mut writer, port)
                 } else {
                     let body = format!(
-                        r#"{{"id":"x","object":"chat.completion","model":"{MODEL}","choices":[{{"index":0,"message":{{"role":"assistant","content":"ok from {port}"}},"finish_reason":"stop"}}],"usage":{{"prompt_tokens":{},"completion_tokens":3,"prompt_tokens_details":{{"cached_tokens":0}}}}}}"#,
+                        r#"{{"id":"x","object":"chat.completion","model":"{model}","choices":[{{"index":0,"message":{{"role":"assistant","content":"ok from {port}"}},"finish_reason":"stop"}}],"usage":{{"prompt_tokens":{},"completion_tokens":3,"prompt_tokens_details":{{"cached_tokens":0}}}}}}"#,
                         req.body.len() / 4
                     );
                     respond(&mut writer, 200, "application/json", body.as_bytes(), port)
@@ -195,6 +229,14 @@ fn serve(stream: TcpStream, state: Arc<State>, port: u16) {
             return;
         }
     }
+}
+
+fn model_of(state: &State) -> String {
+    state
+        .model
+        .lock()
+        .map(|m| m.clone())
+        .unwrap_or_else(|_| MODEL.to_string())
 }
 
 fn respond(w: &mut TcpStream, status: u16, content_type: &str, body: &[u8], port: u16) -> bool {
@@ -226,7 +268,8 @@ fn respond_stream(w: &mut TcpStream, port: u16) -> bool {
 
 fn metrics(state: &State) -> Vec<u8> {
     let load = state.load.lock().map(|l| l.clone()).unwrap_or_else(|_| Load::idle());
-    let labels = format!(r#"engine="0",model_name="{MODEL}""#);
+    let model = model_of(state);
+    let labels = format!(r#"engine="0",model_name="{model}""#);
     let (kv_name, prefix) = if state.legacy.load(Ordering::SeqCst) {
         ("vllm:gpu_cache_usage_perc", "vllm:gpu_prefix_cache")
     } else {

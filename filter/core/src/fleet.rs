@@ -204,6 +204,29 @@ impl Fleet {
         }
     }
 
+    /// Continues from a state published earlier (by a predecessor holding the lease):
+    /// its members, verdicts, metrics and models, and versions after `version`.
+    pub fn resume(&mut self, state: FleetState, version: u64) {
+        self.version = self.version.max(version).max(state.version);
+        self.rows = state
+            .members
+            .into_iter()
+            .map(|member| {
+                let mut health = Health::default();
+                if member.scraped_at.is_some() || !member.scrape_healthy {
+                    health.set_active(member.scrape_healthy);
+                }
+                Row {
+                    member,
+                    health,
+                    models_asked_at: None,
+                }
+            })
+            .collect();
+        self.rows.sort_by(|a, b| a.member.id.cmp(&b.member.id));
+        self.rows.dedup_by(|a, b| a.member.id == b.member.id);
+    }
+
     /// The state to publish, as a new version.
     pub fn publish(&mut self, now: Millis) -> FleetState {
         self.version += 1;
@@ -264,6 +287,26 @@ mod tests {
         assert_eq!(f.on_scrape_failed(&a), Some(Flip::BecameUnhealthy));
         assert!(!f.publish(Millis(2)).members[0].scrape_healthy);
         assert_eq!(f.routable(), 0);
+    }
+
+    #[test]
+    fn a_successor_resumes_the_published_state_and_its_versions() {
+        let mut f = Fleet::new(health());
+        f.on_hosts(&[host("a:1", EnvoyHealth::Serve), host("b:1", EnvoyHealth::Serve)]);
+        f.on_metrics(&EndpointId::new("a:1"), VllmMetrics::default(), Millis(1));
+        f.on_scrape_failed(&EndpointId::new("b:1"));
+        f.on_scrape_failed(&EndpointId::new("b:1"));
+        let state = f.publish(Millis(2));
+        let mut next = Fleet::new(health());
+        next.resume(state.clone(), 7);
+        let resumed = next.publish(Millis(3));
+        assert_eq!(resumed.version, 8);
+        assert_eq!(resumed.members, state.members);
+        assert_eq!(
+            next.on_scrape_failed(&EndpointId::new("b:1")),
+            None,
+            "still unhealthy, no new flip"
+        );
     }
 
     #[test]

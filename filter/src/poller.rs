@@ -1,0 +1,409 @@
+//! The scraping side: learns the pool from Envoy, scrapes every server, publishes the fleet.
+//!
+//! One `Poller` runs per Envoy process: in the singleton service (`envoy.bootstrap.wasm`,
+//! main thread) when there is one, else in the worker VM that holds the lease (`lease`).
+//! Every `discovery.interval_ms` it GETs Envoy's admin `/clusters` view of the pool cluster
+//! through `discovery.admin_cluster` (skipped for a static `endpoints` list); every
+//! `scrape.interval_ms` it GETs each member's `/metrics` through the pool cluster, with the
+//! destination header naming that member; every `discovery.models_interval_ms` (and at once
+//! for a new member) its `/v1/models`. Results feed one [`Fleet`]; when a scrape round
+//! completes (or at the next round if some answer never came) it publishes the
+//! [`FleetState`] into shared data, postcard-encoded, with its version under a separate key
+//! so workers decode only what changed. With `share.replicas`, it also forwards this
+//! process's placements to the other gateway replicas (`replicas::Forwarder`).
+
+use std::collections::BTreeMap;
+
+use kvroute_core::config::RawScrape;
+use kvroute_core::discovery::{clusters_path, parse_clusters, parse_models};
+use kvroute_core::fleet::Host;
+use kvroute_core::health::Flip;
+use kvroute_core::{parse_metrics, Config, EndpointId, EnvoyHealth, Fleet, FleetState, Millis};
+use proxy_wasm::types::{BufferType, LogLevel};
+
+use crate::host;
+use crate::replicas::{init_replica_nonce, Forwarder};
+use crate::stats::ScrapeStats;
+
+pub const SNAPSHOT_KEY: &str = "kvroute.snapshot";
+pub const VERSION_KEY: &str = "kvroute.snapshot.version";
+
+/// The last published fleet state in shared data, if any and readable.
+pub fn read_snapshot() -> Option<FleetState> {
+    let bytes = host::shared_data(SNAPSHOT_KEY).ok().flatten()?;
+    postcard::from_bytes(&bytes).ok()
+}
+
+/// The published version (0 before the first).
+pub fn read_version() -> u64 {
+    match host::shared_data(VERSION_KEY) {
+        Ok(Some(bytes)) => bytes.try_into().map(u64::from_le_bytes).unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// What an HTTP call in flight was for.
+enum Call {
+    Clusters,
+    Metrics(EndpointId),
+    Models(EndpointId),
+    Forward,
+}
+
+pub struct Poller {
+    config: Config,
+    fleet: Fleet,
+    calls: BTreeMap<u32, Call>,
+    /// Scrapes of this round still unanswered.
+    scrapes_pending: usize,
+    dirty: bool,
+    stats: ScrapeStats,
+    /// Forwards this process's placements to the other gateway replicas, when configured.
+    forwarder: Option<(Forwarder, u64)>,
+    last_scrape: Millis,
+    last_poll: Option<Millis>,
+    polling: bool,
+}
+
+impl Poller {
+    /// Starts from the fleet state last published in this process (a worker taking over
+    /// the lease keeps the membership, verdicts and metrics its predecessor had).
+    pub fn new(config: Config) -> Poller {
+        let mut fleet = Fleet::new(config.health().clone());
+        if let Some(state) = read_snapshot() {
+            fleet.resume(state, read_version());
+        }
+        if !config.discovers() {
+            // A static pool is the configured list, whatever an earlier snapshot held.
+            let hosts: Vec<Host> = config
+                .endpoints()
+                .iter()
+                .map(|id| Host {
+                    id: id.clone(),
+                    envoy: EnvoyHealth::Serve,
+                })
+                .collect();
+            fleet.on_hosts(&hosts);
+        }
+        let replicas = config.share().replicas.is_some();
+        let forwarder = replicas
+            .then(init_replica_nonce)
+            .flatten()
+            .map(|nonce| (Forwarder::default(), nonce));
+        if replicas && forwarder.is_none() {
+            host::log(
+                LogLevel::Error,
+                "cannot name this replica in shared data; not forwarding to the other replicas",
+            );
+        }
+        Poller {
+            config,
+            fleet,
+            calls: BTreeMap::new(),
+            scrapes_pending: 0,
+            dirty: true,
+            stats: ScrapeStats::define(),
+            forwarder,
+            last_scrape: Millis(0),
+            last_poll: None,
+            polling: false,
+        }
+    }
+
+    /// The tick period the poller needs (the caller may tick faster).
+    pub fn tick_ms(config: &Config) -> u64 {
+        let mut ms = config.scrape().interval_ms;
+        if config.discovers() {
+            ms = ms.min(config.discovery().interval_ms);
+        }
+        if let Some(r) = config.share().replicas.as_ref() {
+            ms = ms.min(r.interval_ms);
+        }
+        ms
+    }
+
+    pub fn on_tick(&mut self, now: Millis) {
+        self.forward(now);
+        self.poll(now);
+        if now.since(self.last_scrape) + 5 < self.config.scrape().interval_ms {
+            return;
+        }
+        self.last_scrape = now;
+        if self.dirty || self.scrapes_pending > 0 {
+            // Answers still missing are timeouts Envoy will report; publish what we have.
+            self.publish(now);
+        }
+        self.scrape(now);
+    }
+
+    fn poll(&mut self, now: Millis) {
+        let discovery = self.config.discovery();
+        let due = self.last_poll.is_none_or(|t| now.since(t) + 5 >= discovery.interval_ms);
+        if !self.config.discovers() || self.polling || !due {
+            return;
+        }
+        self.last_poll = Some(now);
+        let path = clusters_path(self.config.pool_cluster());
+        match host::dispatch_admin_get(&discovery.admin_cluster, &path, discovery.timeout_ms) {
+            Ok(token) => {
+                self.calls.insert(token, Call::Clusters);
+                self.polling = true;
+            }
+            Err(status) => {
+                self.stats.discovery_failure.inc();
+                host::log(
+                    LogLevel::Warn,
+                    &format!(
+                        "cannot ask Envoy's admin for the pool via cluster {}: {status:?}",
+                        discovery.admin_cluster
+                    ),
+                );
+            }
+        }
+    }
+
+    fn scrape(&mut self, now: Millis) {
+        let scrape = self.config.scrape().clone();
+        let busy: Vec<EndpointId> = self
+            .calls
+            .values()
+            .filter_map(|c| match c {
+                Call::Metrics(id) => Some(id.clone()),
+                _ => None,
+            })
+            .collect();
+        let ids: Vec<EndpointId> = self.fleet.ids().filter(|id| !busy.contains(id)).cloned().collect();
+        self.scrapes_pending = busy.len();
+        for id in ids {
+            self.scrape_one(id, &scrape);
+        }
+        self.ask_models(now);
+    }
+
+    fn scrape_one(&mut self, id: EndpointId, scrape: &RawScrape) {
+        match host::dispatch_get(
+            &scrape.cluster,
+            id.as_str(),
+            &scrape.path,
+            id.as_str(),
+            scrape.timeout_ms,
+        ) {
+            Ok(token) => {
+                self.calls.insert(token, Call::Metrics(id));
+                self.scrapes_pending += 1;
+            }
+            Err(status) => {
+                host::log(
+                    LogLevel::Warn,
+                    &format!("cannot scrape {id} via cluster {}: {status:?}", scrape.cluster),
+                );
+                self.stats.failure.inc();
+                self.dirty = true;
+                let flip = self.fleet.on_scrape_failed(&id);
+                log_flip(&id, flip, "cannot dispatch");
+            }
+        }
+    }
+
+    fn ask_models(&mut self, now: Millis) {
+        let every = self.config.discovery().models_interval_ms;
+        if every == 0 {
+            return;
+        }
+        let scrape = self.config.scrape().clone();
+        for id in self.fleet.models_due(now, every) {
+            self.fleet.on_models_asked(&id, now);
+            if let Ok(token) = host::dispatch_get(
+                &scrape.cluster,
+                id.as_str(),
+                "/v1/models",
+                id.as_str(),
+                scrape.timeout_ms,
+            ) {
+                self.calls.insert(token, Call::Models(id));
+            }
+        }
+    }
+
+    /// POSTs this process's new placements to every replica listed (each drops its own).
+    fn forward(&mut self, now: Millis) {
+        let Some((forwarder, nonce)) = self.forwarder.as_mut() else {
+            return;
+        };
+        let Some(replicas) = self.config.share().replicas.clone() else {
+            return;
+        };
+        let Some(body) = forwarder.collect(*nonce, now) else {
+            return;
+        };
+        for peer in &replicas.peers {
+            match host::dispatch_post(
+                &replicas.cluster,
+                peer,
+                &replicas.path,
+                &replicas.secret,
+                &body,
+                replicas.interval_ms.max(200),
+            ) {
+                Ok(token) => {
+                    self.calls.insert(token, Call::Forward);
+                }
+                Err(status) => {
+                    self.stats.forward_failure.inc();
+                    host::log(
+                        LogLevel::Debug,
+                        &format!("cannot forward to replica {peer}: {status:?}"),
+                    );
+                }
+            }
+        }
+    }
+
+    /// Handles the answer to one of this poller's calls; false when the token is not one.
+    pub fn on_http_call_response(&mut self, token: u32, body_size: usize) -> bool {
+        let Some(call) = self.calls.remove(&token) else {
+            return false;
+        };
+        let now = host::now();
+        let status = host::call_response_header(":status").ok().flatten();
+        let ok = status.as_deref() == Some(b"200");
+        match call {
+            Call::Forward => {
+                if status.as_deref() != Some(b"204") {
+                    self.stats.forward_failure.inc();
+                }
+            }
+            Call::Clusters => {
+                self.polling = false;
+                self.on_clusters(ok, body_size, status.as_deref());
+            }
+            Call::Models(id) => {
+                let max = self.config.scrape().max_bytes;
+                let models = (ok && body_size <= max)
+                    .then(|| host::buffer(BufferType::HttpCallResponseBody, 0, body_size).ok())
+                    .flatten()
+                    .and_then(|body| parse_models(&body).ok());
+                if let Some(models) = models {
+                    self.fleet.on_models(&id, models);
+                    self.dirty = true;
+                }
+            }
+            Call::Metrics(id) => {
+                self.scrapes_pending = self.scrapes_pending.saturating_sub(1);
+                self.on_metrics(&id, ok, body_size, status.as_deref(), now);
+                if self.scrapes_pending == 0 {
+                    self.publish(now);
+                }
+            }
+        }
+        true
+    }
+
+    fn on_clusters(&mut self, ok: bool, body_size: usize, status: Option<&[u8]>) {
+        let max = self.config.discovery().max_bytes;
+        let cluster = self.config.pool_cluster().to_string();
+        let hosts = if !ok {
+            Err(match status {
+                Some(s) => format!("Envoy's admin answered {}", String::from_utf8_lossy(s)),
+                None => "no answer from Envoy's admin (timeout or connection failure)".into(),
+            })
+        } else if body_size > max {
+            Err(format!(
+                "/clusters answer of {body_size} bytes is over discovery.max_bytes ({max})"
+            ))
+        } else {
+            host::buffer(BufferType::HttpCallResponseBody, 0, body_size)
+                .map_err(|s| format!("cannot read the /clusters answer: {s:?}"))
+                .and_then(|body| parse_clusters(&body, &cluster).map_err(|e| e.to_string()))
+        };
+        match hosts {
+            Ok(hosts) => {
+                self.stats.discovery_success.inc();
+                self.stats.discovered_hosts.set(hosts.len() as u64);
+                let change = self.fleet.on_hosts(&hosts);
+                for id in &change.added {
+                    host::log(LogLevel::Info, &format!("endpoint {id} joined the pool {cluster}"));
+                }
+                for (id, _) in &change.removed {
+                    host::log(LogLevel::Info, &format!("endpoint {id} left the pool {cluster}"));
+                }
+                // Always publish: Envoy's health flags may have changed even when no one
+                // joined or left, and routers must stop choosing a draining host now.
+                let now = host::now();
+                self.publish(now);
+                // New members are scraped (and asked their models) at once, not at the
+                // next round: the state is published again when their answers are in.
+                let scrape = self.config.scrape().clone();
+                for id in change.added {
+                    self.scrape_one(id, &scrape);
+                }
+                self.ask_models(now);
+            }
+            Err(why) => {
+                self.stats.discovery_failure.inc();
+                host::log(
+                    LogLevel::Warn,
+                    &format!("pool discovery failed (keeping the last pool): {why}"),
+                );
+            }
+        }
+    }
+
+    fn on_metrics(&mut self, id: &EndpointId, ok: bool, body_size: usize, status: Option<&[u8]>, now: Millis) {
+        let max = self.config.scrape().max_bytes;
+        let result = if !ok {
+            Err(match status {
+                Some(s) => format!("status {}", String::from_utf8_lossy(s)),
+                None => "no response (timeout or connection failure)".into(),
+            })
+        } else if body_size > max {
+            Err(format!("body of {body_size} bytes is over scrape.max_bytes ({max})"))
+        } else {
+            host::buffer(BufferType::HttpCallResponseBody, 0, body_size)
+                .map_err(|s| format!("cannot read the body: {s:?}"))
+                .and_then(|body| parse_metrics(&body, max).map_err(|e| e.to_string()))
+        };
+        self.dirty = true;
+        match result {
+            Ok(metrics) => {
+                self.stats.success.inc();
+                let flip = self.fleet.on_metrics(id, metrics, now);
+                log_flip(id, flip, "");
+            }
+            Err(why) => {
+                self.stats.failure.inc();
+                host::log(LogLevel::Debug, &format!("scrape of {id} failed: {why}"));
+                let flip = self.fleet.on_scrape_failed(id);
+                log_flip(id, flip, &why);
+            }
+        }
+    }
+
+    fn publish(&mut self, now: Millis) {
+        let state = self.fleet.publish(now);
+        let bytes = match postcard::to_allocvec(&state) {
+            Ok(b) => b,
+            Err(e) => {
+                host::log(LogLevel::Error, &format!("cannot encode the fleet state: {e}"));
+                return;
+            }
+        };
+        let ok = host::set_shared_data(SNAPSHOT_KEY, &bytes).is_ok()
+            && host::set_shared_data(VERSION_KEY, &state.version.to_le_bytes()).is_ok();
+        if ok {
+            self.stats.published.inc();
+            self.stats.healthy_endpoints.set(self.fleet.routable() as u64);
+            self.dirty = false;
+        } else {
+            host::log(LogLevel::Error, "cannot write the fleet state to shared data");
+        }
+    }
+}
+
+fn log_flip(id: &EndpointId, flip: Option<Flip>, why: &str) {
+    match flip {
+        Some(Flip::BecameHealthy) => host::log(LogLevel::Info, &format!("endpoint {id} is healthy")),
+        Some(Flip::BecameUnhealthy) => host::log(LogLevel::Warn, &format!("endpoint {id} is unhealthy: {why}")),
+        Some(Flip::Ejected { .. }) | None => {}
+    }
+}
