@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 
 use kvroute_core::config::RawScrape;
-use kvroute_core::discovery::{clusters_path, parse_clusters, parse_models};
+use kvroute_core::discovery::{clusters_path, parse_clusters, parse_models, signature_path};
 use kvroute_core::fleet::Host;
 use kvroute_core::health::Flip;
 use kvroute_core::{parse_metrics, Config, EndpointId, EnvoyHealth, Fleet, FleetState, Millis};
@@ -44,6 +44,8 @@ pub fn read_version() -> u64 {
 
 /// What an HTTP call in flight was for.
 enum Call {
+    /// A few of the pool cluster's stats (`discovery::signature_path`).
+    Signature,
     Clusters,
     Metrics(EndpointId),
     Models(EndpointId),
@@ -62,6 +64,11 @@ pub struct Poller {
     forwarder: Option<(Forwarder, u64)>,
     last_scrape: Millis,
     last_poll: Option<Millis>,
+    /// When `/clusters` was last read successfully.
+    last_full: Option<Millis>,
+    /// The signature stats as of that read, and as of the read in flight.
+    signature: Option<Vec<u8>>,
+    pending_signature: Option<Vec<u8>>,
     polling: bool,
 }
 
@@ -106,6 +113,9 @@ impl Poller {
             forwarder,
             last_scrape: Millis(0),
             last_poll: None,
+            last_full: None,
+            signature: None,
+            pending_signature: None,
             polling: false,
         }
     }
@@ -136,17 +146,28 @@ impl Poller {
         self.scrape(now);
     }
 
+    /// Asks Envoy's admin: the full `/clusters` listing when the cluster's signature stats
+    /// moved or `discovery.resync_ms` passed, else only the signature.
     fn poll(&mut self, now: Millis) {
-        let discovery = self.config.discovery();
+        let discovery = self.config.discovery().clone();
         let due = self.last_poll.is_none_or(|t| now.since(t) + 5 >= discovery.interval_ms);
         if !self.config.discovers() || self.polling || !due {
             return;
         }
         self.last_poll = Some(now);
-        let path = clusters_path(self.config.pool_cluster());
+        let resync = self.last_full.is_none_or(|t| now.since(t) >= discovery.resync_ms);
+        self.ask_admin(if resync { Call::Clusters } else { Call::Signature });
+    }
+
+    fn ask_admin(&mut self, call: Call) {
+        let discovery = self.config.discovery();
+        let path = match call {
+            Call::Signature => signature_path(self.config.pool_cluster()),
+            _ => clusters_path(self.config.pool_cluster()),
+        };
         match host::dispatch_admin_get(&discovery.admin_cluster, &path, discovery.timeout_ms) {
             Ok(token) => {
-                self.calls.insert(token, Call::Clusters);
+                self.calls.insert(token, call);
                 self.polling = true;
             }
             Err(status) => {
@@ -158,6 +179,24 @@ impl Poller {
                         discovery.admin_cluster
                     ),
                 );
+            }
+        }
+    }
+
+    /// The signature stats answered: read the full listing if they moved.
+    fn on_signature(&mut self, ok: bool, body_size: usize) {
+        let body = ok
+            .then(|| host::buffer(BufferType::HttpCallResponseBody, 0, body_size.min(64 << 10)).ok())
+            .flatten();
+        match body {
+            Some(body) if self.signature.as_ref() == Some(&body) => {}
+            Some(body) => {
+                self.pending_signature = Some(body);
+                self.ask_admin(Call::Clusters);
+            }
+            None => {
+                self.stats.discovery_failure.inc();
+                self.ask_admin(Call::Clusters);
             }
         }
     }
@@ -273,6 +312,10 @@ impl Poller {
                     self.stats.forward_failure.inc();
                 }
             }
+            Call::Signature => {
+                self.polling = false;
+                self.on_signature(ok, body_size);
+            }
             Call::Clusters => {
                 self.polling = false;
                 self.on_clusters(ok, body_size, status.as_deref());
@@ -319,6 +362,10 @@ impl Poller {
         match hosts {
             Ok(hosts) => {
                 self.stats.discovery_success.inc();
+                self.last_full = Some(host::now());
+                if let Some(signature) = self.pending_signature.take() {
+                    self.signature = Some(signature);
+                }
                 self.stats.discovered_hosts.set(hosts.len() as u64);
                 let change = self.fleet.on_hosts(&hosts);
                 for id in &change.added {

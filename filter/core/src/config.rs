@@ -79,6 +79,9 @@ pub struct RawDiscovery {
     pub models_interval_ms: u64,
     /// A lease holder (the worker polling for the others) silent this long is replaced.
     pub lease_ms: u64,
+    /// Between full `/clusters` reads, each poll reads only a few of the cluster's stats
+    /// and reads `/clusters` when they moved; it is read this often regardless.
+    pub resync_ms: u64,
 }
 
 impl Default for RawDiscovery {
@@ -94,6 +97,7 @@ impl Default for RawDiscovery {
             max_bytes: 8 << 20,
             models_interval_ms: 10_000,
             lease_ms: 1000,
+            resync_ms: 5000,
         }
     }
 }

@@ -38,26 +38,47 @@ impl fmt::Display for DiscoveryError {
 
 impl std::error::Error for DiscoveryError {}
 
-/// The admin path that lists exactly `cluster` (its name anchored and escaped as an RE2
-/// regex, then percent-encoded for the query).
-pub fn clusters_path(cluster: &str) -> String {
-    let mut regex = String::from("^");
-    for c in cluster.chars() {
+/// `name` as an RE2 literal.
+fn regex_literal(name: &str) -> String {
+    let mut regex = String::new();
+    for c in name.chars() {
         if !c.is_ascii_alphanumeric() && c != '_' {
             regex.push('\\');
         }
         regex.push(c);
     }
-    regex.push('$');
-    let mut path = String::from("/clusters?format=json&filter=");
-    for b in regex.bytes() {
+    regex
+}
+
+fn percent_encoded(text: &str) -> String {
+    let mut out = String::new();
+    for b in text.bytes() {
         if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            path.push(char::from(b));
+            out.push(char::from(b));
         } else {
-            path.push_str(&format!("%{b:02X}"));
+            out.push_str(&format!("%{b:02X}"));
         }
     }
-    path
+    out
+}
+
+/// The admin path that lists exactly `cluster` (its name anchored and escaped as an RE2
+/// regex, then percent-encoded for the query).
+pub fn clusters_path(cluster: &str) -> String {
+    let regex = format!("^{}$", regex_literal(cluster));
+    format!("/clusters?format=json&filter={}", percent_encoded(&regex))
+}
+
+/// The admin path of a few of `cluster`'s stats that move whenever its hosts or their
+/// health change (membership counts and changes, EDS/DNS updates, outlier ejections): a
+/// cheap signature, so the full `/clusters` listing is read only when it changed (and every
+/// `discovery.resync_ms` regardless).
+pub fn signature_path(cluster: &str) -> String {
+    let regex = format!(
+        "^cluster\\.{}\\.(membership_(change|healthy|degraded|excluded|total)|update_success|outlier_detection\\.ejections_active)$",
+        regex_literal(cluster)
+    );
+    format!("/stats?filter={}", percent_encoded(&regex))
 }
 
 #[derive(Deserialize)]
@@ -240,6 +261,14 @@ mod tests {
         assert_eq!(
             clusters_path("outbound|8000||vllm.ns.svc"),
             "/clusters?format=json&filter=%5Eoutbound%5C%7C8000%5C%7C%5C%7Cvllm%5C.ns%5C.svc%24"
+        );
+    }
+
+    #[test]
+    fn the_signature_path_names_the_cluster_stats_that_move_with_its_hosts() {
+        assert_eq!(
+            signature_path("vllm_pool"),
+            "/stats?filter=%5Ecluster%5C.vllm_pool%5C.%28membership_%28change%7Chealthy%7Cdegraded%7Cexcluded%7Ctotal%29%7Cupdate_success%7Coutlier_detection%5C.ejections_active%29%24"
         );
     }
 

@@ -557,7 +557,10 @@ mod native {
             let list: Vec<String> = ports.iter().map(|p| format!("\"127.0.0.1:{p}\"")).collect();
             text.replace(
                 "\"cluster_shape\": \"override_host\",",
-                &format!("\"endpoints\": [{}], \"cluster_shape\": \"override_host\",", list.join(", ")),
+                &format!(
+                    "\"endpoints\": [{}], \"cluster_shape\": \"override_host\",",
+                    list.join(", ")
+                ),
             )
         };
         let lb: String = ports
@@ -611,11 +614,19 @@ mod native {
             let ports: Vec<u16> = (0..n as u16).map(|i| base + i).collect();
             std::thread::sleep(Duration::from_secs(2));
             for discovered in [false, true] {
-                let pool = if discovered { "learned from Envoy" } else { "static `endpoints`" };
+                let pool = if discovered {
+                    "learned from Envoy"
+                } else {
+                    "static `endpoints`"
+                };
                 let result = poller_cpu(&ports, discovered, seconds);
                 match result {
                     Ok((main, all)) => {
-                        println!("| {n} | {pool} | {:.1}% of one core | {:.1}% |", main * 100.0, all * 100.0)
+                        println!(
+                            "| {n} | {pool} | {:.1}% of one core | {:.1}% |",
+                            main * 100.0,
+                            all * 100.0
+                        )
                     }
                     Err(e) => println!("| {n} | {pool} | failed: {e} | |"),
                 }
