@@ -24,7 +24,7 @@
 //!   path, to split the filter's cost into "being there" and "deciding".
 //!
 //! Usage (from the repository root, after `make build-wasm setup-envoy`):
-//!   cargo run --release -p kvroute-wasm-tests --bin filter-overhead -- [all|latency [N]|wrk|scrape]
+//!   cargo run --release -p kvroute-wasm-tests --bin filter-overhead -- [all|latency [N]|wrk|scrape [interval_ms]]
 
 #![allow(clippy::disallowed_methods)] // a wall-time benchmark driver reads the clock
 
@@ -43,7 +43,7 @@ fn main() -> Result<(), String> {
     match args.first().map(String::as_str).unwrap_or("all") {
         "latency" => native::latency(args.get(1).and_then(|a| a.parse().ok()).unwrap_or(2000)),
         "wrk" => native::wrk_sweep(),
-        "scrape" => native::scrape_cost(),
+        "scrape" => native::scrape_cost(args.get(1).and_then(|a| a.parse().ok()).unwrap_or(200)),
         "presence" => native::presence(),
         "hostile" => native::hostile(),
         "sharing" => native::sharing(),
@@ -52,7 +52,7 @@ fn main() -> Result<(), String> {
             .and_then(|_| native::presence())
             .and_then(|_| native::hostile())
             .and_then(|_| native::sharing())
-            .and_then(|_| native::scrape_cost()),
+            .and_then(|_| native::scrape_cost(200)),
         other => Err(format!(
             "unknown measurement {other:?}: all | latency [N] | wrk | scrape | presence | hostile | sharing"
         )),
@@ -549,8 +549,12 @@ mod native {
     /// learned from Envoy (`discovered`) or written as the static `endpoints` list, no
     /// traffic: CPU of Envoy's main thread (where the singleton service polls and scrapes)
     /// and of the whole process over `seconds`, as fractions of one core.
-    fn poller_cpu(ports: &[u16], discovered: bool, seconds: u64) -> Result<(f64, f64), String> {
+    fn poller_cpu(ports: &[u16], discovered: bool, interval_ms: u64, seconds: u64) -> Result<(f64, f64), String> {
         let text = std::fs::read_to_string(repo_root().join("envoy/envoy.yaml")).map_err(|e| e.to_string())?;
+        let text = text.replace(
+            "\"interval_ms\": 200, \"timeout_ms\": 150",
+            &format!("\"interval_ms\": {interval_ms}, \"timeout_ms\": 150"),
+        );
         let text = if discovered {
             text
         } else {
@@ -595,12 +599,13 @@ mod native {
     /// `/v1/models` every 10 s) against simulated vLLM 0.33 servers (`kvroute-sim serve`,
     /// whose `/metrics` body is vLLM's full one, about 39 KB), with the pool learned from
     /// Envoy and with a static list.
-    pub fn scrape_cost() -> Result<(), String> {
+    pub fn scrape_cost(interval_ms: u64) -> Result<(), String> {
         let seconds = 20;
         let sim = repo_root().join("target/release/kvroute-sim");
         if !sim.exists() {
             return Err("no target/release/kvroute-sim: run `cargo build --release -p kvroute-sim`".into());
         }
+        println!("scrapes every {interval_ms} ms\n");
         println!("| servers | pool | Envoy main-thread CPU | whole Envoy CPU |");
         println!("|---|---|---|---|");
         for n in [4usize, 64, 256] {
@@ -619,7 +624,7 @@ mod native {
                 } else {
                     "static `endpoints`"
                 };
-                let result = poller_cpu(&ports, discovered, seconds);
+                let result = poller_cpu(&ports, discovered, interval_ms, seconds);
                 match result {
                     Ok((main, all)) => {
                         println!(
