@@ -15,17 +15,17 @@
 #     to FOR_S (5 s; the shipped rule says 5m), and nothing else in the copy differs.
 #
 # Knobs: OUT (default target/test-observability), SIM, WASM, ENVOY (scripts/lib.sh),
-# PROMETHEUS / PROMTOOL (default: from PATH), ports SIM_BASE (18001; its admin port is
-# SIM_BASE-1), ENVOY_PORT (18100), ADMIN_PORT (18901), PROM_PORT (19090).
+# PROMETHEUS / PROMTOOL (default: from PATH), ports SIM_BASE (21001; its admin port is
+# SIM_BASE-1), ENVOY_PORT (21100), ADMIN_PORT (21901), PROM_PORT (21090).
 # Every process started is stopped on exit, failure or Ctrl-C. Last line: `N passed, N failed`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 OUT=${OUT:-target/test-observability}
-SIM_BASE=${SIM_BASE:-18001}
-ENVOY_PORT=${ENVOY_PORT:-18100}
-ADMIN_PORT=${ADMIN_PORT:-18901}
-PROM_PORT=${PROM_PORT:-19090}
+SIM_BASE=${SIM_BASE:-21001}
+ENVOY_PORT=${ENVOY_PORT:-21100}
+ADMIN_PORT=${ADMIN_PORT:-21901}
+PROM_PORT=${PROM_PORT:-21090}
 PROMETHEUS=${PROMETHEUS:-prometheus}
 PROMTOOL=${PROMTOOL:-promtool}
 FOR_S=${FOR_S:-5}
@@ -50,7 +50,7 @@ require_free $(sim_ports) "$ENVOY_PORT" "$ADMIN_PORT" "$PROM_PORT"
 snapshot_artifacts
 
 echo "==> simulated fleet, Envoy + kvroute, Prometheus"
-# 2048 KV blocks of 16 tokens per server (32k tokens): a dozen long requests fill one.
+# 2048 KV blocks of 16 tokens per server (32k tokens): a few dozen requests fill one.
 spawn "$OUT/sim.log" "$SIM" serve --servers "$SERVERS" --host 127.0.0.1 --base-port "$SIM_BASE" --num-gpu-blocks 2048
 wait_for "the simulated servers" all_sim_ports_open
 start_envoy obs envoy/envoy.yaml 2
@@ -78,11 +78,14 @@ targets_up() {
 wait_for "Prometheus scraping Envoy and every server" targets_up
 
 echo "==> server 0 past the KV threshold: long requests sent straight to it"
-# 12 requests of 3000 prompt tokens and 2000 output tokens need 2.2x its 2048 blocks, so it
-# runs full (and queues) for about 20 s; the alert fires FOR_S s after Prometheus sees > 0.9.
+# 48 requests of 576 prompt and 1200 output tokens at once need 2.6x its 2048 blocks: it runs
+# above 0.94 (and queues) for about 18 s. Many small requests rather than a few large ones:
+# one finishing frees under 6% of the cache, so usage does not dip below 0.9 between
+# scrapes (which would restart the alert's `for`). The alert fires FOR_S s after Prometheus
+# first sees > 0.9.
 spawn "$OUT/kv-fill.txt" "$SIM" bench --url "http://127.0.0.1:$SIM_BASE" --workload shared-prefix \
-  --groups 12 --per-group 1 --system-tokens 3000 --question-tokens 64 --output-tokens 2000 \
-  --rate 50 --duration 1 --seed 7 --label kv-fill
+  --groups 48 --per-group 1 --system-tokens 512 --question-tokens 64 --output-tokens 1200 \
+  --rate 200 --duration 1 --seed 7 --label kv-fill
 fired=(0 1)
 if python3 scripts/observability_check.py firing "$PROM_URL" KvrouteServerKVCachePressure \
   "instance=127.0.0.1:$SIM_BASE" --wait 30; then fired=(1 0); fi
