@@ -14,6 +14,8 @@
 #     for server 0: the rules are loaded from a test copy whose `for:` durations are all cut
 #     to FOR_S (5 s; the shipped rule says 5m), and nothing else in the copy differs.
 #
+# SCREENSHOTS=DIR: also saves Prometheus's graph page for the dashboard's main queries as
+# PNGs there (headless Chromium, Debian's `chromium`), while the run's data is live.
 # Knobs: OUT (default target/test-observability), SIM, WASM, ENVOY (scripts/lib.sh),
 # PROMETHEUS / PROMTOOL (default: from PATH), ports SIM_BASE (21001; its admin port is
 # SIM_BASE-1), ENVOY_PORT (21100), ADMIN_PORT (21901), PROM_PORT (21090).
@@ -102,3 +104,21 @@ echo "==> every rule, alert expression and dashboard query through Prometheus's 
 python3 scripts/observability_check.py live "$PROM_URL" "$OBS/grafana-dashboard.json" \
   --prior-passed "${fired[0]}" --prior-failed "${fired[1]}" --report "$OUT/queries.md"
 echo "(query results: $OUT/queries.md)"
+
+if [ -n "${SCREENSHOTS:-}" ]; then
+  echo "==> screenshots of Prometheus's graph page into $SCREENSHOTS"
+  mkdir -p "$SCREENSHOTS"
+  shot() {
+    local name=$1 expr=$2 url
+    url="$PROM_URL/graph?$(python3 -c 'import sys, urllib.parse; print(urllib.parse.urlencode({"g0.expr": sys.argv[1], "g0.tab": "0", "g0.range_input": "1m", "g0.stacked": "0"}))' "$expr")"
+    run_waited "$OUT/chromium-$name.log" "$OUT/chromium-$name.err" chromium --headless --no-sandbox --disable-gpu \
+      --hide-scrollbars --window-size=1280,1050 --virtual-time-budget=8000 --user-data-dir="$OUT/chromium-profile" \
+      --screenshot="$SCREENSHOTS/$name.png" "$url" || echo "screenshot $name failed (see $OUT/chromium-$name.err)"
+  }
+  shot decisions-by-outcome 'sum by (outcome) (rate(kvroute:requests_total[30s]))'
+  shot cached-tokens-reported 'sum(rate(kvroute_tokens_reported_cached[30s])) / sum(rate(kvroute_tokens_prompt[30s]))'
+  shot server-share 'sum by (server) (rate(kvroute:endpoint_chosen_total[30s])) / ignoring (server) group_left sum(rate(kvroute:endpoint_chosen_total[30s]))'
+  shot kv-cache-usage 'max by (instance) (vllm:kv_cache_usage_perc)'
+  shot ttft-p95 'histogram_quantile(0.95, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket[30s])))'
+  shot alerts 'ALERTS'
+fi
