@@ -171,6 +171,7 @@ setup-prometheus:
 ## alert covered by a firing case (no build, a few seconds)
 test-rules: setup-prometheus
 	promtool check rules envoy/observability/kvroute-rules.yaml
+	promtool check config envoy/observability/prometheus.yml
 	promtool test rules envoy/observability/kvroute-rules.test.yaml
 	python3 scripts/observability_check.py coverage envoy/observability/kvroute-rules.yaml envoy/observability/kvroute-rules.test.yaml
 
