@@ -100,10 +100,9 @@ run_waited "$OUT/bench.txt" "$OUT/bench.err" "$SIM" bench --url "http://127.0.0.
 sed 's/^/    /' "$OUT/bench.txt"
 sleep 3 # the last counters reach Prometheus and the rules run on them
 
-echo "==> every rule, alert expression and dashboard query through Prometheus's HTTP API"
+echo "==> every rule, alert expression and dashboard query through Prometheus's HTTP API (results: $OUT/queries.md)"
 python3 scripts/observability_check.py live "$PROM_URL" "$OBS/grafana-dashboard.json" \
   --prior-passed "${fired[0]}" --prior-failed "${fired[1]}" --report "$OUT/queries.md"
-echo "(query results: $OUT/queries.md)"
 
 if [ -n "${SCREENSHOTS:-}" ]; then
   echo "==> screenshots of Prometheus's graph page into $SCREENSHOTS"
