@@ -8,7 +8,8 @@ CARGO_BIN := $(or $(CARGO_HOME),$(HOME)/.cargo)/bin
 export PATH := $(CARGO_BIN):$(PATH)
 
 .PHONY: all setup setup-rust setup-wasm-bindgen setup-envoy setup-clients build build-wasm build-wasm-empty build-wasm-test-panic test test-native test-wasm test-e2e test-clients \
-	validate-envoy check-targets check-core-deps lint bench bench-overhead bench-live setup-smg fuzz soak run fmt
+	validate-envoy check-targets check-core-deps lint bench bench-overhead bench-live setup-smg fuzz soak run fmt \
+	setup-prometheus test-rules test-observability test-manifests
 
 ENVOY_VERSION := 1.40.0
 VENV := .venv
@@ -160,3 +161,32 @@ bench-live: setup-rust setup-envoy setup-smg build-wasm
 run: setup-rust setup-envoy build-wasm
 	$(CARGO) build --release -p kvroute-sim
 	bash scripts/demo.sh
+
+## setup-prometheus: Debian's prometheus (the server and promtool), when missing
+setup-prometheus:
+	@command -v promtool >/dev/null && command -v prometheus >/dev/null || \
+		{ apt-get update -qq && apt-get install -y -qq prometheus >/dev/null; }
+
+## test-rules: promtool check + unit tests of envoy/observability/kvroute-rules.yaml, every
+## alert covered by a firing case (no build, a few seconds)
+test-rules: setup-prometheus
+	promtool check rules envoy/observability/kvroute-rules.yaml
+	promtool check config envoy/observability/prometheus.yml
+	promtool test rules envoy/observability/kvroute-rules.test.yaml
+	python3 scripts/observability_check.py coverage envoy/observability/kvroute-rules.yaml envoy/observability/kvroute-rules.test.yaml
+
+## test-observability: test-rules, then a real Prometheus scraping Envoy + kvroute + a simulated
+## fleet during traffic: every recording rule, alert expression and dashboard query must return
+## series, and the KV-pressure alert must fire (about a minute; scripts/test-observability.sh)
+test-observability: setup-envoy setup-prometheus build-wasm
+	$(CARGO) build --release -p kvroute-sim
+	ENVOY=$(CURDIR)/$(ENVOY) bash scripts/test-observability.sh
+
+## test-manifests: every manifest under envoy/ validated offline against the Kubernetes, Istio and
+## Gateway API schemas (envoy/schemas/), the gateway's envoy.yaml and the Istio patches through
+## envoy --mode validate, the Kubernetes Prometheus config through promtool, the OCI build (seconds)
+test-manifests: setup-envoy setup-prometheus build-wasm
+	@command -v node >/dev/null && command -v npm >/dev/null || { echo "test-manifests needs node and npm"; exit 1; }
+	@command -v skopeo >/dev/null || { apt-get update -qq && apt-get install -y -qq skopeo >/dev/null; }
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r envoy/schemas/requirements.txt
+	ENVOY=$(CURDIR)/$(ENVOY) PYTHON=$(CURDIR)/$(VENV)/bin/python bash scripts/test-manifests.sh

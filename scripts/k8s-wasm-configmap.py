@@ -1,0 +1,40 @@
+#!/usr/bin/env python3
+"""Prints the ConfigMap `kvroute-wasm` that delivers kvroute's filter to the gateway
+(envoy/kubernetes/gateway.yaml mounts it at /etc/kvroute/kvroute.wasm), with the module in
+binaryData and its SHA-256 in an annotation:
+
+    python3 scripts/k8s-wasm-configmap.py dist/kvroute.wasm | kubectl apply -n kvroute -f -
+
+A ConfigMap holds at most 1 MiB: a larger module is refused with a message (then deliver it
+with an init container or an OCI image instead, as envoy/istio/ does).
+"""
+
+import base64
+import hashlib
+import sys
+
+LIMIT = 1 << 20
+
+
+def main():
+    path = sys.argv[1] if len(sys.argv) > 1 else "dist/kvroute.wasm"
+    name = sys.argv[2] if len(sys.argv) > 2 else "kvroute-wasm"
+    data = open(path, "rb").read()
+    if not data.startswith(b"\0asm"):
+        sys.exit(f"{path} is not a wasm module")
+    encoded = base64.b64encode(data).decode()
+    if len(data) >= LIMIT or len(encoded) >= LIMIT:
+        sys.exit(f"{path}: {len(data)} bytes ({len(encoded)} base64) does not fit a 1 MiB ConfigMap")
+    print("apiVersion: v1")
+    print("kind: ConfigMap")
+    print("metadata:")
+    print(f"  name: {name}")
+    print("  labels: { app.kubernetes.io/name: kvroute-gateway, app.kubernetes.io/part-of: kvroute }")
+    print("  annotations:")
+    print(f'    kvroute.io/wasm-sha256: "{hashlib.sha256(data).hexdigest()}"')
+    print("binaryData:")
+    print(f"  kvroute.wasm: {encoded}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+#!/usr/bin/env bash
+# `make test-manifests`: every deployment artifact under envoy/ checked offline, in seconds.
+#
+#  1. Schemas: every Kubernetes, Istio, Gateway API and Envoy Gateway document under
+#     envoy/kubernetes, envoy/istio, envoy/envoy-gateway (scripts/validate_manifests.py; the
+#     schemas and their provenance: envoy/schemas/README.md). The WasmPlugins are validated
+#     as scripts/build-oci.sh fills them (their `sha256` placeholder is not a valid digest),
+#     and the wasm ConfigMap as scripts/k8s-wasm-configmap.py generates it from dist/kvroute.wasm.
+#  2. The gateway's envoy.yaml (the ConfigMap in envoy/kubernetes/gateway.yaml) run through
+#     `envoy --mode validate` with dist/kvroute.wasm, which loads the filter and its plugin
+#     configuration. A filter built before `discovery` existed (issue 12) rejects that field:
+#     then the same config is validated with `discovery` replaced by a static `endpoints`
+#     list, and the script says so.
+#  3. The Istio and Envoy Gateway patches' Envoy values (override_host policy, route retry
+#     policy and body limit, header_mutation filter) merged into a cluster, route and
+#     listener shaped like the ones Istio generates, through `envoy --mode validate`.
+#  4. The Prometheus configuration for Kubernetes with `promtool check config` (Debian's
+#     promtool is built without Kubernetes discovery: its kubernetes_sd_configs blocks are
+#     swapped for static_configs; everything else, relabelling included, is checked as is)
+#     and the Prometheus Adapter rules' queries parsed by promtool.
+#  5. scripts/build-oci.sh: two builds give the same manifest digest, the layer holds
+#     plugin.wasm byte for byte, and skopeo (when installed) reads the layout.
+#
+# Knobs: ENVOY (default .venv/bin/envoy), PYTHON (default .venv/bin/python, with
+# envoy/schemas/requirements.txt installed), WASM, OUT (default target/test-manifests).
+# Last line: `N passed, N failed`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+ENVOY=${ENVOY:-.venv/bin/envoy}
+PYTHON=${PYTHON:-.venv/bin/python}
+WASM=${WASM:-dist/kvroute.wasm}
+OUT=${OUT:-target/test-manifests}
+PROMTOOL=${PROMTOOL:-promtool}
+rm -rf "$OUT"
+mkdir -p "$OUT"
+passed=0
+failed=0
+pass() { passed=$((passed + 1)); echo "ok   $*"; }
+fail() { failed=$((failed + 1)); echo "FAIL $*"; }
+
+echo "==> CRD validators (npm ci of envoy/schemas/package.json)"
+mkdir -p target/schemas-npm
+if ! cmp -s envoy/schemas/package-lock.json target/schemas-npm/package-lock.json || [ ! -d target/schemas-npm/node_modules ]; then
+  cp envoy/schemas/package.json envoy/schemas/package-lock.json target/schemas-npm/
+  (cd target/schemas-npm && npm ci --silent --no-audit --no-fund)
+fi
+
+echo "==> schemas"
+bash scripts/build-oci.sh "$WASM" "$OUT/oci" registry.example.com/kvroute/kvroute:test >"$OUT/oci.txt"
+"$PYTHON" scripts/k8s-wasm-configmap.py "$WASM" >"$OUT/kvroute-wasm-configmap.yaml"
+files=()
+for f in envoy/kubernetes/*.y*ml envoy/istio/*.yaml envoy/envoy-gateway/*.yaml; do
+  case "$f" in envoy/istio/wasmplugin-*) files+=("$OUT/oci/$(basename "$f")") ;; *) files+=("$f") ;; esac
+done
+files+=("$OUT/kvroute-wasm-configmap.yaml")
+if "$PYTHON" scripts/validate_manifests.py check "${files[@]}" | tee "$OUT/schemas.txt"; then :; fi
+read -r p f < <(sed -n 's/^manifests: \([0-9]*\) passed, \([0-9]*\) failed$/\1 \2/p' "$OUT/schemas.txt")
+passed=$((passed + ${p:-0}))
+failed=$((failed + ${f:-1}))
+
+echo "==> the gateway's envoy.yaml through envoy --mode validate"
+"$PYTHON" - "$WASM" "$OUT" <<'PY'
+import json, re, sys, yaml
+wasm, out = sys.argv[1:3]
+docs = list(yaml.safe_load_all(open("envoy/kubernetes/gateway.yaml")))
+cm = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "kvroute-envoy")
+text = cm["data"]["envoy.yaml"].replace("/etc/kvroute/kvroute.wasm", wasm)
+open(f"{out}/gateway-envoy.yaml", "w").write(text)
+# The same plugin configuration with discovery replaced by a static list, for a filter that
+# predates discovery.
+cfg = yaml.safe_load(text)["bootstrap_extensions"][0]["typed_config"]["config"]["configuration"]["value"]
+plugin = json.loads(cfg)
+assert "endpoints" not in plugin and plugin["discovery"]["admin_cluster"] == "kvroute_admin", plugin
+static_text, n = re.subn(r'"discovery": \{[^}]*\},', '"endpoints": ["10.0.0.1:8000", "10.0.0.2:8000"],', text)
+assert n == 1, "expected one discovery object in the plugin configuration"
+static = json.loads(yaml.safe_load(static_text)["bootstrap_extensions"][0]["typed_config"]["config"]["configuration"]["value"])
+assert "discovery" not in static and static["endpoints"], static
+open(f"{out}/gateway-envoy-static.yaml", "w").write(static_text)
+PY
+# envoy --mode validate on $2; if the filter rejects `discovery` (built before issue 12),
+# on $3, the same config with a static endpoints list instead, saying so.
+envoy_validate() {
+  local what=$1 config=$2 static=$3 log=$OUT/$(basename "$2" .yaml).log
+  if "$ENVOY" --mode validate -c "$config" -l error >"$log" 2>&1; then
+    pass "$what: envoy --mode validate"
+  elif grep -q 'unknown field `discovery`' "$log"; then
+    echo "note: $WASM predates the discovery field (issue 12) and rejects it; validating $what with a static endpoints list instead"
+    if "$ENVOY" --mode validate -c "$static" -l error >"$log" 2>&1; then
+      pass "$what (discovery replaced by endpoints): envoy --mode validate"
+    else
+      fail "$what: $(grep -v '^\s*$' "$log" | tail -1)"
+    fi
+  else
+    fail "$what: $(grep -v '^\s*$' "$log" | tail -1)"
+  fi
+}
+envoy_validate "envoy/kubernetes/gateway.yaml's envoy.yaml" "$OUT/gateway-envoy.yaml" "$OUT/gateway-envoy-static.yaml"
+
+echo "==> the Istio / Envoy Gateway patch values in an Istio-shaped Envoy config"
+"$PYTHON" scripts/istio_patch_config.py "$OUT/istio-shaped.yaml" "$WASM" >/dev/null
+envoy_validate "envoy/istio/envoyfilter-gateway.yaml + wasmplugin-gateway.yaml, envoy/envoy-gateway patches, in an Istio-shaped config" \
+  "$OUT/istio-shaped.yaml" "$OUT/istio-shaped-static.yaml"
+
+echo "==> Prometheus configuration for Kubernetes, Prometheus Adapter queries"
+mkdir -p "$OUT/prometheus"
+"$PYTHON" - "$OUT/prometheus" <<'PY'
+import sys, yaml
+out = sys.argv[1]
+cfg = yaml.safe_load(open("envoy/kubernetes/prometheus.yml"))
+for job in cfg["scrape_configs"]:
+    assert "kubernetes_sd_configs" in job, job["job_name"]
+    job.pop("kubernetes_sd_configs")
+    job["static_configs"] = [{"targets": ["127.0.0.1:1"]}]
+yaml.safe_dump(cfg, open(f"{out}/prometheus.yml", "w"))
+# The adapter's metricsQuery templates, rendered as the adapter would for one pod.
+adapter = yaml.safe_load(open("envoy/kubernetes/prometheus-adapter-config.yaml"))
+rules = yaml.safe_load(adapter["data"]["config.yaml"])["rules"]
+with open(f"{out}/adapter-queries.txt", "w") as f:
+    for r in rules:
+        series = r["seriesQuery"].split("{")[0].strip("'")
+        q = (r["metricsQuery"].replace("<<.Series>>", series)
+             .replace("<<.LabelMatchers>>", 'namespace="kvroute",pod=~"vllm-.*"').replace("<<.GroupBy>>", "pod"))
+        f.write(q + "\n")
+PY
+cp envoy/observability/kvroute-rules.yaml "$OUT/prometheus/"
+if "$PROMTOOL" check config "$OUT/prometheus/prometheus.yml" >"$OUT/promtool.log" 2>&1; then
+  pass "envoy/kubernetes/prometheus.yml: promtool check config (kubernetes_sd_configs swapped for static_configs)"
+else
+  fail "envoy/kubernetes/prometheus.yml: $(cat "$OUT/promtool.log")"
+fi
+while read -r q; do
+  # promtool has no "parse this query"; a rule file with the query as a recording rule is parsed.
+  printf 'groups:\n  - name: adapter\n    rules:\n      - record: adapter:check\n        expr: %s\n' "'$q'" >"$OUT/prometheus/adapter-rule.yaml"
+  if "$PROMTOOL" check rules "$OUT/prometheus/adapter-rule.yaml" >/dev/null 2>&1; then
+    pass "prometheus-adapter-config.yaml query parses: $q"
+  else
+    fail "prometheus-adapter-config.yaml query does not parse: $q"
+  fi
+done <"$OUT/prometheus/adapter-queries.txt"
+
+echo "==> scripts/build-oci.sh"
+bash scripts/build-oci.sh "$WASM" "$OUT/oci2" registry.example.com/kvroute/kvroute:test >/dev/null
+if [ "$(cat "$OUT/oci/DIGEST")" = "$(cat "$OUT/oci2/DIGEST")" ]; then pass "build-oci.sh is reproducible (sha256:$(cat "$OUT/oci/DIGEST"))"; else fail "build-oci.sh: two builds, two digests"; fi
+if "$PYTHON" - "$OUT/oci" "$WASM" <<'PY'; then pass "OCI layout: digests match their blobs, the layer's plugin.wasm is the module"; else fail "OCI layout"; fi
+import gzip, hashlib, io, json, os, sys, tarfile
+layout, wasm = sys.argv[1:3]
+blob = lambda d: open(os.path.join(layout, "blobs", "sha256", d.split(":", 1)[1]), "rb").read()
+index = json.load(open(os.path.join(layout, "index.json")))
+desc = index["manifests"][0]
+raw = blob(desc["digest"])
+assert hashlib.sha256(raw).hexdigest() == desc["digest"].split(":")[1] and len(raw) == desc["size"]
+manifest = json.loads(raw)
+assert manifest["mediaType"] == "application/vnd.oci.image.manifest.v1+json"
+for d in [manifest["config"]] + manifest["layers"]:
+    b = blob(d["digest"])
+    assert hashlib.sha256(b).hexdigest() == d["digest"].split(":")[1] and len(b) == d["size"], d
+(layer,) = manifest["layers"]
+assert layer["mediaType"] == "application/vnd.oci.image.layer.v1.tar+gzip"
+with tarfile.open(fileobj=io.BytesIO(gzip.decompress(blob(layer["digest"])))) as t:
+    assert t.getnames() == ["plugin.wasm"], t.getnames()
+    assert t.extractfile("plugin.wasm").read() == open(wasm, "rb").read()
+PY
+if command -v skopeo >/dev/null; then
+  if skopeo inspect "oci:$OUT/oci:test" >"$OUT/skopeo.json" 2>&1 &&
+    grep -q "\"Digest\": \"sha256:$(cat "$OUT/oci/DIGEST")\"" "$OUT/skopeo.json"; then
+    pass "skopeo reads the OCI layout and reports the same digest"
+  else
+    fail "skopeo inspect: $(head -3 "$OUT/skopeo.json")"
+  fi
+fi
+
+echo "test-manifests: $passed passed, $failed failed"
+[ "$failed" = 0 ]
