@@ -79,13 +79,15 @@ build-wasm: setup-rust
 	@echo "$(WASM): $$(wc -c < $(WASM)) bytes"
 
 ## test: lint, the core's dependency rule, native tests, Envoy config validation,
-## end-to-end tests through real Envoy, the core under wasm32 on node
-test: check-targets lint check-core-deps test-native validate-envoy test-e2e test-clients test-wasm
+## end-to-end tests through real Envoy, the openai client suite, the Prometheus rules, the
+## deployment manifests, a live Prometheus over Envoy + the simulated fleet, the core under
+## wasm32 on node
+test: check-targets lint check-core-deps test-native validate-envoy test-e2e test-clients test-rules test-manifests test-observability test-wasm
 
 ## check-targets: every user-facing target still parses and resolves (a dry run, nothing executes)
 check-targets:
-	@$(MAKE) --no-print-directory -n run bench bench-overhead bench-live fuzz soak setup build >/dev/null
-	@echo "make targets resolve: run bench bench-overhead bench-live fuzz soak setup build"
+	@$(MAKE) --no-print-directory -n run bench bench-overhead bench-live fuzz soak setup build test-rules test-manifests test-observability >/dev/null
+	@echo "make targets resolve: run bench bench-overhead bench-live fuzz soak setup build test-rules test-manifests test-observability"
 
 test-native:
 	$(CARGO) test --workspace --exclude kvroute-wasm-tests

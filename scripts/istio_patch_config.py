@@ -6,9 +6,6 @@ the WasmPlugin's pluginConfig as the filter configuration, for `envoy --mode val
 Istio puts them, next to the fields Istio sets itself; it does not run Istio.
 
   istio_patch_config.py OUT.yaml [WASM]
-
-Also writes OUT-static.yaml: the same with `discovery` replaced by a static `endpoints`
-list, for a filter built before discovery existed (issue 12).
 """
 
 import copy
@@ -144,17 +141,8 @@ def build(plugin_config, eg_config):
     }
 
 
-def static(cfg):
-    cfg = copy.deepcopy(cfg)
-    cfg.pop("discovery")
-    cfg["endpoints"] = ["10.0.0.1:8000", "10.0.0.2:8000"]
-    return cfg
-
-
 istio_cfg, eg_cfg = plugin["pluginConfig"], eg_policy["config"]
 assert istio_cfg["discovery"]["admin_cluster"] == "prometheus_stats" and istio_cfg["discovery"]["cluster"] == POOL
 assert eg_cfg["discovery"]["cluster"] == EG_POOL
 yaml.safe_dump(build(json.dumps(istio_cfg), json.dumps(eg_cfg)), open(out, "w"), sort_keys=False)
-yaml.safe_dump(build(json.dumps(static(istio_cfg)), json.dumps(static(eg_cfg))),
-               open(out.replace(".yaml", "-static.yaml"), "w"), sort_keys=False)
-print(f"wrote {out} and its -static variant")
+print(f"wrote {out}")

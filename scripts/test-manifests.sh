@@ -8,9 +8,7 @@
 #     and the wasm ConfigMap as scripts/k8s-wasm-configmap.py generates it from dist/kvroute.wasm.
 #  2. The gateway's envoy.yaml (the ConfigMap in envoy/kubernetes/gateway.yaml) run through
 #     `envoy --mode validate` with dist/kvroute.wasm, which loads the filter and its plugin
-#     configuration. A filter built before `discovery` existed (issue 12) rejects that field:
-#     then the same config is validated with `discovery` replaced by a static `endpoints`
-#     list, and the script says so.
+#     configuration (the pool learned from Envoy: `discovery`, no `endpoints`).
 #  3. The Istio and Envoy Gateway patches' Envoy values (override_host policy, route retry
 #     policy and body limit, header_mutation filter) merged into a cluster, route and
 #     listener shaped like the ones Istio generates, through `envoy --mode validate`.
@@ -67,40 +65,26 @@ docs = list(yaml.safe_load_all(open("envoy/kubernetes/gateway.yaml")))
 cm = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "kvroute-envoy")
 text = cm["data"]["envoy.yaml"].replace("/etc/kvroute/kvroute.wasm", wasm)
 open(f"{out}/gateway-envoy.yaml", "w").write(text)
-# The same plugin configuration with discovery replaced by a static list, for a filter that
-# predates discovery.
+# The plugin configuration learns the pool from Envoy: no static list.
 cfg = yaml.safe_load(text)["bootstrap_extensions"][0]["typed_config"]["config"]["configuration"]["value"]
 plugin = json.loads(cfg)
 assert "endpoints" not in plugin and plugin["discovery"]["admin_cluster"] == "kvroute_admin", plugin
-static_text, n = re.subn(r'"discovery": \{[^}]*\},', '"endpoints": ["10.0.0.1:8000", "10.0.0.2:8000"],', text)
-assert n == 1, "expected one discovery object in the plugin configuration"
-static = json.loads(yaml.safe_load(static_text)["bootstrap_extensions"][0]["typed_config"]["config"]["configuration"]["value"])
-assert "discovery" not in static and static["endpoints"], static
-open(f"{out}/gateway-envoy-static.yaml", "w").write(static_text)
 PY
-# envoy --mode validate on $2; if the filter rejects `discovery` (built before issue 12),
-# on $3, the same config with a static endpoints list instead, saying so.
+# envoy --mode validate on $2.
 envoy_validate() {
-  local what=$1 config=$2 static=$3 log=$OUT/$(basename "$2" .yaml).log
+  local what=$1 config=$2 log=$OUT/$(basename "$2" .yaml).log
   if "$ENVOY" --mode validate -c "$config" -l error >"$log" 2>&1; then
     pass "$what: envoy --mode validate"
-  elif grep -q 'unknown field `discovery`' "$log"; then
-    echo "note: $WASM predates the discovery field (issue 12) and rejects it; validating $what with a static endpoints list instead"
-    if "$ENVOY" --mode validate -c "$static" -l error >"$log" 2>&1; then
-      pass "$what (discovery replaced by endpoints): envoy --mode validate"
-    else
-      fail "$what: $(grep -v '^\s*$' "$log" | tail -1)"
-    fi
   else
     fail "$what: $(grep -v '^\s*$' "$log" | tail -1)"
   fi
 }
-envoy_validate "envoy/kubernetes/gateway.yaml's envoy.yaml" "$OUT/gateway-envoy.yaml" "$OUT/gateway-envoy-static.yaml"
+envoy_validate "envoy/kubernetes/gateway.yaml's envoy.yaml" "$OUT/gateway-envoy.yaml"
 
 echo "==> the Istio / Envoy Gateway patch values in an Istio-shaped Envoy config"
 "$PYTHON" scripts/istio_patch_config.py "$OUT/istio-shaped.yaml" "$WASM" >/dev/null
 envoy_validate "envoy/istio/envoyfilter-gateway.yaml + wasmplugin-gateway.yaml, envoy/envoy-gateway patches, in an Istio-shaped config" \
-  "$OUT/istio-shaped.yaml" "$OUT/istio-shaped-static.yaml"
+  "$OUT/istio-shaped.yaml"
 
 echo "==> Prometheus configuration for Kubernetes, Prometheus Adapter queries"
 mkdir -p "$OUT/prometheus"

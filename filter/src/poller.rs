@@ -69,6 +69,8 @@ pub struct Poller {
     /// The signature stats as of that read, and as of the read in flight.
     signature: Option<Vec<u8>>,
     pending_signature: Option<Vec<u8>>,
+    /// False once the admin refused the signature query.
+    signatures: bool,
     polling: bool,
 }
 
@@ -116,6 +118,7 @@ impl Poller {
             last_full: None,
             signature: None,
             pending_signature: None,
+            signatures: true,
             polling: false,
         }
     }
@@ -155,7 +158,7 @@ impl Poller {
             return;
         }
         self.last_poll = Some(now);
-        let resync = self.last_full.is_none_or(|t| now.since(t) >= discovery.resync_ms);
+        let resync = !self.signatures || self.last_full.is_none_or(|t| now.since(t) >= discovery.resync_ms);
         self.ask_admin(if resync { Call::Clusters } else { Call::Signature });
     }
 
@@ -184,7 +187,18 @@ impl Poller {
     }
 
     /// The signature stats answered: read the full listing if they moved.
-    fn on_signature(&mut self, ok: bool, body_size: usize) {
+    fn on_signature(&mut self, ok: bool, body_size: usize, status: Option<&[u8]>) {
+        if status == Some(b"403") {
+            // An admin that allows `/clusters?` but not this query: read the full listing
+            // every poll (it costs more; README, "Point kvroute at your pool").
+            self.signatures = false;
+            host::log(
+                LogLevel::Warn,
+                "Envoy's admin refuses /stats?filter=^cluster\\.… (admin.allow_paths): reading /clusters at every poll",
+            );
+            self.ask_admin(Call::Clusters);
+            return;
+        }
         let body = ok
             .then(|| host::buffer(BufferType::HttpCallResponseBody, 0, body_size.min(64 << 10)).ok())
             .flatten();
@@ -314,7 +328,7 @@ impl Poller {
             }
             Call::Signature => {
                 self.polling = false;
-                self.on_signature(ok, body_size);
+                self.on_signature(ok, body_size, status.as_deref());
             }
             Call::Clusters => {
                 self.polling = false;
