@@ -134,7 +134,7 @@ bench:
 	target/release/kvroute-sim matrix --traces ../shared/traces --json target/matrix.json --markdown target/matrix.md
 
 ## bench-overhead: kvroute's cost in real Envoy: added latency (1/32 KiB), wrk throughput
-## ratio and latency (1/32/256 KiB, 1/8/32 connections), Envoy RSS, scraping CPU (4 vs 64 servers)
+## ratio and latency (1/32/256 KiB, 1/8/32 connections), Envoy RSS, polling CPU (4, 64, 256 servers; pool learned from Envoy vs static)
 bench-overhead: setup-envoy build-wasm build-wasm-empty
 	@command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk; }
 	KVROUTE_ENVOY=$(CURDIR)/$(ENVOY) $(CARGO) run --release -p kvroute-wasm-tests --bin filter-overhead -- all
