@@ -138,7 +138,7 @@ impl Poller {
     pub fn on_tick(&mut self, now: Millis) {
         self.forward(now);
         self.poll(now);
-        if now.since(self.last_scrape) + 5 < self.config.scrape().interval_ms {
+        if now.since(self.last_scrape) + 5 < self.config.scrape_interval_ms(self.fleet.len()) {
             return;
         }
         self.last_scrape = now;

@@ -469,8 +469,7 @@ fn lease_mode_strict_dns_pool_is_discovered() {
 
 /// Two models in one cluster: each request goes only to servers of its model; an unknown
 /// model is left to Envoy and counted.
-#[test]
-fn two_models_in_one_cluster_are_each_served_only_by_their_servers() {
+fn two_models_in_one_cluster(mode: Mode) {
     let a: Vec<FakeVllm> = (0..2)
         .map(|_| FakeVllm::start_serving(Load::idle(), "model-a").unwrap())
         .collect();
@@ -479,10 +478,15 @@ fn two_models_in_one_cluster_are_each_served_only_by_their_servers() {
         .collect();
     let ports: Vec<u16> = a.iter().chain(&b).map(|s| s.port).collect();
     let envoy = Envoy::start("envoy.yaml", &ports, |t| {
-        t.replace(
+        let t = t.replace(
             "\"policy\": \"cost\",",
             "\"policy\": \"cost\", \"debug_headers\": true,",
-        )
+        );
+        if mode == Mode::Lease {
+            without_service(&t)
+        } else {
+            t
+        }
     })
     .unwrap();
     let post = |model: &str, n: usize| {
@@ -520,6 +524,16 @@ fn two_models_in_one_cluster_are_each_served_only_by_their_servers() {
     let r = post("no-such-model", 0);
     assert_eq!(r.header("x-kvroute-reason"), Some("fallback_unknown_model"));
     assert_eq!(envoy.stat("wasmcustom.kvroute.decision.unknown_model"), 1);
+}
+
+#[test]
+fn service_mode_two_models_in_one_cluster_are_each_served_only_by_their_servers() {
+    two_models_in_one_cluster(Mode::Service);
+}
+
+#[test]
+fn lease_mode_two_models_in_one_cluster_are_each_served_only_by_their_servers() {
+    two_models_in_one_cluster(Mode::Lease);
 }
 
 fn routed_reason(r: &http_client::Response) -> bool {

@@ -117,6 +117,9 @@ pub struct RawScrape {
     pub interval_ms: u64,
     pub timeout_ms: u64,
     pub max_bytes: usize,
+    /// Scrapes a second at most (0: no limit): a large pool is scraped less often than
+    /// `interval_ms`, but at least every 40% of `health.stale_after_ms`.
+    pub max_per_s: u64,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -262,6 +265,9 @@ impl Default for RawScrape {
             interval_ms: 200,
             timeout_ms: 150,
             max_bytes: 1 << 20,
+            // 128 servers at 200 ms; 256 at 400 ms, under 10% of one core for the scraping
+            // side (BENCHMARKS.md, "Polling cost").
+            max_per_s: 640,
         }
     }
 }
@@ -411,6 +417,19 @@ impl Config {
     }
     pub fn hashing(&self) -> &RawHashing {
         &self.raw.hashing
+    }
+    /// How often each of `servers` is scraped: `scrape.interval_ms`, stretched to keep
+    /// under `scrape.max_per_s`, but never past 40% of `health.stale_after_ms` (so metrics
+    /// are not stale before the next scrape).
+    pub fn scrape_interval_ms(&self, servers: usize) -> u64 {
+        let base = self.raw.scrape.interval_ms;
+        let Some(budget) = (servers as u64)
+            .saturating_mul(1000)
+            .checked_div(self.raw.scrape.max_per_s)
+        else {
+            return base;
+        };
+        budget.min(self.raw.health.stale_after_ms * 2 / 5).max(base)
     }
     pub fn scrape(&self) -> &RawScrape {
         &self.raw.scrape

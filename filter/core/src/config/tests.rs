@@ -134,3 +134,14 @@ fn replicas_need_peers_and_a_real_secret() {
         "off unless configured"
     );
 }
+
+#[test]
+fn large_pools_are_scraped_less_often_but_never_past_staleness() {
+    let c = Config::from_json(b"").unwrap();
+    assert_eq!(c.scrape_interval_ms(4), 200);
+    assert_eq!(c.scrape_interval_ms(128), 200);
+    assert_eq!(c.scrape_interval_ms(256), 400);
+    assert_eq!(c.scrape_interval_ms(10_000), 400, "40% of stale_after_ms");
+    let unlimited = Config::from_json(br#"{"scrape": {"max_per_s": 0}}"#).unwrap();
+    assert_eq!(unlimited.scrape_interval_ms(10_000), 200);
+}
