@@ -43,6 +43,9 @@ pub struct Http {
     status: u16,
     /// Keep the response tail: the response will carry `usage` (see `reports_usage`).
     read_usage: bool,
+    /// A streamed request whose first response bytes have not come yet (its first token:
+    /// the headers of a stream may come before it).
+    awaiting_first_chunk: bool,
     tail: Vec<u8>,
 }
 
@@ -57,6 +60,7 @@ impl Http {
             reason: "passthrough",
             status: 0,
             read_usage: false,
+            awaiting_first_chunk: false,
             tail: Vec::new(),
         }
     }
@@ -138,6 +142,7 @@ impl Http {
         // A stream without `include_usage` never reports cached tokens: copying its chunks
         // into the VM (one host call each) would buy nothing.
         self.read_usage = parsed.reports_usage;
+        self.awaiting_first_chunk = parsed.stream;
         self.phase = Phase::Routed { request_id };
         Action::Continue
     }
@@ -249,6 +254,17 @@ fn same_secret(given: &[u8], expected: &[u8]) -> bool {
     given.len() == expected.len() && given.iter().zip(expected).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
 }
 
+impl Http {
+    /// The routed request's prefill is done (see `Router::on_first_token`).
+    fn first_token(&self) {
+        if let (Phase::Routed { request_id }, Some(shared)) = (&self.phase, &self.shared) {
+            if let Ok(mut router) = shared.router.try_borrow_mut() {
+                router.on_first_token(*request_id, host::now());
+            }
+        }
+    }
+}
+
 impl Context for Http {}
 
 impl HttpContext for Http {
@@ -336,11 +352,11 @@ impl HttpContext for Http {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        // A stream's headers come with its first chunk: the prefill is done.
-        if let (Phase::Routed { request_id }, Some(shared)) = (&self.phase, &self.shared) {
-            if let Ok(mut router) = shared.router.try_borrow_mut() {
-                router.on_first_token(*request_id, host::now());
-            }
+        // A whole response's headers come when generation ends: its prefill is long done.
+        // A stream's may come before its first token (the server starts the response
+        // first): that one waits for the first chunk.
+        if !self.awaiting_first_chunk {
+            self.first_token();
         }
         self.status = host::response_header(":status")
             .ok()
@@ -360,7 +376,11 @@ impl HttpContext for Http {
         Action::Continue
     }
 
-    fn on_http_response_body(&mut self, body_size: usize, _end_of_stream: bool) -> Action {
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if self.awaiting_first_chunk && (body_size > 0 || end_of_stream) {
+            self.awaiting_first_chunk = false;
+            self.first_token();
+        }
         if self.read_usage && matches!(self.phase, Phase::Routed { .. }) && body_size > 0 {
             let start = body_size.saturating_sub(TAIL_BYTES);
             if let Ok(chunk) = host::buffer(BufferType::HttpResponseBody, start, body_size - start) {

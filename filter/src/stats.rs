@@ -76,6 +76,7 @@ pub struct RequestStats {
     pub unknown_model: Metric,
     pub lease_taken: Metric,
     per_endpoint: RefCell<BTreeMap<String, Metric>>,
+    speeds: RefCell<BTreeMap<String, Metric>>,
 }
 
 impl RequestStats {
@@ -109,7 +110,23 @@ impl RequestStats {
             unknown_model: c("decision.unknown_model"),
             lease_taken: c("lease.taken"),
             per_endpoint: RefCell::new(BTreeMap::new()),
+            speeds: RefCell::new(BTreeMap::new()),
         }
+    }
+
+    /// Sets the prefill rate this worker learned for `endpoint`, in tokens per second
+    /// (`kvroute.endpoint.<ip_port>.prefill_tokens_per_s`; the workers' latest report wins).
+    pub fn speed(&self, endpoint: &str, tokens_per_s: u64) {
+        let Ok(mut map) = self.speeds.try_borrow_mut() else {
+            return;
+        };
+        let metric = map.entry(endpoint.to_string()).or_insert_with(|| {
+            Metric::define(
+                MetricType::Gauge,
+                &format!("kvroute.endpoint.{}.prefill_tokens_per_s", safe_name(endpoint)),
+            )
+        });
+        metric.set(tokens_per_s);
     }
 
     /// Counts a request sent to `endpoint` (`kvroute.endpoint.<ip_port>.chosen`).
@@ -122,11 +139,10 @@ impl RequestStats {
             return;
         }
         // First request to this endpoint in this VM: define its counter (allocates once).
-        let safe: String = endpoint
-            .chars()
-            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-            .collect();
-        let metric = Metric::define(MetricType::Counter, &format!("kvroute.endpoint.{safe}.chosen"));
+        let metric = Metric::define(
+            MetricType::Counter,
+            &format!("kvroute.endpoint.{}.chosen", safe_name(endpoint)),
+        );
         metric.inc();
         map.insert(endpoint.to_string(), metric);
     }
@@ -158,4 +174,12 @@ impl ScrapeStats {
             discovered_hosts: Metric::define(MetricType::Gauge, "kvroute.discovery.hosts"),
         }
     }
+}
+
+/// An endpoint address as a stat name segment.
+fn safe_name(endpoint: &str) -> String {
+    endpoint
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect()
 }

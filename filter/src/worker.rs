@@ -193,6 +193,11 @@ impl Worker {
             stats
                 .inflight
                 .contribute(&self.reported_inflight, router.inflight_requests() as u64);
+            for e in router.endpoints() {
+                if let Some(rate) = e.speed.learned(now) {
+                    stats.speed(e.id.as_str(), rate as u64);
+                }
+            }
         }
         let cached = self.shared.predicted_cached.get().saturating_mul(1000);
         if let Some(permille) = cached.checked_div(self.shared.prompt_tokens.get()) {

@@ -60,9 +60,12 @@ pub fn matrix_cmd(a: &MatrixArgs) -> anyhow::Result<()> {
         Some(p) => Config::from_json(&std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))?)?,
         None => Config::from_json(b"")?,
     };
+    let (profile, servers, mixed) = a.fleet.fleet()?;
     let setup = ReplaySetup {
-        profile: a.fleet.profile()?,
-        servers: a.fleet.servers,
+        profile,
+        servers,
+        mixed,
+        slowdown: None,
         scrape_interval_ms: 200.0,
         seed: 0,
         router_config,

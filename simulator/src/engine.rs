@@ -112,6 +112,8 @@ pub struct Engine {
     /// Sum over steps of KV usage, and steps, for the mean usage.
     usage_sum: f64,
     steps: u64,
+    /// Steps take this many times their profiled time (a throttled or shared GPU).
+    slow: f64,
 }
 
 impl Engine {
@@ -127,7 +129,18 @@ impl Engine {
             counters: Counters::default(),
             usage_sum: 0.0,
             steps: 0,
+            slow: 1.0,
         }
+    }
+
+    /// How many times its profiled time a step takes.
+    pub fn slow(&self) -> f64 {
+        self.slow
+    }
+
+    /// From now on, every step takes `factor` (≥ 1) times its profiled time.
+    pub fn set_slow(&mut self, factor: f64) {
+        self.slow = factor.max(1.0);
     }
 
     pub fn profile(&self) -> &Profile {
@@ -250,7 +263,7 @@ impl Engine {
             pairs += *n as f64 * (s.computed as f64 + *n as f64 / 2.0);
             context += s.computed + n;
         }
-        self.plan_ms = self.profile.step_ms(new_tokens, pairs, context);
+        self.plan_ms = self.profile.step_ms(new_tokens, pairs, context) * self.slow;
         Some(self.plan_ms)
     }
 

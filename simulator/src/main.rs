@@ -257,12 +257,27 @@ pub struct FleetArgs {
     model: Model,
     #[arg(long, default_value_t = 1)]
     tp: u32,
+    /// A mixed fleet instead of --servers/--gpu/--model/--tp (replay and matrix):
+    /// `COUNTxGPU:MODEL[:tpN],...`, e.g. `4xh100-80g:llama-3.1-8b,4xa100-80g:llama-3.1-8b`.
+    #[arg(long)]
+    fleet: Option<String>,
 }
 
 impl FleetArgs {
     pub fn profile(&self) -> anyhow::Result<Profile> {
         anyhow::ensure!(self.servers >= 1, "--servers must be at least 1");
+        anyhow::ensure!(self.fleet.is_none(), "--fleet is supported by replay and matrix only");
         Profile::new(self.gpu, self.model, self.tp)
+    }
+
+    /// The first server's profile, the number of servers, and each server's profile when
+    /// the fleet is mixed (`--fleet`).
+    pub fn fleet(&self) -> anyhow::Result<(Profile, usize, Vec<Profile>)> {
+        let Some(spec) = &self.fleet else {
+            return Ok((self.profile()?, self.servers, Vec::new()));
+        };
+        let mixed = kvroute_sim::profile::parse_fleet(spec)?;
+        Ok((mixed[0].clone(), mixed.len(), mixed))
     }
 }
 
@@ -329,6 +344,10 @@ struct ReplayArgs {
     router_config: Option<PathBuf>,
     #[arg(long, default_value_t = 200.0)]
     scrape_interval_ms: f64,
+    /// One server slows down mid-run: `SERVER:FACTOR@SECONDS`, e.g. `0:3@60` (server 0's
+    /// steps take 3× as long from 60 s on).
+    #[arg(long)]
+    slow: Option<String>,
     /// Write the runs as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -345,24 +364,36 @@ fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
         None => Config::from_json(b"")?,
     };
     anyhow::ensure!(a.scrape_interval_ms > 0.0, "--scrape-interval-ms must be positive");
+    let (profile, servers, mixed) = a.fleet.fleet()?;
     let setup = ReplaySetup {
-        profile: a.fleet.profile()?,
-        servers: a.fleet.servers,
+        profile,
+        servers,
+        mixed,
+        slowdown: a.slow.as_deref().map(parse_slowdown).transpose()?,
         scrape_interval_ms: a.scrape_interval_ms,
         seed: a.workload.seed,
         router_config,
         topology: a.topology.topology()?,
     };
     let span_s = requests.iter().map(|r| r.arrival_ms).fold(0.0, f64::max) / 1000.0;
-    eprintln!(
-        "{name}: {} requests over {span_s:.0} s on {} × {} on {:?} (TP{}), {} KV blocks each",
-        requests.len(),
-        setup.servers,
-        setup.profile.model,
-        setup.profile.gpu,
-        setup.profile.tp,
-        setup.profile.num_gpu_blocks
-    );
+    if setup.mixed.is_empty() {
+        eprintln!(
+            "{name}: {} requests over {span_s:.0} s on {} × {} on {:?} (TP{}), {} KV blocks each",
+            requests.len(),
+            setup.servers,
+            setup.profile.model,
+            setup.profile.gpu,
+            setup.profile.tp,
+            setup.profile.num_gpu_blocks
+        );
+    } else {
+        eprintln!(
+            "{name}: {} requests over {span_s:.0} s on a mixed fleet of {} servers ({})",
+            requests.len(),
+            setup.servers,
+            a.fleet.fleet.as_deref().unwrap_or("")
+        );
+    }
     let mut runs: Vec<RunReport> = Vec::new();
     for policy in &a.policy {
         let bar = ProgressBar::new(requests.len() as u64);
@@ -381,6 +412,30 @@ fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
             run.sim_wall_s,
             simulated_s / run.sim_wall_s.max(1e-9)
         );
+        if let Some(slow) = setup.slowdown {
+            let at = slow.at_ms;
+            let shares: Vec<String> = [
+                (-10_000.0, 0.0),
+                (0.0, 1000.0),
+                (1000.0, 2000.0),
+                (2000.0, 5000.0),
+                (5000.0, 15_000.0),
+            ]
+            .iter()
+            .map(|(a, b)| format!("{:.1}%", 100.0 * run.share_between(slow.server, at + a, at + b)))
+            .collect();
+            eprintln!(
+                "{policy}: server {} (slowed {}× at {:.0} s) share: 10 s before {}, first second after {}, 1–2 s {}, 2–5 s {}, 5–15 s {}",
+                slow.server,
+                slow.factor,
+                at / 1000.0,
+                shares[0],
+                shares[1],
+                shares[2],
+                shares[3],
+                shares[4]
+            );
+        }
         runs.push(run);
     }
     print!("{}", report::table(&runs));
@@ -394,6 +449,20 @@ fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
     Ok(())
+}
+
+/// `SERVER:FACTOR@SECONDS`.
+fn parse_slowdown(spec: &str) -> anyhow::Result<replay::Slowdown> {
+    let bad = || anyhow::anyhow!("--slow {spec:?}: expected SERVER:FACTOR@SECONDS, e.g. 0:3@60");
+    let (server, rest) = spec.split_once(':').ok_or_else(bad)?;
+    let (factor, at) = rest.split_once('@').ok_or_else(bad)?;
+    let slowdown = replay::Slowdown {
+        server: server.trim().parse().map_err(|_| bad())?,
+        factor: factor.trim().parse().map_err(|_| bad())?,
+        at_ms: at.trim().parse::<f64>().map_err(|_| bad())? * 1000.0,
+    };
+    anyhow::ensure!(slowdown.factor >= 1.0, "--slow {spec:?}: the factor must be at least 1");
+    Ok(slowdown)
 }
 
 fn main() -> anyhow::Result<()> {

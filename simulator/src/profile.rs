@@ -166,6 +166,35 @@ impl Profile {
     }
 }
 
+/// A mixed fleet from `COUNTxGPU:MODEL[:tpN],...` (e.g.
+/// `4xh100-80g:llama-3.1-8b,4xa100-80g:llama-3.1-8b,2xh100-80g:llama-3.1-70b:tp4`): one
+/// profile per server, in the order given.
+pub fn parse_fleet(spec: &str) -> anyhow::Result<Vec<Profile>> {
+    use clap::ValueEnum;
+    let mut out = Vec::new();
+    for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let bad = |why: &str| anyhow::anyhow!("--fleet {part:?}: {why} (expected COUNTxGPU:MODEL[:tpN])");
+        let (count, rest) = part.split_once('x').ok_or_else(|| bad("no COUNTx"))?;
+        let count: usize = count.parse().map_err(|_| bad("COUNT is not a number"))?;
+        let mut fields = rest.split(':');
+        let gpu = Gpu::from_str(fields.next().unwrap_or(""), true).map_err(|e| bad(&e))?;
+        let model = Model::from_str(fields.next().ok_or_else(|| bad("no MODEL"))?, true).map_err(|e| bad(&e))?;
+        let tp = match fields.next() {
+            Some(t) => t
+                .strip_prefix("tp")
+                .and_then(|n| n.parse().ok())
+                .ok_or_else(|| bad("TP must read tpN"))?,
+            None => 1,
+        };
+        anyhow::ensure!(fields.next().is_none(), "--fleet {part:?}: too many fields");
+        anyhow::ensure!(count >= 1, "--fleet {part:?}: COUNT must be at least 1");
+        let profile = Profile::new(gpu, model, tp)?;
+        out.extend(std::iter::repeat_n(profile, count));
+    }
+    anyhow::ensure!(!out.is_empty(), "--fleet {spec:?} names no servers");
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -216,5 +245,29 @@ mod tests {
         let one = p.step_ms(1, 500.0, 500);
         let many = p.step_ms(64, 64.0 * 500.0, 64 * 500);
         assert!(many > one && many / 64.0 < one);
+    }
+
+    #[test]
+    fn a_mixed_fleet_spec_gives_one_profile_per_server_in_order() {
+        let fleet = parse_fleet("2xh100-80g:llama-3.1-8b, 1xa100-80g:llama-3.1-70b:tp4").unwrap();
+        let got: Vec<(Gpu, Model, u32)> = fleet.iter().map(|p| (p.gpu, p.model, p.tp)).collect();
+        assert_eq!(
+            got,
+            vec![
+                (Gpu::H100_80g, Model::Llama31_8b, 1),
+                (Gpu::H100_80g, Model::Llama31_8b, 1),
+                (Gpu::A100_80g, Model::Llama31_70b, 4)
+            ]
+        );
+        for bad in [
+            "",
+            "h100-80g:llama-3.1-8b",
+            "2xh100:llama-3.1-8b",
+            "2xh100-80g",
+            "2xh100-80g:llama-3.1-8b:4",
+            "0xh100-80g:llama-3.1-8b",
+        ] {
+            assert!(parse_fleet(bad).is_err(), "{bad:?}");
+        }
     }
 }

@@ -26,16 +26,38 @@ pub use topology::Topology;
 
 #[derive(Clone, Debug)]
 pub struct ReplaySetup {
+    /// The servers' profile (the first server's, for a mixed fleet).
     pub profile: Profile,
     pub servers: usize,
+    /// A mixed fleet: server `i` runs `mixed[i]` (empty: every server runs `profile`).
+    pub mixed: Vec<Profile>,
+    /// One server slows down mid-run.
+    pub slowdown: Option<Slowdown>,
     pub scrape_interval_ms: f64,
     pub seed: u64,
     pub router_config: Config,
     pub topology: Topology,
 }
 
+/// From `at_ms` on, server `server`'s steps take `factor` times as long.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Slowdown {
+    pub server: usize,
+    pub factor: f64,
+    pub at_ms: f64,
+}
+
+impl ReplaySetup {
+    /// The profile server `i` runs.
+    pub fn profile_of(&self, i: usize) -> Profile {
+        self.mixed.get(i).unwrap_or(&self.profile).clone()
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Kind {
+    /// The configured slowdown starts.
+    Slow,
     /// Gateway `g` scrapes every server.
     Scrape(usize),
     /// Router `r` applies its gateway's latest snapshot.
@@ -74,7 +96,7 @@ pub fn chat_body(model: &str, req: &SimRequest) -> String {
 
 /// Runs `policy` over `requests` and reports per-request outcomes.
 pub fn run(setup: &ReplaySetup, policy: PolicyName, requests: &[SimRequest], progress: &dyn Fn(u64)) -> RunReport {
-    let mut engines: Vec<Engine> = (0..setup.servers).map(|_| Engine::new(setup.profile.clone())).collect();
+    let mut engines: Vec<Engine> = (0..setup.servers).map(|i| Engine::new(setup.profile_of(i))).collect();
     let topo = setup.topology;
     let mut routers = Routers::new(
         topo,
@@ -94,6 +116,9 @@ pub fn run(setup: &ReplaySetup, policy: PolicyName, requests: &[SimRequest], pro
     for (i, r) in requests.iter().enumerate() {
         q.push(r.arrival_ms, Kind::Arrival(i));
     }
+    if let Some(slow) = setup.slowdown {
+        q.push(slow.at_ms, Kind::Slow);
+    }
     for g in 0..topo.gateways.max(1) {
         q.push(topo.scrape_phase_ms(g, setup.scrape_interval_ms), Kind::Scrape(g));
     }
@@ -104,6 +129,13 @@ pub fn run(setup: &ReplaySetup, policy: PolicyName, requests: &[SimRequest], pro
     while let Some(Reverse((t_us, _, kind))) = q.heap.pop() {
         let now = t_us as f64 / 1000.0;
         match kind {
+            Kind::Slow => {
+                if let Some(slow) = setup.slowdown {
+                    if let Some(e) = engines.get_mut(slow.server) {
+                        e.set_slow(slow.factor);
+                    }
+                }
+            }
             Kind::Scrape(g) => {
                 let snapshot = engines
                     .iter()

@@ -104,9 +104,23 @@ pub struct RunReport {
     pub sim_wall_s: f64,
     /// TTFT at quantiles 0, 0.01, …, 1 (ms): enough to plot the CDF from the JSON.
     pub ttft_cdf_ms: Vec<f64>,
+    /// Each completed request (not in the JSON).
+    #[serde(skip)]
+    pub records: Vec<Record>,
 }
 
 impl RunReport {
+    /// Server `server`'s share of the requests that arrived in `[from_ms, to_ms)`.
+    pub fn share_between(&self, server: usize, from_ms: f64, to_ms: f64) -> f64 {
+        let window: Vec<&Record> = self
+            .records
+            .iter()
+            .filter(|r| (from_ms..to_ms).contains(&r.arrival_ms))
+            .collect();
+        let mine = window.iter().filter(|r| r.server == server).count();
+        mine as f64 / window.len().max(1) as f64
+    }
+
     /// `engines` may be empty (live runs): then evictions, preemptions and KV usage are 0.
     pub fn build(policy: &str, requests: usize, records: Vec<Option<Record>>, engines: &[Engine]) -> RunReport {
         let done: Vec<Record> = records.into_iter().flatten().collect();
@@ -172,6 +186,7 @@ impl RunReport {
             per_server,
             sim_wall_s: 0.0,
             ttft_cdf_ms,
+            records: done.to_vec(),
         }
     }
 }

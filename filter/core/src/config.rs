@@ -144,6 +144,9 @@ pub struct RawCost {
     pub work_weight: f64,
     /// Added to a server's cost when the request's LoRA adapter is not loaded there.
     pub lora_load_ms: f64,
+    /// Learn each server's prefill rate from first-token times (`speed`); the configured
+    /// rate is the prior.
+    pub learn_speeds: bool,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -299,6 +302,7 @@ impl Default for RawCost {
             // vLLM loads an adapter from its CPU cache in milliseconds and from disk in tens
             // to hundreds: a server that has it loaded wins unless clearly busier.
             lora_load_ms: 50.0,
+            learn_speeds: true,
         }
     }
 }

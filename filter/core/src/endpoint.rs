@@ -8,6 +8,7 @@
 use crate::fleet::EnvoyHealth;
 use crate::health::Health;
 use crate::metrics::VllmMetrics;
+use crate::speed::Speed;
 use crate::types::{EndpointId, Millis, Tokens};
 
 pub type Slot = u16;
@@ -35,6 +36,8 @@ pub struct Endpoint {
     pub envoy: EnvoyHealth,
     /// The model ids its `/v1/models` lists, once read.
     pub models: Option<Vec<String>>,
+    /// Its prefill rate as this router learned it (see `speed`).
+    pub speed: Speed,
 }
 
 impl Endpoint {
@@ -52,6 +55,7 @@ impl Endpoint {
             reports_cached: false,
             envoy: EnvoyHealth::Serve,
             models: None,
+            speed: Speed::default(),
         }
     }
 
@@ -123,6 +127,11 @@ impl EndpointTable {
 
     pub fn is_empty(&self) -> bool {
         self.rows.is_empty()
+    }
+
+    /// Every row, to change in place (a reference policy that sets the truth itself).
+    pub fn rows_mut(&mut self) -> &mut [Endpoint] {
+        &mut self.rows
     }
 
     pub fn get(&self, id: &EndpointId) -> Option<&Endpoint> {

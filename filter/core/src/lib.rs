@@ -28,6 +28,7 @@ pub mod request;
 pub mod response;
 pub mod router;
 pub mod scenario;
+pub mod speed;
 pub mod types;
 
 pub use config::{Config, ConfigError, PolicyKind, RawConfig};

@@ -43,6 +43,12 @@ pub struct VllmMetrics {
     pub engines: u32,
     /// True when only the pre-0.12 family names were found.
     pub legacy_names: bool,
+    /// Since the server started, summed over finished requests: seconds spent in prefill
+    /// (`vllm:request_prefill_time_seconds_sum`) and prompt tokens computed there, cached
+    /// ones excluded (`vllm:request_prefill_kv_computed_tokens_sum`): the server's own
+    /// prefill speed (see `speed`).
+    pub prefill_seconds: Option<f64>,
+    pub prefill_computed_tokens: Option<f64>,
 }
 
 impl VllmMetrics {
@@ -94,6 +100,8 @@ struct Engine {
 #[derive(Default)]
 struct Acc {
     engines: BTreeMap<String, Engine>,
+    prefill_seconds: Option<f64>,
+    prefill_tokens: Option<f64>,
     lora: Option<(f64, LoraInfo)>,
     models: Vec<String>,
 }
@@ -102,6 +110,8 @@ const KV: &str = "vllm:kv_cache_usage_perc";
 const KV_LEGACY: &str = "vllm:gpu_cache_usage_perc";
 const RUNNING: &str = "vllm:num_requests_running";
 const WAITING: &str = "vllm:num_requests_waiting";
+const PREFILL_SECONDS: &str = "vllm:request_prefill_time_seconds_sum";
+const PREFILL_TOKENS: &str = "vllm:request_prefill_kv_computed_tokens_sum";
 
 /// Parses a `/metrics` body of at most `max_bytes` bytes.
 pub fn parse_metrics(body: &[u8], max_bytes: usize) -> Result<VllmMetrics, MetricsError> {
@@ -136,6 +146,8 @@ fn is_wanted(name: &str) -> bool {
             | "vllm:gpu_prefix_cache_queries_total"
             | "vllm:gpu_prefix_cache_hits_total"
             | "vllm:lora_requests_info"
+            | PREFILL_SECONDS
+            | PREFILL_TOKENS
     )
 }
 
@@ -159,6 +171,15 @@ fn split_list(s: Option<&str>) -> Vec<String> {
 
 impl Acc {
     fn add(&mut self, s: &Sample, line: usize) -> Result<(), MetricsError> {
+        // Summed over engines and models: the whole server's prefill work and time.
+        if s.name == PREFILL_SECONDS {
+            *self.prefill_seconds.get_or_insert(0.0) += gauge(s, PREFILL_SECONDS, line, f64::MAX)?;
+            return Ok(());
+        }
+        if s.name == PREFILL_TOKENS {
+            *self.prefill_tokens.get_or_insert(0.0) += gauge(s, PREFILL_TOKENS, line, f64::MAX)?;
+            return Ok(());
+        }
         if s.name == "vllm:lora_requests_info" {
             if self.lora.as_ref().is_none_or(|(best, _)| s.value > *best) {
                 let info = LoraInfo {
@@ -215,6 +236,8 @@ impl Acc {
         let mut out = VllmMetrics {
             models: self.models,
             lora: self.lora.map(|(_, l)| l),
+            prefill_seconds: self.prefill_seconds,
+            prefill_computed_tokens: self.prefill_tokens,
             ..VllmMetrics::default()
         };
         let (mut kv_weighted, mut kv_weight, mut any_current, mut any_legacy) = (0.0, 0.0, false, false);

@@ -26,7 +26,8 @@
 use crate::config::{Config, PolicyKind};
 use crate::endpoint::Endpoint;
 use crate::metrics::VllmMetrics;
-use crate::types::{BlockHash, Cost, EndpointId, Tokens};
+use crate::speed::SAME_WITHIN;
+use crate::types::{BlockHash, Cost, EndpointId, Millis, Tokens};
 
 /// A candidate endpoint that passed the hard filters.
 pub struct Candidate<'a> {
@@ -51,6 +52,9 @@ pub struct ScoreContext {
     pub mean_uncached_tokens: f64,
     pub rotation: u64,
     pub seed: u64,
+    pub now: Millis,
+    /// The candidates' median learned prefill rate, if any learned one (`typical_rate`).
+    pub typical_rate: Option<f64>,
 }
 
 /// A policy's score split into its terms (all zero but `cost` for non-`cost` policies).
@@ -100,9 +104,12 @@ pub fn predicted_ttft(config: &Config, c: &Candidate, ctx: &ScoreContext) -> Ter
     let scraped = c.metrics.waiting as f64 * ctx.mean_uncached_tokens + c.endpoint.sent_tokens_since_scrape.0 as f64;
     let queued_tokens = scraped.max(c.endpoint.pending_prefill_tokens.0 as f64);
     let own = (1.0 + p.work_weight * (1.0 + ctx.fleet_backlog)) * c.uncached.0 as f64;
-    let prefill_ms = (queued_tokens + own) * 1000.0 / p.prefill_tokens_per_s;
+    // This server's own speed where it is known (`speed`); a slower server's decode steps
+    // are slower in the same proportion.
+    let rate = server_rate(config, c, ctx);
+    let prefill_ms = (queued_tokens + own) * 1000.0 / rate;
     let running = c.metrics.running as f64 + f64::from(c.endpoint.sent_since_scrape);
-    let decode_ms = running * p.decode_ms_per_running;
+    let decode_ms = running * p.decode_ms_per_running * p.prefill_tokens_per_s / rate;
     let over = ((c.metrics.kv_usage - p.kv_pressure_threshold) / (1.0 - p.kv_pressure_threshold)).max(0.0);
     let kv_ms = p.kv_pressure_ms * over * over;
     Terms {
@@ -110,6 +117,32 @@ pub fn predicted_ttft(config: &Config, c: &Candidate, ctx: &ScoreContext) -> Ter
         decode_ms,
         kv_ms,
         cost: Cost(prefill_ms + decode_ms + kv_ms),
+    }
+}
+
+/// The median of the candidates' learned prefill rates (none when learning is off or no
+/// rate is established).
+pub fn typical_rate(config: &Config, cands: &[Candidate], now: Millis) -> Option<f64> {
+    if !config.cost().learn_speeds {
+        return None;
+    }
+    let mut rates: Vec<f64> = cands.iter().filter_map(|c| c.endpoint.speed.learned(now)).collect();
+    rates.sort_by(f64::total_cmp);
+    rates.get(rates.len() / 2).copied()
+}
+
+/// The prefill rate a candidate is scored with: its learned rate when it differs from the
+/// fleet's typical rate by more than `speed::SAME_WITHIN`, else the typical rate (identical
+/// servers stay identical); the typical rate for a server not learned yet; the configured
+/// rate when nothing is learned or learning is off.
+fn server_rate(config: &Config, c: &Candidate, ctx: &ScoreContext) -> f64 {
+    let prior = config.cost().prefill_tokens_per_s;
+    let Some(typical) = ctx.typical_rate else {
+        return prior;
+    };
+    match c.endpoint.speed.learned(ctx.now) {
+        Some(own) if (own / typical).max(typical / own) > SAME_WITHIN => own,
+        _ => typical,
     }
 }
 

@@ -278,6 +278,7 @@ impl Router {
             cands.retain(|(_, c)| !over(c));
         }
 
+        let just_cands: Vec<Candidate> = cands.iter().map(|(_, c)| Candidate { ..*c }).collect();
         let ctx = ScoreContext {
             total_blocks: req.blocks.len(),
             fleet_backlog: cands
@@ -288,8 +289,9 @@ impl Router {
             mean_uncached_tokens: self.mean_uncached,
             rotation: self.rotation,
             seed: self.config.seed(),
+            now,
+            typical_rate: policy::typical_rate(&self.config, &just_cands, now),
         };
-        let just_cands: Vec<Candidate> = cands.iter().map(|(_, c)| Candidate { ..*c }).collect();
         let mut terms = policy::score(&self.config, &just_cands, &ctx);
         if self.config.policy() == PolicyKind::Cost {
             // A LoRA adapter not loaded on a server must be loaded before its prefill.

@@ -12,10 +12,13 @@
 //! - `dynamo-kv`: NVIDIA Dynamo's KV router: cost = (prompt blocks − overlap blocks) +
 //!   active blocks, lowest wins. Dynamo learns overlap and active blocks from the engines'
 //!   KV events; here it reads the real caches, the best case for it.
-//! - `oracle`: kvroute's cost formula with perfect information: each server's real cached
-//!   prefix and real pending prefill tokens.
+//! - `oracle`: kvroute's own cost function with perfect information: each server's real
+//!   cached prefix, queues, KV usage and speed.
 
-use kvroute_core::VllmMetrics;
+use kvroute_core::endpoint::EndpointTable;
+use kvroute_core::policy::{predicted_ttft, typical_rate, Candidate, ScoreContext};
+use kvroute_core::speed::Speed;
+use kvroute_core::{Config, EndpointId, Millis, Tokens, VllmMetrics};
 
 use super::{argmin_random, chunk_hashes, ApproxIndex, Incoming, Outstanding, Policy, Rng};
 use crate::engine::{Engine, Finished};
@@ -140,19 +143,81 @@ impl Policy for DynamoKv {
     }
 }
 
-pub struct Oracle;
+/// kvroute's own cost function (`kvroute_core::policy::predicted_ttft`, with the configured
+/// weights) fed the truth: each server's real cached prefix, real queued prefill tokens,
+/// real running and waiting requests and KV usage, and its real prefill speed (profile and
+/// slowdown). It can only be beaten by luck or by what the cost function does not model.
+pub struct Oracle {
+    config: Config,
+    table: EndpointTable,
+}
+
+impl Oracle {
+    pub fn new(servers: usize, config: &Config) -> Oracle {
+        let mut table = EndpointTable::default();
+        // Zero-padded: the table keeps ids sorted, and row `s` must be server `s`.
+        let ids: Vec<EndpointId> = (0..servers)
+            .map(|s| EndpointId::new(format!("server-{s:05}:8000")))
+            .collect();
+        table.replace(&ids);
+        Oracle {
+            config: config.clone(),
+            table,
+        }
+    }
+}
 
 impl Policy for Oracle {
-    fn pick(&mut self, req: &Incoming, servers: &[Engine], _: f64) -> usize {
-        let costs: Vec<f64> = servers
+    fn pick(&mut self, req: &Incoming, servers: &[Engine], now_ms: f64) -> usize {
+        let now = Millis(now_ms as u64);
+        let truth: Vec<(VllmMetrics, u64)> = servers
             .iter()
-            .map(|e| {
-                let rate_per_ms = e.profile().prefill_tokens_per_s(2048) / 1000.0;
+            .enumerate()
+            .map(|(s, e)| {
+                let row = &mut self.table.rows_mut()[s];
+                row.pending_prefill_tokens = Tokens(e.pending_prefill_tokens());
+                row.speed = Speed::exact(e.profile().prefill_tokens_per_s(2048) / e.slow(), now);
+                let metrics = VllmMetrics {
+                    kv_usage: e.kv().usage(),
+                    running: e.num_running() as u64,
+                    waiting: e.num_waiting() as u64,
+                    ..VllmMetrics::default()
+                };
                 let hit = (e.kv().cached_prefix(req.engine_blocks) as u64 * BLOCK_TOKENS)
                     .min(req.prompt_tokens.saturating_sub(1));
-                let uncached = (req.prompt_tokens - hit) as f64;
-                (e.pending_prefill_tokens() as f64 + 2.0 * uncached) / rate_per_ms + e.num_running() as f64 * 0.1
+                (metrics, hit)
             })
+            .collect();
+        let cands: Vec<Candidate> = self
+            .table
+            .rows()
+            .iter()
+            .zip(&truth)
+            .map(|(endpoint, (metrics, hit))| Candidate {
+                endpoint,
+                metrics,
+                matched_blocks: (hit / BLOCK_TOKENS) as u32,
+                uncached: Tokens(req.prompt_tokens - hit),
+            })
+            .collect();
+        let ctx = ScoreContext {
+            total_blocks: req.engine_blocks.len(),
+            fleet_backlog: truth
+                .iter()
+                .map(|(m, _)| m.waiting as f64)
+                .fold(f64::INFINITY, f64::min)
+                .min(1e6),
+            // The true queued prefill is in `pending_prefill_tokens`; the scraped estimate
+            // (waiting × mean) must not add to it.
+            mean_uncached_tokens: 0.0,
+            rotation: 0,
+            seed: 0,
+            now,
+            typical_rate: typical_rate(&self.config, &cands, now),
+        };
+        let costs: Vec<f64> = cands
+            .iter()
+            .map(|c| predicted_ttft(&self.config, c, &ctx).cost.0)
             .collect();
         (0..costs.len())
             .min_by(|a, b| costs[*a].total_cmp(&costs[*b]))

@@ -109,7 +109,7 @@ impl PolicyName {
             PolicyName::SglangCacheAware => Box::new(SglangCacheAware::new(servers, capacity_blocks)),
             PolicyName::DynamoKv => Box::new(DynamoKv),
             PolicyName::Kvroute => Box::new(Kvroute::new(servers, config, budget_split)),
-            PolicyName::Oracle => Box::new(Oracle),
+            PolicyName::Oracle => Box::new(Oracle::new(servers, config)),
         }
     }
 }

@@ -6,6 +6,8 @@ fn setup(servers: usize) -> ReplaySetup {
     ReplaySetup {
         profile: Profile::new(Gpu::H100_80g, Model::Llama31_8b, 1).unwrap(),
         servers,
+        mixed: Vec::new(),
+        slowdown: None,
         scrape_interval_ms: 200.0,
         seed: 1,
         router_config: Config::from_json(b"").unwrap(),

@@ -311,7 +311,14 @@ impl Router {
             sent = sent.saturating_add(1);
             sent_tokens = sent_tokens.saturating_add(r.uncached);
         }
+        let prior = self.config.cost().prefill_tokens_per_s;
         let e = self.table.get_mut(id)?;
+        e.speed.on_counters(
+            metrics.prefill_computed_tokens,
+            metrics.prefill_seconds,
+            prior,
+            scraped_at,
+        );
         let capacity_blocks = metrics.capacity_tokens().unwrap_or(default_capacity) / tpb;
         e.metrics = Some(metrics);
         e.scraped_at = Some(scraped_at);

@@ -875,3 +875,59 @@ mod fleet {
         assert!(!d.endpoints.contains(&ep(1)));
     }
 }
+
+#[test]
+fn a_server_whose_metrics_say_it_prefills_three_times_slower_loses_its_share() {
+    let mut r = router(PolicyKind::Cost, &idle(2));
+    // Each scrape: both servers computed 4,000 prompt tokens; the fast one in 0.1 s of
+    // prefill, the slow one in 0.3 s.
+    let mut counters = [(0.0, 0.0); 2];
+    let mut now = T0;
+    for _ in 0..10 {
+        now = now.plus(200);
+        for (s, seconds) in [(0usize, 0.1), (1, 0.3)] {
+            counters[s].0 += 4000.0;
+            counters[s].1 += seconds;
+            let m = VllmMetrics {
+                prefill_computed_tokens: Some(counters[s].0),
+                prefill_seconds: Some(counters[s].1),
+                ..idle(1)[0].clone()
+            };
+            r.on_metrics(&ep(s), m, now);
+        }
+    }
+    let fast = r.endpoints()[0].speed.learned(now).unwrap();
+    assert!((39_000.0..41_000.0).contains(&fast), "learned {fast}");
+    let picks: Vec<EndpointId> = (0..20)
+        .filter_map(|p| r.route(&req(500 + p, 40), now).best().cloned())
+        .collect();
+    assert!(
+        picks.iter().all(|e| *e == ep(0)),
+        "the slow server still gets cold prefixes: {picks:?}"
+    );
+    let mut constant = Router::new(
+        Config::try_from(RawConfig {
+            endpoints: vec![ep(0).to_string(), ep(1).to_string()],
+            cost: crate::config::RawCost {
+                learn_speeds: false,
+                ..Default::default()
+            },
+            ..RawConfig::default()
+        })
+        .unwrap(),
+    );
+    for (s, seconds) in [(0usize, 1.0), (1, 3.0)] {
+        let m = |t: f64| VllmMetrics {
+            prefill_computed_tokens: Some(40_000.0 * t),
+            prefill_seconds: Some(seconds * t),
+            ..idle(1)[0].clone()
+        };
+        for k in 0..10 {
+            constant.on_metrics(&ep(s), m(f64::from(k)), T0);
+        }
+    }
+    let spread: std::collections::BTreeSet<EndpointId> = (0..20)
+        .filter_map(|p| constant.route(&req(500 + p, 40), T0).best().cloned())
+        .collect();
+    assert_eq!(spread.len(), 2, "without learning both servers look alike");
+}
