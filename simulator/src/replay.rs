@@ -16,7 +16,7 @@ use kvroute_core::{parse_metrics, Config, PeerEvent, VllmMetrics};
 
 use crate::engine::{Engine, Event};
 use crate::policies::{Incoming, PolicyName};
-use crate::profile::Profile;
+use crate::profile::{Profile, BLOCK_TOKENS};
 use crate::report::{Record, RunReport};
 use crate::tokens::engine_blocks;
 use crate::workload::SimRequest;
@@ -109,6 +109,7 @@ pub fn run(setup: &ReplaySetup, policy: PolicyName, requests: &[SimRequest], pro
     );
     let mut busy = vec![false; setup.servers];
     let mut records: Vec<Option<Record>> = vec![None; requests.len()];
+    let mut reachable = vec![0u64; requests.len()];
     let mut q = Queue {
         heap: BinaryHeap::new(),
         seq: 0,
@@ -174,6 +175,12 @@ pub fn run(setup: &ReplaySetup, policy: PolicyName, requests: &[SimRequest], pro
                     Err(err) => simulator_bug(&format!("request {i}'s body does not parse: {err}")),
                 };
                 let blocks = engine_blocks(&parsed.canonical, parsed.prompt_tokens.0);
+                reachable[i] = engines
+                    .iter()
+                    .map(|e| e.kv().cached_prefix(&blocks) as u64 * BLOCK_TOKENS)
+                    .max()
+                    .unwrap_or(0)
+                    .min(parsed.prompt_tokens.0.saturating_sub(1));
                 let incoming = Incoming {
                     id: i as u64,
                     body: body.as_bytes(),
@@ -210,7 +217,10 @@ pub fn run(setup: &ReplaySetup, policy: PolicyName, requests: &[SimRequest], pro
                             let r = routers.owner(f.id as usize);
                             routers.all[r].on_finished(s, &f, now);
                             mail.send(&mut q, &mut routers, r, now);
-                            records[f.id as usize] = Some(Record::from_finished(&f, s));
+                            records[f.id as usize] = Some(Record {
+                                reachable_tokens: reachable[f.id as usize],
+                                ..Record::from_finished(&f, s)
+                            });
                             done += 1;
                             progress(done as u64);
                         }

@@ -19,6 +19,9 @@ pub struct Record {
     pub prompt_tokens: u64,
     pub cached_tokens: u64,
     pub output_tokens: u64,
+    /// The longest prefix of its prompt any server had cached when it arrived (replay
+    /// only; 0 in live runs): the reuse a router could reach.
+    pub reachable_tokens: u64,
 }
 
 impl Record {
@@ -33,6 +36,7 @@ impl Record {
             prompt_tokens: f.prompt_tokens,
             cached_tokens: f.cached_tokens,
             output_tokens: f.output_tokens,
+            reachable_tokens: 0,
         }
     }
 }
@@ -98,6 +102,12 @@ pub struct RunReport {
     pub e2e_ms: Percentiles,
     pub throughput: Throughput,
     pub prefix_hit_rate: f64,
+    /// Replay: the hit rate a router could reach (the longest cached prefix on any server
+    /// at each arrival, over all prompt tokens), and the share of that reuse this policy
+    /// captured (cached / reachable; above 1 when requests share a prefix that was still
+    /// being computed when they arrived).
+    pub reachable_hit_rate: f64,
+    pub captured_reuse: f64,
     pub evictions: u64,
     pub preemptions: u64,
     pub per_server: Vec<ServerStats>,
@@ -142,6 +152,7 @@ impl RunReport {
         let span_s = ((end - start) / 1000.0).max(1e-9);
         let prompt: u64 = done.iter().map(|r| r.prompt_tokens).sum();
         let cached: u64 = done.iter().map(|r| r.cached_tokens).sum();
+        let reachable: u64 = done.iter().map(|r| r.reachable_tokens).sum();
         let output_tok_s = done.iter().map(|r| r.output_tokens).sum::<u64>() as f64 / span_s;
         let per_server = (0..servers)
             .map(|s| {
@@ -180,6 +191,16 @@ impl RunReport {
                 0.0
             } else {
                 cached as f64 / prompt as f64
+            }),
+            reachable_hit_rate: round3(if prompt == 0 {
+                0.0
+            } else {
+                reachable as f64 / prompt as f64
+            }),
+            captured_reuse: round3(if reachable == 0 {
+                0.0
+            } else {
+                cached as f64 / reachable as f64
             }),
             evictions: engines.iter().map(|e| e.kv().evictions).sum(),
             preemptions: engines.iter().map(|e| e.counters.preemptions).sum(),
@@ -413,6 +434,7 @@ mod steady_tests {
             prompt_tokens: 10,
             cached_tokens: 0,
             output_tokens,
+            reachable_tokens: 0,
         }
     }
 
