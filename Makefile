@@ -9,7 +9,7 @@ export PATH := $(CARGO_BIN):$(PATH)
 
 .PHONY: all setup setup-rust setup-wasm-bindgen setup-envoy setup-clients build build-wasm build-wasm-empty build-wasm-test-panic test test-native test-wasm test-e2e test-clients \
 	validate-envoy check-targets check-core-deps lint bench bench-overhead bench-live setup-smg fuzz soak run fmt \
-	setup-prometheus test-rules test-observability test-manifests
+	setup-prometheus test-rules test-observability test-manifests setup-vllm-router test-vllm-router
 
 ENVOY_VERSION := 1.40.0
 VENV := .venv
@@ -20,6 +20,9 @@ WASM := dist/kvroute.wasm
 # The official `openai` Python client for `make test-clients`, pinned with its dependencies.
 CLIENTS_REQUIREMENTS := wasm-tests/clients/requirements.txt
 OPENAI_VERSION := $(shell sed -n 's/^openai==//p' $(CLIENTS_REQUIREMENTS))
+# vLLM's own router (PyPI `vllm-router`, a Rust binary wheel) for `make test-vllm-router`.
+VLLM_ROUTER_REQUIREMENTS := wasm-tests/clients/vllm-router.txt
+VLLM_ROUTER_VERSION := $(shell sed -n 's/^vllm-router==//p' $(VLLM_ROUTER_REQUIREMENTS))
 
 all: build
 
@@ -42,6 +45,12 @@ setup-smg: setup-envoy
 setup-clients: setup-envoy
 	@$(VENV)/bin/pip show openai 2>/dev/null | grep -qx "Version: $(OPENAI_VERSION)" || \
 		$(VENV)/bin/pip install --quiet --disable-pip-version-check -r $(CLIENTS_REQUIREMENTS)
+
+## setup-vllm-router: the pinned `vllm-router` into .venv/ (skipped when that version is there)
+setup-vllm-router:
+	@test -x $(VENV)/bin/pip || python3 -m venv $(VENV)
+	@$(VENV)/bin/pip show vllm-router 2>/dev/null | grep -qx "Version: $(VLLM_ROUTER_VERSION)" || \
+		$(VENV)/bin/pip install --quiet --disable-pip-version-check -r $(VLLM_ROUTER_REQUIREMENTS)
 
 setup-rust:
 	@rustup target list --installed | grep -qx wasm32-wasip1 || rustup target add wasm32-wasip1
@@ -108,6 +117,13 @@ test-clients: setup-envoy setup-clients build-wasm
 	$(CARGO) build --release -p kvroute-sim
 	PYTHONDONTWRITEBYTECODE=1 KVROUTE_ENVOY=$(CURDIR)/$(ENVOY) KVROUTE_SIM=$(CURDIR)/target/release/kvroute-sim \
 		$(VENV)/bin/python wasm-tests/clients/test_openai_client.py
+
+## test-vllm-router: `vllm-router --policy cache_aware` in front of 4 simulated servers records no
+## `missing_tokens` outcome (the simulator's /tokenize feeds its token path; about 2 s once built)
+test-vllm-router: setup-vllm-router
+	$(CARGO) build --release -p kvroute-sim
+	PYTHONDONTWRITEBYTECODE=1 KVROUTE_SIM=$(CURDIR)/target/release/kvroute-sim \
+		$(VENV)/bin/python wasm-tests/clients/test_vllm_router.py
 
 test-wasm: setup
 	$(CARGO) test -p kvroute-wasm-tests --target wasm32-unknown-unknown --test core_on_wasm
