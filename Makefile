@@ -9,7 +9,7 @@ export PATH := $(CARGO_BIN):$(PATH)
 
 .PHONY: all setup setup-rust setup-wasm-bindgen setup-envoy setup-clients build build-wasm build-wasm-empty build-wasm-test-panic test test-native test-wasm test-e2e test-clients \
 	validate-envoy check-targets check-core-deps lint bench bench-overhead bench-live setup-smg fuzz soak run fmt \
-	setup-prometheus test-rules test-observability test-manifests setup-vllm-router test-vllm-router
+	setup-prometheus test-rules test-observability test-manifests setup-vllm-router test-vllm-router test-openai-types
 
 ENVOY_VERSION := 1.40.0
 VENV := .venv
@@ -111,9 +111,9 @@ validate-envoy: setup-envoy build-wasm build-wasm-empty
 test-e2e: setup-envoy build-wasm build-wasm-test-panic
 	KVROUTE_ENVOY=$(CURDIR)/$(ENVOY) $(CARGO) test -p kvroute-wasm-tests --test e2e --test e2e_simulated --test e2e_faults --test e2e_soak --test e2e_workers --test e2e_replicas --test e2e_clients --test e2e_discovery -- --test-threads 2
 
-## test-clients: the official `openai` Python client through real Envoy + dist/kvroute.wasm in
+## test-clients: the Rust async-openai types (test-openai-types), then the official `openai` Python client through real Envoy + dist/kvroute.wasm in
 ## front of 2 simulated vLLM servers (wasm-tests/clients/; about 10 s); the last line reads `N passed, N failed`
-test-clients: setup-envoy setup-clients build-wasm
+test-clients: setup-envoy setup-clients build-wasm test-openai-types
 	$(CARGO) build --release -p kvroute-sim
 	PYTHONDONTWRITEBYTECODE=1 KVROUTE_ENVOY=$(CURDIR)/$(ENVOY) KVROUTE_SIM=$(CURDIR)/target/release/kvroute-sim \
 		$(VENV)/bin/python wasm-tests/clients/test_openai_client.py
@@ -124,6 +124,13 @@ test-vllm-router: setup-vllm-router
 	$(CARGO) build --release -p kvroute-sim
 	PYTHONDONTWRITEBYTECODE=1 KVROUTE_SIM=$(CURDIR)/target/release/kvroute-sim \
 		$(VENV)/bin/python wasm-tests/clients/test_vllm_router.py
+
+## test-openai-types: the Rust `async-openai` types (types-only features, its own workspace and
+## target/openai-types, so test-native never compiles it; about 12 s cold) deserialize every
+## response shape of a live `kvroute-sim serve`
+test-openai-types:
+	$(CARGO) build --release -p kvroute-sim
+	$(CARGO) test --manifest-path wasm-tests/openai-types/Cargo.toml --target-dir target/openai-types
 
 test-wasm: setup
 	$(CARGO) test -p kvroute-wasm-tests --target wasm32-unknown-unknown --test core_on_wasm
