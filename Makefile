@@ -9,7 +9,7 @@ export PATH := $(CARGO_BIN):$(PATH)
 
 .PHONY: all setup setup-rust setup-wasm-bindgen setup-envoy setup-clients build build-wasm build-wasm-empty build-wasm-test-panic test test-native test-wasm test-e2e test-clients \
 	validate-envoy check-targets check-core-deps lint bench bench-overhead bench-live setup-smg fuzz soak run fmt \
-	setup-prometheus test-rules test-observability test-manifests setup-vllm-router test-vllm-router test-openai-types
+	setup-prometheus test-rules test-observability test-manifests setup-vllm-router test-vllm-router test-openai-types setup-aiperf test-bench-tool
 
 ENVOY_VERSION := 1.40.0
 VENV := .venv
@@ -23,6 +23,10 @@ OPENAI_VERSION := $(shell sed -n 's/^openai==//p' $(CLIENTS_REQUIREMENTS))
 # vLLM's own router (PyPI `vllm-router`, a Rust binary wheel) for `make test-vllm-router`.
 VLLM_ROUTER_REQUIREMENTS := wasm-tests/clients/vllm-router.txt
 VLLM_ROUTER_VERSION := $(shell sed -n 's/^vllm-router==//p' $(VLLM_ROUTER_REQUIREMENTS))
+# aiperf for `make test-bench-tool`, in its own venv (its pins differ from vllm-router's).
+AIPERF_REQUIREMENTS := wasm-tests/clients/aiperf.txt
+AIPERF_VERSION := $(shell sed -n 's/^aiperf==//p' $(AIPERF_REQUIREMENTS))
+AIPERF_VENV := $(VENV)/aiperf
 
 all: build
 
@@ -51,6 +55,12 @@ setup-vllm-router:
 	@test -x $(VENV)/bin/pip || python3 -m venv $(VENV)
 	@$(VENV)/bin/pip show vllm-router 2>/dev/null | grep -qx "Version: $(VLLM_ROUTER_VERSION)" || \
 		$(VENV)/bin/pip install --quiet --disable-pip-version-check -r $(VLLM_ROUTER_REQUIREMENTS)
+
+## setup-aiperf: the pinned aiperf into .venv/aiperf/ (about 1 minute and 1.2 GB the first time)
+setup-aiperf:
+	@test -x $(AIPERF_VENV)/bin/pip || python3 -m venv $(AIPERF_VENV)
+	@$(AIPERF_VENV)/bin/pip show aiperf 2>/dev/null | grep -qx "Version: $(AIPERF_VERSION)" || \
+		$(AIPERF_VENV)/bin/pip install --quiet --disable-pip-version-check -r $(AIPERF_REQUIREMENTS)
 
 setup-rust:
 	@rustup target list --installed | grep -qx wasm32-wasip1 || rustup target add wasm32-wasip1
@@ -131,6 +141,14 @@ test-vllm-router: setup-vllm-router
 test-openai-types:
 	$(CARGO) build --release -p kvroute-sim
 	$(CARGO) test --manifest-path wasm-tests/openai-types/Cargo.toml --target-dir target/openai-types
+
+## test-bench-tool: aiperf, offline with the project's tokenizer (wasm-tests/clients/sim_tokenizer.py),
+## through real Envoy + dist/kvroute.wasm + 2 simulated servers; client-side token counts must match
+## the servers' within 2% (about 15 s once installed; not in `make test`: aiperf is 1.2 GB)
+test-bench-tool: setup-envoy setup-aiperf build-wasm
+	$(CARGO) build --release -p kvroute-sim
+	PYTHONDONTWRITEBYTECODE=1 KVROUTE_ENVOY=$(CURDIR)/$(ENVOY) KVROUTE_SIM=$(CURDIR)/target/release/kvroute-sim \
+		$(AIPERF_VENV)/bin/python wasm-tests/clients/test_bench_tool.py
 
 test-wasm: setup
 	$(CARGO) test -p kvroute-wasm-tests --target wasm32-unknown-unknown --test core_on_wasm
