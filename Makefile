@@ -105,8 +105,8 @@ test: check-targets lint check-core-deps test-native validate-envoy test-e2e tes
 
 ## check-targets: every user-facing target still parses and resolves (a dry run, nothing executes)
 check-targets:
-	@$(MAKE) --no-print-directory -n run bench bench-overhead bench-live fuzz soak setup build test-rules test-manifests test-observability >/dev/null
-	@echo "make targets resolve: run bench bench-overhead bench-live fuzz soak setup build test-rules test-manifests test-observability"
+	@$(MAKE) --no-print-directory -n run bench bench-overhead bench-live fuzz soak setup build test-rules test-manifests test-observability test-vllm-router test-bench-tool >/dev/null
+	@echo "make targets resolve: run bench bench-overhead bench-live fuzz soak setup build test-rules test-manifests test-observability test-vllm-router test-bench-tool"
 
 test-native:
 	$(CARGO) test --workspace --exclude kvroute-wasm-tests
