@@ -1,11 +1,12 @@
 """vLLM's own router (`vllm-router --policy cache_aware`, pinned in `vllm-router.txt`) in front
 of `kvroute-sim serve --servers 4`: the simulator's `/tokenize` is enough for its token path.
 
-Why: `cache_aware` keys its prefix tree on token ids. For each inference body it first asks a
-worker for `/v1/{chat/}completions/render` (a vLLM endpoint that `vllm serve` leaves disabled
-unless scale-out endpoints are enabled, so a default server and the simulator answer 404),
-then `/tokenize`; without usable tokens it records the `missing_tokens` outcome and routes
-like round-robin, which would make the simulator useless for comparing kvroute with it.
+Why: `cache_aware` keys its prefix tree on token ids. For each inference body it asks every
+worker (measured with a logging proxy: N workers, N calls of each) for
+`/v1/{chat/}completions/render` (a vLLM endpoint that `vllm serve` leaves disabled unless
+scale-out endpoints are enabled, so a default server and the simulator answer 404), then for
+`/tokenize`; without usable tokens it records the `missing_tokens` outcome and routes like
+round-robin, which would make the simulator useless for comparing kvroute with it.
 
 Claims checked, reading the router's Prometheus counters:
 - `vllm_router_prefix_routing_decisions_total` has no `missing_tokens` outcome, and its
@@ -123,7 +124,7 @@ def check_router(router, metrics_port, servers):
     assert outcomes.get("missing_tokens", 0) == 0, f"missing_tokens recorded: {outcomes}"
     assert sum(outcomes.values()) == sent, f"{sum(outcomes.values())} decisions for {sent} requests"
     assert outcomes.get("prefix_hit", 0) >= sent - 2 * GROUPS, f"repeats were not prefix hits: {outcomes}"
-    assert set(inputs) == {"tokenize"} and inputs["tokenize"] >= sent, f"token inputs: {inputs}"
+    assert set(inputs) == {"tokenize"} and inputs["tokenize"] == sent * SERVERS, f"token inputs: {inputs}"
     after = [counters(p) for p in servers]
 
     def total(samples, name):
