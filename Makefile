@@ -98,10 +98,10 @@ build-wasm: setup-rust
 	@echo "$(WASM): $$(wc -c < $(WASM)) bytes"
 
 ## test: lint, the core's dependency rule, native tests, Envoy config validation,
-## end-to-end tests through real Envoy, the openai client suite, the Prometheus rules, the
+## end-to-end tests through real Envoy, the openai client suite, vLLM's router over the simulator, the Prometheus rules, the
 ## deployment manifests, a live Prometheus over Envoy + the simulated fleet, the core under
 ## wasm32 on node
-test: check-targets lint check-core-deps test-native validate-envoy test-e2e test-clients test-rules test-manifests test-observability test-wasm
+test: check-targets lint check-core-deps test-native validate-envoy test-e2e test-clients test-vllm-router test-rules test-manifests test-observability test-wasm
 
 ## check-targets: every user-facing target still parses and resolves (a dry run, nothing executes)
 check-targets:
@@ -129,7 +129,8 @@ test-clients: setup-envoy setup-clients build-wasm test-openai-types
 		$(VENV)/bin/python wasm-tests/clients/test_openai_client.py
 
 ## test-vllm-router: `vllm-router --policy cache_aware` in front of 4 simulated servers records no
-## `missing_tokens` outcome (the simulator's /tokenize feeds its token path; about 2 s once built)
+## `missing_tokens` outcome (the simulator's /tokenize feeds its token path; about 2 s once built,
+## plus about 10 s to install the 70 MB wheel the first time)
 test-vllm-router: setup-vllm-router
 	$(CARGO) build --release -p kvroute-sim
 	PYTHONDONTWRITEBYTECODE=1 KVROUTE_SIM=$(CURDIR)/target/release/kvroute-sim \
