@@ -9,7 +9,7 @@ export PATH := $(CARGO_BIN):$(PATH)
 
 .PHONY: all setup setup-rust setup-wasm-bindgen setup-envoy setup-clients build build-wasm build-wasm-empty build-wasm-test-panic test test-native test-wasm test-e2e test-clients \
 	validate-envoy check-targets check-core-deps lint bench bench-overhead bench-live setup-smg fuzz soak run fmt \
-	setup-prometheus test-rules test-observability test-manifests
+	setup-prometheus test-rules test-observability test-manifests setup-vllm-router test-vllm-router test-openai-types setup-aiperf test-bench-tool
 
 ENVOY_VERSION := 1.40.0
 VENV := .venv
@@ -20,6 +20,13 @@ WASM := dist/kvroute.wasm
 # The official `openai` Python client for `make test-clients`, pinned with its dependencies.
 CLIENTS_REQUIREMENTS := wasm-tests/clients/requirements.txt
 OPENAI_VERSION := $(shell sed -n 's/^openai==//p' $(CLIENTS_REQUIREMENTS))
+# vLLM's own router (PyPI `vllm-router`, a Rust binary wheel) for `make test-vllm-router`.
+VLLM_ROUTER_REQUIREMENTS := wasm-tests/clients/vllm-router.txt
+VLLM_ROUTER_VERSION := $(shell sed -n 's/^vllm-router==//p' $(VLLM_ROUTER_REQUIREMENTS))
+# aiperf for `make test-bench-tool`, in its own venv (its pins differ from vllm-router's).
+AIPERF_REQUIREMENTS := wasm-tests/clients/aiperf.txt
+AIPERF_VERSION := $(shell sed -n 's/^aiperf==//p' $(AIPERF_REQUIREMENTS))
+AIPERF_VENV := $(VENV)/aiperf
 
 all: build
 
@@ -42,6 +49,18 @@ setup-smg: setup-envoy
 setup-clients: setup-envoy
 	@$(VENV)/bin/pip show openai 2>/dev/null | grep -qx "Version: $(OPENAI_VERSION)" || \
 		$(VENV)/bin/pip install --quiet --disable-pip-version-check -r $(CLIENTS_REQUIREMENTS)
+
+## setup-vllm-router: the pinned `vllm-router` into .venv/ (skipped when that version is there)
+setup-vllm-router:
+	@test -x $(VENV)/bin/pip || python3 -m venv $(VENV)
+	@$(VENV)/bin/pip show vllm-router 2>/dev/null | grep -qx "Version: $(VLLM_ROUTER_VERSION)" || \
+		$(VENV)/bin/pip install --quiet --disable-pip-version-check -r $(VLLM_ROUTER_REQUIREMENTS)
+
+## setup-aiperf: the pinned aiperf into .venv/aiperf/ (about 1 minute and 1.2 GB the first time)
+setup-aiperf:
+	@test -x $(AIPERF_VENV)/bin/pip || python3 -m venv $(AIPERF_VENV)
+	@$(AIPERF_VENV)/bin/pip show aiperf 2>/dev/null | grep -qx "Version: $(AIPERF_VERSION)" || \
+		$(AIPERF_VENV)/bin/pip install --quiet --disable-pip-version-check -r $(AIPERF_REQUIREMENTS)
 
 setup-rust:
 	@rustup target list --installed | grep -qx wasm32-wasip1 || rustup target add wasm32-wasip1
@@ -79,15 +98,15 @@ build-wasm: setup-rust
 	@echo "$(WASM): $$(wc -c < $(WASM)) bytes"
 
 ## test: lint, the core's dependency rule, native tests, Envoy config validation,
-## end-to-end tests through real Envoy, the openai client suite, the Prometheus rules, the
+## end-to-end tests through real Envoy, the openai client suite, vLLM's router over the simulator, the Prometheus rules, the
 ## deployment manifests, a live Prometheus over Envoy + the simulated fleet, the core under
 ## wasm32 on node
-test: check-targets lint check-core-deps test-native validate-envoy test-e2e test-clients test-rules test-manifests test-observability test-wasm
+test: check-targets lint check-core-deps test-native validate-envoy test-e2e test-clients test-vllm-router test-rules test-manifests test-observability test-wasm
 
 ## check-targets: every user-facing target still parses and resolves (a dry run, nothing executes)
 check-targets:
-	@$(MAKE) --no-print-directory -n run bench bench-overhead bench-live fuzz soak setup build test-rules test-manifests test-observability >/dev/null
-	@echo "make targets resolve: run bench bench-overhead bench-live fuzz soak setup build test-rules test-manifests test-observability"
+	@$(MAKE) --no-print-directory -n run bench bench-overhead bench-live fuzz soak setup build test-rules test-manifests test-observability test-vllm-router test-bench-tool >/dev/null
+	@echo "make targets resolve: run bench bench-overhead bench-live fuzz soak setup build test-rules test-manifests test-observability test-vllm-router test-bench-tool"
 
 test-native:
 	$(CARGO) test --workspace --exclude kvroute-wasm-tests
@@ -100,14 +119,37 @@ validate-envoy: setup-envoy build-wasm build-wasm-empty
 
 ## test-e2e: real Envoy + dist/kvroute.wasm in front of test vLLM servers on loopback
 test-e2e: setup-envoy build-wasm build-wasm-test-panic
-	KVROUTE_ENVOY=$(CURDIR)/$(ENVOY) $(CARGO) test -p kvroute-wasm-tests --test e2e --test e2e_simulated --test e2e_faults --test e2e_soak --test e2e_workers --test e2e_replicas --test e2e_clients --test e2e_discovery -- --test-threads 2
+	KVROUTE_ENVOY=$(CURDIR)/$(ENVOY) $(CARGO) test -p kvroute-wasm-tests --test e2e --test e2e_simulated --test e2e_faults --test e2e_soak --test e2e_workers --test e2e_replicas --test e2e_clients --test e2e_discovery --test e2e_paths -- --test-threads 2
 
-## test-clients: the official `openai` Python client through real Envoy + dist/kvroute.wasm in
+## test-clients: the Rust async-openai types (test-openai-types), then the official `openai` Python client through real Envoy + dist/kvroute.wasm in
 ## front of 2 simulated vLLM servers (wasm-tests/clients/; about 10 s); the last line reads `N passed, N failed`
-test-clients: setup-envoy setup-clients build-wasm
+test-clients: setup-envoy setup-clients build-wasm test-openai-types
 	$(CARGO) build --release -p kvroute-sim
 	PYTHONDONTWRITEBYTECODE=1 KVROUTE_ENVOY=$(CURDIR)/$(ENVOY) KVROUTE_SIM=$(CURDIR)/target/release/kvroute-sim \
 		$(VENV)/bin/python wasm-tests/clients/test_openai_client.py
+
+## test-vllm-router: `vllm-router --policy cache_aware` in front of 4 simulated servers records no
+## `missing_tokens` outcome (the simulator's /tokenize feeds its token path; about 2 s once built,
+## plus about 10 s to install the 70 MB wheel the first time)
+test-vllm-router: setup-vllm-router
+	$(CARGO) build --release -p kvroute-sim
+	PYTHONDONTWRITEBYTECODE=1 KVROUTE_SIM=$(CURDIR)/target/release/kvroute-sim \
+		$(VENV)/bin/python wasm-tests/clients/test_vllm_router.py
+
+## test-openai-types: the Rust `async-openai` types (types-only features, its own workspace and
+## target/openai-types, so test-native never compiles it; about 12 s cold) deserialize every
+## response shape of a live `kvroute-sim serve`
+test-openai-types:
+	$(CARGO) build --release -p kvroute-sim
+	$(CARGO) test --manifest-path wasm-tests/openai-types/Cargo.toml --target-dir target/openai-types
+
+## test-bench-tool: aiperf, offline with the project's tokenizer (wasm-tests/clients/sim_tokenizer.py),
+## through real Envoy + dist/kvroute.wasm + 2 simulated servers; client-side token counts must match
+## the servers' within 2% (about 15 s once installed; not in `make test`: aiperf is 1.2 GB)
+test-bench-tool: setup-envoy setup-aiperf build-wasm
+	$(CARGO) build --release -p kvroute-sim
+	PYTHONDONTWRITEBYTECODE=1 KVROUTE_ENVOY=$(CURDIR)/$(ENVOY) KVROUTE_SIM=$(CURDIR)/target/release/kvroute-sim \
+		$(AIPERF_VENV)/bin/python wasm-tests/clients/test_bench_tool.py
 
 test-wasm: setup
 	$(CARGO) test -p kvroute-wasm-tests --target wasm32-unknown-unknown --test core_on_wasm

@@ -53,6 +53,11 @@ pub fn request_raw(port: u16, raw: &[u8]) -> Result<Response, String> {
     parse(&out)
 }
 
+/// A whole HTTP/1.x response as read from the wire (for tests with their own socket handling).
+pub fn parse_response(raw: &[u8]) -> Result<Response, String> {
+    parse(raw)
+}
+
 fn parse(raw: &[u8]) -> Result<Response, String> {
     let split = raw.windows(4).position(|w| w == b"\r\n\r\n").ok_or("no header end")?;
     let head = String::from_utf8_lossy(&raw[..split]).to_string();
