@@ -230,6 +230,7 @@ test-observability: setup-envoy setup-prometheus build-wasm
 ## Gateway API schemas (envoy/schemas/), the gateway's envoy.yaml and the Istio patches through
 ## envoy --mode validate, the Kubernetes Prometheus config through promtool, the OCI build (seconds)
 test-manifests: setup-envoy setup-prometheus build-wasm
+	$(CARGO) build --release -p kvroute-sim
 	@command -v node >/dev/null && command -v npm >/dev/null || { echo "test-manifests needs node and npm"; exit 1; }
 	@command -v skopeo >/dev/null || { apt-get update -qq && apt-get install -y -qq skopeo >/dev/null; }
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r envoy/schemas/requirements.txt

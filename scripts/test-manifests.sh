@@ -9,6 +9,10 @@
 #  2. The gateway's envoy.yaml (the ConfigMap in envoy/kubernetes/gateway.yaml) run through
 #     `envoy --mode validate` with dist/kvroute.wasm, which loads the filter and its plugin
 #     configuration (the pool learned from Envoy: `discovery`, no `endpoints`).
+#     Then that envoy.yaml is run as a real Envoy (ports moved to free ones, its STRICT_DNS
+#     pool pointed at 2 simulated servers on localhost): kvroute must discover both servers
+#     through the locked-down admin and route requests, and the admin must refuse
+#     /config_dump (needs KVROUTE_SIM or target/release/kvroute-sim).
 #  3. The Istio and Envoy Gateway patches' Envoy values (override_host policy, route retry
 #     policy and body limit, header_mutation filter) merged into a cluster, route and
 #     listener shaped like the ones Istio generates, through `envoy --mode validate`.
@@ -152,6 +156,74 @@ if command -v skopeo >/dev/null; then
   else
     fail "skopeo inspect: $(head -3 "$OUT/skopeo.json")"
   fi
+fi
+
+echo "==> envoy/kubernetes/gateway.yaml's envoy.yaml, run: real Envoy + kvroute in front of 2 simulated servers"
+SIM=${KVROUTE_SIM:-target/release/kvroute-sim}
+if [ -x "$SIM" ]; then
+  if "$PYTHON" - "$ENVOY" "$SIM" "$OUT" <<'PY'; then pass "the gateway's envoy.yaml runs: kvroute discovers the STRICT_DNS pool through the locked-down admin and routes"; else fail "the gateway's envoy.yaml did not run and route (see $OUT/gateway-run.log)"; fi
+import json, socket, subprocess, sys, time, urllib.request
+envoy, sim, out = sys.argv[1:4]
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+def get(port, path):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+        return r.status, r.read().decode()
+
+base, listen, stats, admin = free_port(), free_port(), free_port(), free_port()
+text = open(f"{out}/gateway-envoy.yaml").read()
+# The pool's one lb_endpoint (the headless Service's name) becomes one per simulated server.
+lines = text.splitlines()
+at = next(i for i, l in enumerate(lines) if "vllm-pool.kvroute.svc.cluster.local" in l)
+start = max(i for i in range(at) if lines[i].lstrip().startswith("- endpoint:"))
+item = lines[start : at + 1]
+copies = ["\n".join(item).replace("vllm-pool.kvroute.svc.cluster.local", "localhost").replace("port_value: 8000", f"port_value: {base + i}") for i in range(2)]
+text = "\n".join(lines[:start] + copies + lines[at + 1 :]) + "\n"
+text = text.replace("address: 0.0.0.0", "address: 127.0.0.1")
+text = text.replace("port_value: 10000", f"port_value: {listen}").replace("port_value: 9902", f"port_value: {stats}").replace("port_value: 9901", f"port_value: {admin}")
+open(f"{out}/gateway-run.yaml", "w").write(text)
+log = open(f"{out}/gateway-run.log", "w")
+procs = [subprocess.Popen([sim, "serve", "--servers", "2", "--base-port", str(base), "--admin-port", str(free_port())], stdout=log, stderr=log)]
+try:
+    procs.append(subprocess.Popen([envoy, "-c", f"{out}/gateway-run.yaml", "--concurrency", "2", "--use-dynamic-base-id", "-l", "warning"], stdout=log, stderr=log))
+    deadline = time.time() + 30
+    routed = 0
+    while time.time() < deadline and routed < 4:
+        try:
+            body = json.dumps({"model": "meta-llama/Llama-3.1-8B-Instruct", "max_tokens": 4,
+                               "messages": [{"role": "user", "content": f"hello gateway {routed} " * 40}]}).encode()
+            req = urllib.request.Request(f"http://127.0.0.1:{listen}/v1/chat/completions", body, {"content-type": "application/json"})
+            with urllib.request.urlopen(req, timeout=10) as r:
+                assert r.status == 200
+            _, prom = get(admin, "/stats/prometheus")
+            routed = sum(int(float(l.split()[-1])) for l in prom.splitlines()
+                         if l.startswith(("kvroute_decision_cold", "kvroute_decision_prefix_hit")))
+        except Exception as e:
+            print(f"waiting: {e}", file=log)
+            time.sleep(0.3)
+    _, prom = get(admin, "/stats/prometheus")
+    hosts = [l for l in prom.splitlines() if l.startswith("kvroute_discovery_hosts")]
+    print(f"routed by kvroute: {routed}; {hosts}", file=log)
+    assert routed >= 4, f"kvroute routed {routed} requests"
+    assert hosts and float(hosts[0].split()[-1]) == 2, hosts
+    try:
+        get(admin, "/config_dump")
+        raise AssertionError("the admin answered /config_dump")
+    except urllib.error.HTTPError as e:
+        assert e.code == 403, e.code
+finally:
+    for p in procs:
+        p.kill()
+        p.wait()
+PY
+else
+  fail "no simulator at $SIM to run the gateway's envoy.yaml against"
 fi
 
 echo "test-manifests: $passed passed, $failed failed"
