@@ -91,15 +91,16 @@ struct BenchArgs {
 }
 
 fn serve_cmd(a: &ServeArgs) -> anyhow::Result<()> {
-    let mut profile = a.fleet.profile()?;
+    let (profile, n, mixed) = a.fleet.fleet()?;
+    let mut profiles = if mixed.is_empty() { vec![profile; n] } else { mixed };
     if let Some(b) = a.num_gpu_blocks {
-        profile = profile.with_blocks(b);
+        profiles = profiles.into_iter().map(|p| p.with_blocks(b)).collect();
     }
     let admin = a.admin_port.unwrap_or(a.base_port.saturating_sub(1));
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async {
         tokio::select! {
-            r = kvroute_sim::serve::serve(profile, a.fleet.servers, &a.host, a.base_port, admin, a.time_scale, a.legacy_metrics) => r,
+            r = kvroute_sim::serve::serve(profiles, &a.host, a.base_port, admin, a.time_scale, a.legacy_metrics) => r,
             _ = tokio::signal::ctrl_c() => Ok(()),
         }
     })
@@ -257,7 +258,7 @@ pub struct FleetArgs {
     model: Model,
     #[arg(long, default_value_t = 1)]
     tp: u32,
-    /// A mixed fleet instead of --servers/--gpu/--model/--tp (replay and matrix):
+    /// A mixed fleet instead of --servers/--gpu/--model/--tp (replay, matrix and serve):
     /// `COUNTxGPU:MODEL[:tpN],...`, e.g. `4xh100-80g:llama-3.1-8b,4xa100-80g:llama-3.1-8b`.
     #[arg(long)]
     fleet: Option<String>,
@@ -266,7 +267,6 @@ pub struct FleetArgs {
 impl FleetArgs {
     pub fn profile(&self) -> anyhow::Result<Profile> {
         anyhow::ensure!(self.servers >= 1, "--servers must be at least 1");
-        anyhow::ensure!(self.fleet.is_none(), "--fleet is supported by replay and matrix only");
         Profile::new(self.gpu, self.model, self.tp)
     }
 

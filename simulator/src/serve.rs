@@ -116,19 +116,18 @@ impl SimServer {
 /// Starts `n` servers on `base_port..` and the admin listener; runs until the process ends.
 /// They serve the profile's model name.
 pub async fn serve(
-    profile: Profile,
-    n: usize,
+    profiles: Vec<Profile>,
     host: &str,
     base_port: u16,
     admin_port: u16,
     time_scale: f64,
     legacy: bool,
 ) -> anyhow::Result<()> {
-    let names = vec![profile.model.served_name().to_string()];
-    serve_names(profile, n, host, base_port, admin_port, time_scale, legacy, names).await
+    serve_fleet(profiles, host, base_port, admin_port, time_scale, legacy, None).await
 }
 
-/// Like `serve`, answering to every name in `names` (the first is the default model).
+/// Like `serve` with `n` servers of one `profile`, answering to every name in `names` (the
+/// first is the default model).
 #[allow(clippy::too_many_arguments)] // the CLI's flags, passed through
 pub async fn serve_names(
     profile: Profile,
@@ -140,13 +139,41 @@ pub async fn serve_names(
     legacy: bool,
     names: Vec<String>,
 ) -> anyhow::Result<()> {
-    anyhow::ensure!(time_scale > 0.0, "--time-scale must be positive");
     anyhow::ensure!(!names.is_empty(), "at least one served model name is needed");
+    serve_fleet(
+        vec![profile; n],
+        host,
+        base_port,
+        admin_port,
+        time_scale,
+        legacy,
+        Some(names),
+    )
+    .await
+}
+
+/// Server `i` runs `profiles[i]` (a mixed fleet) and answers to `names`, or to its own
+/// model's name when `names` is `None`.
+async fn serve_fleet(
+    profiles: Vec<Profile>,
+    host: &str,
+    base_port: u16,
+    admin_port: u16,
+    time_scale: f64,
+    legacy: bool,
+    names: Option<Vec<String>>,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(time_scale > 0.0, "--time-scale must be positive");
     let created = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64());
+    let kinds: Vec<(crate::profile::Model, crate::profile::Gpu, u32)> =
+        profiles.iter().map(|p| (p.model, p.gpu, p.tp)).collect();
     let mut servers = Vec::new();
-    for i in 0..n {
+    for (i, profile) in profiles.into_iter().enumerate() {
+        let served = names
+            .clone()
+            .unwrap_or_else(|| vec![profile.model.served_name().to_string()]);
         let addr: SocketAddr = format!("{host}:{}", base_port as usize + i).parse()?;
         let srv = Arc::new(SimServer {
             index: i,
@@ -164,7 +191,7 @@ pub async fn serve_names(
             time_scale,
             created,
             connections: Mutex::new(None),
-            served: names.clone(),
+            served,
             max_model_len: max_model_len(&profile),
         });
         listen(&srv).await?;
@@ -177,14 +204,29 @@ pub async fn serve_names(
     let admin_listener = TcpListener::bind((host, admin_port))
         .await
         .map_err(|e| anyhow::anyhow!("admin port {admin_port}: {e}"))?;
+    let n = servers.len();
     eprintln!(
-        "kvroute-sim: {n} × {} on {:?} at {host}:{base_port}..{}, admin {host}:{admin_port}, time scale {time_scale}",
-        profile.model,
-        profile.gpu,
-        base_port as usize + n - 1
+        "kvroute-sim: {} at {host}:{base_port}..{}, admin {host}:{admin_port}, time scale {time_scale}",
+        describe(&kinds),
+        base_port as usize + n.max(1) - 1
     );
     axum::serve(admin_listener, admin).await?;
     Ok(())
+}
+
+/// "4 × Llama31_8b on H100_80g" for each run of equal servers, comma-separated.
+fn describe(kinds: &[(crate::profile::Model, crate::profile::Gpu, u32)]) -> String {
+    let mut runs: Vec<(usize, (crate::profile::Model, crate::profile::Gpu, u32))> = Vec::new();
+    for k in kinds {
+        match runs.last_mut() {
+            Some((count, last)) if last == k => *count += 1,
+            _ => runs.push((1, *k)),
+        }
+    }
+    runs.iter()
+        .map(|(count, (model, gpu, tp))| format!("{count} × {model} on {gpu:?} (TP{tp})"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Binds the server's port and accepts connections into a fresh `JoinSet`.
