@@ -294,13 +294,18 @@ fn app(srv: Arc<SimServer>) -> Router {
 /// Runs the engine: one step at a time, sleeping each step's duration (scaled).
 async fn drive(srv: Arc<SimServer>) {
     loop {
-        let step = srv.engine.lock().ok().and_then(|mut e| e.start_step());
+        // The engine itself runs slower (its step times, hence the prefill and decode times
+        // it reports in /metrics, stretch as the wall-clock steps do).
+        let slow = srv.fault().slow.max(1.0);
+        let step = srv.engine.lock().ok().and_then(|mut e| {
+            e.set_slow(slow);
+            e.start_step()
+        });
         let Some(ms) = step else {
             srv.wake.notified().await;
             continue;
         };
-        let slow = srv.fault().slow.max(1.0);
-        tokio::time::sleep(Duration::from_secs_f64(ms * slow / 1000.0 / srv.time_scale)).await;
+        tokio::time::sleep(Duration::from_secs_f64(ms / 1000.0 / srv.time_scale)).await;
         let now = srv.now_ms();
         let events = srv.engine.lock().map(|mut e| e.finish_step(now)).unwrap_or_default();
         if let Ok(mut streams) = srv.streams.lock() {
