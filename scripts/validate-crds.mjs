@@ -1,6 +1,7 @@
-// Validates Istio and Gateway API documents (a JSON list of {where, doc} on stdin) with the
+// Validates Istio, Gateway API and Envoy Gateway documents (a JSON list of {where, doc} on stdin) with the
 // validators the pinned npm packages of envoy/schemas/package.json compile from those
-// projects' CRD schemas (@kubernetes-models/istio, @kubernetes-models/gateway-api).
+// projects' CRD schemas (@kubernetes-models/istio, @kubernetes-models/gateway-api,
+// @kubernetes-models/envoy-gateway).
 // Prints one line per document, then {"passed": N, "failed": N}; exits 1 if any failed.
 // Run by scripts/validate_manifests.py; argv[2] is the node_modules folder.
 import { readFileSync } from "node:fs";
@@ -12,6 +13,7 @@ const PACKAGES = {
   "networking.istio.io": "@kubernetes-models/istio",
   "extensions.istio.io": "@kubernetes-models/istio",
   "gateway.networking.k8s.io": "@kubernetes-models/gateway-api",
+  "gateway.envoyproxy.io": "@kubernetes-models/envoy-gateway",
 };
 
 async function modelFor(apiVersion, kind) {

@@ -9,9 +9,9 @@
 Kinds and what checks them (provenance in envoy/schemas/README.md):
   - core Kubernetes (ConfigMap, Service, Deployment, HorizontalPodAutoscaler): the JSON
     schemas in envoy/schemas/kubernetes/ (strict: an unknown field fails), JSON Schema 2020-12;
-  - Istio and Gateway API kinds: the validators compiled from their CRDs in the pinned npm
-    packages of envoy/schemas/package.json, run by scripts/validate-crds.mjs under node;
-  - Envoy Gateway kinds: no schema on PyPI or npm: required fields only (SHAPE_ONLY).
+  - Istio, Gateway API and Envoy Gateway kinds: the validators compiled from their CRDs in
+    the pinned npm packages of envoy/schemas/package.json, run by scripts/validate-crds.mjs
+    under node;
 A document of any other kind fails: add its schema first.
 """
 
@@ -31,12 +31,7 @@ CORE = {
     ("apps/v1", "Deployment"): "deployment-apps-v1.json",
     ("autoscaling/v2", "HorizontalPodAutoscaler"): "horizontalpodautoscaler-autoscaling-v2.json",
 }
-CRD_GROUPS = ("networking.istio.io/", "extensions.istio.io/", "gateway.networking.k8s.io/")
-# Envoy Gateway: the fields each kind must have (no schema is obtainable from PyPI or npm).
-SHAPE_ONLY = {
-    ("gateway.envoyproxy.io/v1alpha1", "EnvoyExtensionPolicy"): [("spec", "targetRefs"), ("spec", "wasm")],
-    ("gateway.envoyproxy.io/v1alpha1", "EnvoyPatchPolicy"): [("spec", "targetRef"), ("spec", "type"), ("spec", "jsonPatches")],
-}
+CRD_GROUPS = ("networking.istio.io/", "extensions.istio.io/", "gateway.networking.k8s.io/", "gateway.envoyproxy.io/")
 DEFAULT_DIRS = ["envoy/kubernetes", "envoy/istio", "envoy/envoy-gateway"]
 # Files in those folders that are not Kubernetes manifests, and what checks them instead.
 NOT_MANIFESTS = {"envoy/kubernetes/prometheus.yml": "promtool check config (scripts/test-manifests.sh)"}
@@ -133,14 +128,6 @@ def check(paths):
                     ok(where, f"Kubernetes {K8S_VERSION} schema, strict")
             elif api and api.startswith(CRD_GROUPS):
                 crd_docs.append({"where": where, "doc": doc})
-            elif (api, kind) in SHAPE_ONLY:
-                missing = [".".join(p) for p in SHAPE_ONLY[(api, kind)] if not _has(doc, p)]
-                if not doc.get("metadata", {}).get("name"):
-                    missing.append("metadata.name")
-                if missing:
-                    fail(where, f"missing {', '.join(missing)}")
-                else:
-                    ok(where, "required fields only: no published schema on PyPI or npm")
             else:
                 fail(where, f"no schema for apiVersion {api} kind {kind}: add one to envoy/schemas/")
     if crd_docs:
@@ -149,14 +136,6 @@ def check(paths):
         failed += f
     print(f"manifests: {passed} passed, {failed} failed")
     return failed == 0
-
-
-def _has(doc, path):
-    for key in path:
-        if not isinstance(doc, dict) or key not in doc:
-            return False
-        doc = doc[key]
-    return doc not in (None, [], {})
 
 
 def run_crd_validators(docs):
