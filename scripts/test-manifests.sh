@@ -176,7 +176,28 @@ def get(port, path):
     with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
         return r.status, r.read().decode()
 
-base, listen, stats, admin = free_port(), free_port(), free_port(), free_port()
+def free_pair():
+    """A port whose next one is free too (the two simulated servers)."""
+    for _ in range(100):
+        base = free_port()
+        try:
+            s = socket.socket()
+            s.bind(("127.0.0.1", base + 1))
+            s.close()
+            return base
+        except OSError:
+            continue
+    raise RuntimeError("no two consecutive free ports")
+
+base = free_pair()
+taken = {base, base + 1}
+def other_port():
+    while True:
+        p = free_port()
+        if p not in taken:
+            taken.add(p)
+            return p
+listen, stats, admin, sim_admin = other_port(), other_port(), other_port(), other_port()
 text = open(f"{out}/gateway-envoy.yaml").read()
 # The pool's one lb_endpoint (the headless Service's name) becomes one per simulated server.
 lines = text.splitlines()
@@ -189,7 +210,7 @@ text = text.replace("address: 0.0.0.0", "address: 127.0.0.1")
 text = text.replace("port_value: 10000", f"port_value: {listen}").replace("port_value: 9902", f"port_value: {stats}").replace("port_value: 9901", f"port_value: {admin}")
 open(f"{out}/gateway-run.yaml", "w").write(text)
 log = open(f"{out}/gateway-run.log", "w")
-procs = [subprocess.Popen([sim, "serve", "--servers", "2", "--base-port", str(base), "--admin-port", str(free_port())], stdout=log, stderr=log)]
+procs = [subprocess.Popen([sim, "serve", "--servers", "2", "--base-port", str(base), "--admin-port", str(sim_admin)], stdout=log, stderr=log)]
 try:
     procs.append(subprocess.Popen([envoy, "-c", f"{out}/gateway-run.yaml", "--concurrency", "2", "--use-dynamic-base-id", "-l", "warning"], stdout=log, stderr=log))
     deadline = time.time() + 30
