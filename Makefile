@@ -173,7 +173,7 @@ fmt:
 bench:
 	$(CARGO) bench -p kvroute-core --bench route
 	$(CARGO) build --release -p kvroute-sim
-	target/release/kvroute-sim matrix --traces ../shared/traces --json target/matrix.json --markdown target/matrix.md
+	target/release/kvroute-sim matrix --traces simulator/traces --json target/matrix.json --markdown target/matrix.md
 
 ## bench-overhead: kvroute's cost in real Envoy: added latency (1/32 KiB), wrk throughput
 ## ratio and latency (1/32/256 KiB, 1/8/32 connections), Envoy RSS, polling CPU (4, 64, 256 servers; pool learned from Envoy vs static)

@@ -19,7 +19,7 @@ pub struct MatrixArgs {
     #[command(flatten)]
     fleet: FleetArgs,
     /// The traces directory (mooncake_synthetic.jsonl, azure_code_2023.csv).
-    #[arg(long, default_value = "../shared/traces")]
+    #[arg(long, default_value = "simulator/traces")]
     traces: PathBuf,
     /// Loads in percent of measured capacity.
     #[arg(long, value_delimiter = ',', default_value = "50,80,110")]
