@@ -185,7 +185,7 @@ bench-overhead: setup-envoy build-wasm build-wasm-empty
 FUZZ_SECONDS ?= 60
 fuzz:
 	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz
-	cd fuzz && for t in metrics request config traces; do \
+	cd fuzz && for t in metrics request config traces discovery; do \
 		mkdir -p corpus/$$t && cargo +nightly fuzz run $$t corpus/$$t seeds/$$t -- -max_total_time=$(FUZZ_SECONDS) -max_len=65536 || exit 1; \
 	done
 
