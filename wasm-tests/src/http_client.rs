@@ -33,9 +33,11 @@ pub fn request(port: u16, method: &str, path: &str, headers: &[(&str, &str)], bo
         head.push_str(&format!("{k}: {v}\r\n"));
     }
     head.push_str("\r\n");
-    s.write_all(head.as_bytes())
-        .and_then(|_| s.write_all(body))
-        .map_err(|e| format!("write: {e}"))?;
+    // One write: a server that answers from the headers alone (a local reply) and closes
+    // must find the body already read, or its close resets the connection under our read.
+    let mut whole = head.into_bytes();
+    whole.extend_from_slice(body);
+    s.write_all(&whole).map_err(|e| format!("write: {e}"))?;
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).map_err(|e| format!("read: {e}"))?;
     parse(&raw)
