@@ -76,7 +76,8 @@ pub struct RequestStats {
     pub unknown_model: Metric,
     pub lease_taken: Metric,
     per_endpoint: RefCell<BTreeMap<String, Metric>>,
-    speeds: RefCell<BTreeMap<String, Metric>>,
+    /// Each server's learned-rate gauge and the value it was last set to.
+    speeds: RefCell<BTreeMap<String, (Metric, u64)>>,
 }
 
 impl RequestStats {
@@ -120,13 +121,20 @@ impl RequestStats {
         let Ok(mut map) = self.speeds.try_borrow_mut() else {
             return;
         };
-        let metric = map.entry(endpoint.to_string()).or_insert_with(|| {
-            Metric::define(
-                MetricType::Gauge,
-                &format!("kvroute.endpoint.{}.prefill_tokens_per_s", safe_name(endpoint)),
-            )
-        });
+        // Reported every 100 ms for every server: a host call only when the value moved.
+        if let Some((metric, last)) = map.get_mut(endpoint) {
+            if *last != tokens_per_s {
+                *last = tokens_per_s;
+                metric.set(tokens_per_s);
+            }
+            return;
+        }
+        let metric = Metric::define(
+            MetricType::Gauge,
+            &format!("kvroute.endpoint.{}.prefill_tokens_per_s", safe_name(endpoint)),
+        );
         metric.set(tokens_per_s);
+        map.insert(endpoint.to_string(), (metric, tokens_per_s));
     }
 
     /// Counts a request sent to `endpoint` (`kvroute.endpoint.<ip_port>.chosen`).

@@ -100,7 +100,7 @@ fn serve_cmd(a: &ServeArgs) -> anyhow::Result<()> {
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async {
         tokio::select! {
-            r = kvroute_sim::serve::serve(profiles, &a.host, a.base_port, admin, a.time_scale, a.legacy_metrics) => r,
+            r = kvroute_sim::serve::serve(profiles, &a.host, a.base_port, admin, a.time_scale, a.legacy_metrics, None) => r,
             _ = tokio::signal::ctrl_c() => Ok(()),
         }
     })

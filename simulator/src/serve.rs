@@ -113,20 +113,7 @@ impl SimServer {
     }
 }
 
-/// Starts `n` servers on `base_port..` and the admin listener; runs until the process ends.
-/// They serve the profile's model name.
-pub async fn serve(
-    profiles: Vec<Profile>,
-    host: &str,
-    base_port: u16,
-    admin_port: u16,
-    time_scale: f64,
-    legacy: bool,
-) -> anyhow::Result<()> {
-    serve_fleet(profiles, host, base_port, admin_port, time_scale, legacy, None).await
-}
-
-/// Like `serve` with `n` servers of one `profile`, answering to every name in `names` (the
+/// Like `serve` with `n` servers of one `profile`, all answering to every name in `names` (the
 /// first is the default model).
 #[allow(clippy::too_many_arguments)] // the CLI's flags, passed through
 pub async fn serve_names(
@@ -140,7 +127,7 @@ pub async fn serve_names(
     names: Vec<String>,
 ) -> anyhow::Result<()> {
     anyhow::ensure!(!names.is_empty(), "at least one served model name is needed");
-    serve_fleet(
+    serve(
         vec![profile; n],
         host,
         base_port,
@@ -152,9 +139,10 @@ pub async fn serve_names(
     .await
 }
 
-/// Server `i` runs `profiles[i]` (a mixed fleet) and answers to `names`, or to its own
-/// model's name when `names` is `None`.
-async fn serve_fleet(
+/// Starts server `i` on `base_port + i` running `profiles[i]` (a mixed fleet when they
+/// differ), answering to `names`, or to its own model's name when `names` is `None`, and the
+/// fault admin listener; runs until the process ends.
+pub async fn serve(
     profiles: Vec<Profile>,
     host: &str,
     base_port: u16,

@@ -521,9 +521,22 @@ fn two_models_in_one_cluster(mode: Mode) {
             );
         }
     }
-    let r = post("no-such-model", 0);
-    assert_eq!(r.header("x-kvroute-reason"), Some("fallback_unknown_model"));
-    assert_eq!(envoy.stat("wasmcustom.kvroute.decision.unknown_model"), 1);
+    // A model no server lists is known unknown once the servers' `/v1/models` are in the
+    // published state (asked when they joined; the answers may come a round after the
+    // metrics). Then every request for it, on any worker, is left to Envoy and counted.
+    wait_until("/v1/models in the fleet state", Duration::from_secs(5), &envoy, || {
+        post("no-such-model", 0).header("x-kvroute-reason") == Some("fallback_unknown_model")
+    });
+    let counted = envoy.stat("wasmcustom.kvroute.decision.unknown_model");
+    for n in 1..=8 {
+        let r = post("no-such-model", n);
+        assert_eq!(
+            r.header("x-kvroute-reason"),
+            Some("fallback_unknown_model"),
+            "request {n}"
+        );
+    }
+    assert_eq!(envoy.stat("wasmcustom.kvroute.decision.unknown_model"), counted + 8);
 }
 
 #[test]
