@@ -56,6 +56,11 @@ pub fn property_string(path: &[&str]) -> Option<String> {
     property(path).ok().flatten().and_then(|b| String::from_utf8(b).ok())
 }
 
+/// Sets the stream's filter state `wasm.<name>` (bytes), readable by access logs.
+pub fn set_property(name: &str, value: &[u8]) -> HostResult<()> {
+    hostcalls::set_property(vec![name], Some(value))
+}
+
 pub fn send_local_response(status: u32, headers: Vec<(&str, &str)>, body: &[u8]) -> HostResult<()> {
     hostcalls::send_http_response(status, headers, Some(body))
 }

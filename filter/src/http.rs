@@ -7,10 +7,11 @@
 
 use std::rc::Rc;
 
+use kvroute_core::capture::CaptureLine;
 use kvroute_core::config::ClusterShape;
 use kvroute_core::decision::FallbackReason;
 use kvroute_core::request::{parse, ApiKind};
-use kvroute_core::response::{cached_tokens, reports_usage};
+use kvroute_core::response::{cached_tokens, reports_usage, usage_tokens};
 use kvroute_core::{Completion, Outcome};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, BufferType, LogLevel};
@@ -47,6 +48,17 @@ pub struct Http {
     /// the headers of a stream may come before it).
     awaiting_first_chunk: bool,
     tail: Vec<u8>,
+    /// What the capture line needs from the request, when this one is in the sample.
+    capture: Option<Box<Captured>>,
+}
+
+/// The request's part of a capture line; the response completes it in `on_log`.
+struct Captured {
+    timestamp: u64,
+    model: String,
+    hash_ids: Vec<u64>,
+    prompt_estimate: u64,
+    max_tokens: Option<u64>,
 }
 
 impl Http {
@@ -62,6 +74,7 @@ impl Http {
             read_usage: false,
             awaiting_first_chunk: false,
             tail: Vec::new(),
+            capture: None,
         }
     }
 
@@ -132,6 +145,15 @@ impl Http {
             return Action::Continue;
         }
         let request_id = shared.next_request_id();
+        if let Some(c) = shared.capture.as_ref().filter(|c| c.sampled(&req.blocks, request_id)) {
+            self.capture = Some(Box::new(Captured {
+                timestamp: now.0,
+                model: req.model.clone(),
+                hash_ids: c.ids(&req.blocks),
+                prompt_estimate: req.prompt_tokens.0,
+                max_tokens: req.max_tokens,
+            }));
+        }
         router.on_routed(request_id, &req, &decision, now);
         shared.peers.after_route(&mut router, now);
         let best = decision.best().map(|e| e.to_string()).unwrap_or_default();
@@ -261,6 +283,33 @@ impl Http {
             if let Ok(mut router) = shared.router.try_borrow_mut() {
                 router.on_first_token(*request_id, host::now());
             }
+        }
+    }
+}
+
+impl Http {
+    /// Hands the finished capture line to Envoy (filter state `wasm.<capture.property>`,
+    /// written by an access log after this `on_log`).
+    fn write_capture(&mut self, shared: &Shared, server: Option<&str>, cached: Option<u64>) {
+        let (Some(c), Some(capturer)) = (self.capture.take(), shared.capture.as_ref()) else {
+            return;
+        };
+        let usage = usage_tokens(&self.tail);
+        let line = CaptureLine {
+            timestamp: c.timestamp,
+            model: &c.model,
+            input_length: usage.map_or(c.prompt_estimate, |u| u.0),
+            output_length: usage.map_or(c.max_tokens.unwrap_or(0), |u| u.1),
+            usage: usage.is_some(),
+            hash_ids: &c.hash_ids,
+            block_tokens: capturer.block_tokens(),
+            server,
+            cached_tokens: cached,
+            status: self.status,
+        };
+        match host::set_property(capturer.property(), line.to_json().as_bytes()) {
+            Ok(()) => shared.stats.captured.inc(),
+            Err(_) => shared.stats.capture_failed.inc(),
         }
     }
 }
@@ -407,6 +456,7 @@ impl HttpContext for Http {
         } else {
             shared.stats.usage_missing.inc();
         }
+        self.write_capture(&shared, served_by.as_ref().map(|e| e.as_str()), cached);
         let Ok(mut router) = shared.router.try_borrow_mut() else {
             return;
         };

@@ -75,6 +75,8 @@ pub struct RequestStats {
     pub replica_batches_refused: Metric,
     pub unknown_model: Metric,
     pub lease_taken: Metric,
+    pub captured: Metric,
+    pub capture_failed: Metric,
     per_endpoint: RefCell<BTreeMap<String, Metric>>,
     /// Each server's learned-rate gauge and the value it was last set to.
     speeds: RefCell<BTreeMap<String, (Metric, u64)>>,
@@ -110,6 +112,8 @@ impl RequestStats {
             replica_batches_refused: c("replicas.batches_refused"),
             unknown_model: c("decision.unknown_model"),
             lease_taken: c("lease.taken"),
+            captured: c("capture.lines"),
+            capture_failed: c("capture.failed"),
             per_endpoint: RefCell::new(BTreeMap::new()),
             speeds: RefCell::new(BTreeMap::new()),
         }

@@ -7,6 +7,7 @@
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
+use kvroute_core::capture::Capturer;
 use kvroute_core::{Config, FleetState, Millis, Router};
 use proxy_wasm::types::LogLevel;
 
@@ -24,6 +25,8 @@ pub struct Shared {
     pub router: RefCell<Router>,
     pub stats: RequestStats,
     pub peers: Peers,
+    /// Traffic capture (`capture`), when on.
+    pub capture: Option<Capturer>,
     next_request: Cell<u64>,
     prompt_tokens: Cell<u64>,
     predicted_cached: Cell<u64>,
@@ -114,6 +117,7 @@ impl Worker {
             router: RefCell::new(router),
             stats: RequestStats::define(),
             peers,
+            capture: Capturer::new(config.capture(), config.hashing().block_bytes),
             next_request: Cell::new(0),
             prompt_tokens: Cell::new(0),
             predicted_cached: Cell::new(0),

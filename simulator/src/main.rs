@@ -208,6 +208,11 @@ impl WorkloadArgs {
                 let reqs = match self.format {
                     TraceFormat::Mooncake => workload::parse_mooncake(&text)?,
                     TraceFormat::Azure => workload::parse_azure(&text, self.prefix_overlay, self.seed)?,
+                    TraceFormat::Capture => {
+                        let (reqs, notes) = workload::parse_capture(&text, self.output_tokens.unwrap_or(128))?;
+                        eprintln!("{}", workload::describe_capture(&notes));
+                        reqs
+                    }
                 };
                 (
                     path.file_name()

@@ -34,6 +34,8 @@ impl SimRequest {
 pub enum TraceFormat {
     Mooncake,
     Azure,
+    /// What kvroute's traffic capture writes (`parse_capture`).
+    Capture,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -105,6 +107,122 @@ pub fn parse_mooncake(text: &str) -> anyhow::Result<Vec<SimRequest>> {
         });
     }
     Ok(out)
+}
+
+/// One line of kvroute's traffic capture (`kvroute_core::capture`): Mooncake's fields, the
+/// block size of the ids, and what the gateway saw. Unknown fields are ignored so newer
+/// filters' captures still replay.
+#[derive(Deserialize)]
+struct CapturedLine {
+    timestamp: f64,
+    input_length: u64,
+    output_length: u64,
+    hash_ids: Vec<u64>,
+    block_tokens: u64,
+    #[serde(default)]
+    usage: bool,
+    #[serde(default)]
+    status: u16,
+    #[serde(default)]
+    cached_tokens: Option<u64>,
+}
+
+/// What a capture held besides its requests.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CaptureNotes {
+    pub lines: usize,
+    /// Lines left out: the server refused the request (4xx), so nothing was generated.
+    pub client_errors: usize,
+    /// Lines whose lengths are estimates (the response carried no `usage`).
+    pub estimated: usize,
+    /// Prompt tokens and reported cached tokens over the lines with `usage`: the hit rate
+    /// the live fleet achieved.
+    pub prompt_tokens: u64,
+    pub cached_tokens: u64,
+}
+
+impl CaptureNotes {
+    pub fn live_hit_rate(&self) -> Option<f64> {
+        (self.prompt_tokens > 0).then(|| self.cached_tokens as f64 / self.prompt_tokens as f64)
+    }
+}
+
+/// One line for the operator: what the capture held and the hit rate the live fleet saw.
+pub fn describe_capture(n: &CaptureNotes) -> String {
+    let live = n.live_hit_rate().map_or("no line reported usage".to_string(), |r| {
+        format!("live prefix hit rate {:.1}%", r * 100.0)
+    });
+    format!(
+        "capture: {} lines, {} left out (client errors), {} with estimated lengths (no usage); {live}",
+        n.lines, n.client_errors, n.estimated
+    )
+}
+
+/// Capture hash ids live apart from Mooncake's and the generators' seeds.
+const CAPTURE_SEED: u64 = 0x4b56_4341_0000_0000;
+
+/// Parses a capture written by kvroute's filter. Lines come in completion order; requests
+/// are replayed in arrival order from the first arrival. Each hash id becomes a
+/// `block_tokens` block (the last cut to the prompt), the prompt past the ids (a partial
+/// block, or past `hashing.max_blocks`) is text of its own, and a line without `usage` and
+/// without `max_tokens` (output 0) gets `unknown_output` tokens.
+pub fn parse_capture(text: &str, unknown_output: u64) -> anyhow::Result<(Vec<SimRequest>, CaptureNotes)> {
+    let mut notes = CaptureNotes::default();
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let l: CapturedLine = serde_json::from_str(line)
+            .with_context(|| format!("capture line {}: not a kvroute capture line", i + 1))?;
+        if l.block_tokens == 0 || !l.timestamp.is_finite() {
+            bail!(
+                "capture line {}: block_tokens must be positive and timestamp a number",
+                i + 1
+            );
+        }
+        notes.lines += 1;
+        if (400..500).contains(&l.status) {
+            notes.client_errors += 1;
+            continue;
+        }
+        if l.usage {
+            notes.prompt_tokens += l.input_length;
+            notes.cached_tokens += l.cached_tokens.unwrap_or(0);
+        } else {
+            notes.estimated += 1;
+        }
+        let input = l.input_length.max(1);
+        let mut left = input;
+        let mut segments: Vec<Segment> = l
+            .hash_ids
+            .iter()
+            .map_while(|id| {
+                let t = left.min(l.block_tokens);
+                left -= t;
+                (t > 0).then(|| Segment::new(CAPTURE_SEED ^ id, t))
+            })
+            .collect();
+        if left > 0 {
+            segments.push(Segment::new(CAPTURE_SEED ^ 0xffff_0000_0000 ^ i as u64, left));
+        }
+        let output = if l.output_length == 0 && !l.usage {
+            unknown_output
+        } else {
+            l.output_length
+        };
+        out.push(SimRequest {
+            arrival_ms: l.timestamp,
+            segments,
+            output_tokens: output.max(1),
+        });
+    }
+    out.sort_by(|a, b| a.arrival_ms.total_cmp(&b.arrival_ms));
+    let first = out.first().map_or(0.0, |r| r.arrival_ms);
+    for r in &mut out {
+        r.arrival_ms -= first;
+    }
+    Ok((out, notes))
 }
 
 /// Parses an Azure LLM inference trace (`TIMESTAMP,ContextTokens,GeneratedTokens`). With

@@ -12,8 +12,8 @@ use crate::types::EndpointId;
 
 mod validate;
 use validate::{
-    validate_discovery, validate_endpoints, validate_hashing, validate_health, validate_scoring, validate_scrape,
-    validate_share,
+    validate_capture, validate_discovery, validate_endpoints, validate_hashing, validate_health, validate_scoring,
+    validate_scrape, validate_share,
 };
 
 /// Which scoring policy picks the endpoint.
@@ -60,6 +60,7 @@ pub struct RawConfig {
     pub index: RawIndex,
     pub share: RawShare,
     pub discovery: RawDiscovery,
+    pub capture: RawCapture,
 }
 
 /// Where the pool comes from when `endpoints` is empty: Envoy's own view of the pool
@@ -98,6 +99,34 @@ impl Default for RawDiscovery {
             models_interval_ms: 10_000,
             lease_ms: 1000,
             resync_ms: 5000,
+        }
+    }
+}
+
+/// Traffic capture for `kvroute-sim replay` and `plan` (`capture`): off unless `sample` > 0.
+/// Each captured request becomes a JSON line (no prompt text) in the filter state
+/// `wasm.<property>`, which an Envoy access log writes (envoy/capture/README.md).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawCapture {
+    /// Fraction of prefix families captured, 0 (off) to 1 (every routed request).
+    pub sample: f64,
+    /// Bytes of canonical prompt text per captured block id; 0 means `hashing.block_bytes`,
+    /// otherwise a multiple of it.
+    pub block_bytes: usize,
+    /// The deployment's secret (16 bytes or more): ids are keyed by it.
+    pub salt: String,
+    /// The filter state name the line is written to (Envoy prefixes `wasm.`).
+    pub property: String,
+}
+
+impl Default for RawCapture {
+    fn default() -> Self {
+        Self {
+            sample: 0.0,
+            block_bytes: 0,
+            salt: String::new(),
+            property: "kvroute_capture".into(),
         }
     }
 }
@@ -245,6 +274,7 @@ impl Default for RawConfig {
             index: RawIndex::default(),
             share: RawShare::default(),
             discovery: RawDiscovery::default(),
+            capture: RawCapture::default(),
         }
     }
 }
@@ -457,6 +487,10 @@ impl Config {
         &self.raw.discovery
     }
     /// Whether the pool is learned from Envoy (no static `endpoints`).
+    pub fn capture(&self) -> &RawCapture {
+        &self.raw.capture
+    }
+
     pub fn discovers(&self) -> bool {
         self.endpoints.is_empty()
     }
@@ -490,6 +524,7 @@ impl TryFrom<RawConfig> for Config {
         validate_health(&raw.health, &raw.scrape)?;
         validate_scoring(&raw)?;
         validate_share(&raw.share)?;
+        validate_capture(&raw.capture, &raw.hashing)?;
         if raw.endpoints.is_empty() {
             validate_discovery(&raw.discovery)?;
         }

@@ -12,6 +12,7 @@
 //! `on_endpoints`, or all the scraping side knows at once: `on_fleet` with a
 //! [`fleet::FleetState`]). [`discovery`] learns the pool from Envoy's admin `/clusters`.
 
+pub mod capture;
 pub mod config;
 pub mod decision;
 pub mod discovery;

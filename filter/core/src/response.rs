@@ -1,4 +1,5 @@
-//! Reading what vLLM reports back: `usage.prompt_tokens_details.cached_tokens`.
+//! Reading what vLLM reports back: `usage.prompt_tokens_details.cached_tokens` (and, for
+//! traffic capture, `usage.prompt_tokens` and `usage.completion_tokens`).
 //!
 //! The filter does not buffer responses (that would delay every token of a stream); it
 //! keeps the last few KiB of the body as it passes and scans them here. `usage` is at the
@@ -11,8 +12,9 @@
 //! `usage` came at all is reported too (`reports_usage`); the router reads "usage without
 //! details" as 0 cached from a server that has shown details before.
 
-const KEY: &[u8] = b"\"cached_tokens\"";
+const CACHED: &[u8] = b"\"cached_tokens\"";
 const USAGE: &[u8] = b"\"prompt_tokens\"";
+const COMPLETION: &[u8] = b"\"completion_tokens\"";
 
 /// Whether `tail` holds a `usage` object (its `prompt_tokens`).
 pub fn reports_usage(tail: &[u8]) -> bool {
@@ -21,8 +23,18 @@ pub fn reports_usage(tail: &[u8]) -> bool {
 
 /// The last `cached_tokens` value in `tail`, if one is there whole.
 pub fn cached_tokens(tail: &[u8]) -> Option<u64> {
-    let at = tail.windows(KEY.len()).rposition(|w| w == KEY)?;
-    let rest = &tail[at + KEY.len()..];
+    last_count(tail, CACHED)
+}
+
+/// The last `usage.prompt_tokens` and `usage.completion_tokens` in `tail`, when both are there.
+pub fn usage_tokens(tail: &[u8]) -> Option<(u64, u64)> {
+    Some((last_count(tail, USAGE)?, last_count(tail, COMPLETION)?))
+}
+
+/// The last integer value of the JSON key `key` (quotes included) in `tail`.
+fn last_count(tail: &[u8], key: &[u8]) -> Option<u64> {
+    let at = tail.windows(key.len()).rposition(|w| w == key)?;
+    let rest = &tail[at + key.len()..];
     let rest = trim_ws(rest).strip_prefix(b":")?;
     let rest = trim_ws(rest);
     let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
@@ -62,6 +74,13 @@ mod tests {
         assert!(!reports_usage(
             b"data: {\"choices\":[{\"delta\":{\"content\":\" tok\"}}]}\n\n"
         ));
+    }
+
+    #[test]
+    fn reads_prompt_and_completion_tokens_apart_from_the_details() {
+        let body = br#"{"usage":{"prompt_tokens":2100,"total_tokens":2105,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":2048}}}"#;
+        assert_eq!(usage_tokens(body), Some((2100, 5)));
+        assert_eq!(usage_tokens(br#"{"usage":{"prompt_tokens":7}}"#), None);
     }
 
     #[test]

@@ -103,3 +103,39 @@ fn out_of_range_timestamps_are_errors_not_overflows() {
         assert!(format!("{err:#}").contains("line 2"), "{bad}: {err:#}");
     }
 }
+
+#[test]
+fn capture_lines_replay_in_arrival_order_with_shared_blocks_and_a_tail_of_their_own() {
+    let text = concat!(
+        r#"{"timestamp":1000050,"model":"m","input_length":150,"output_length":4,"usage":true,"hash_ids":[11,12],"block_tokens":64,"server":"a:1","cached_tokens":128,"status":200}"#,
+        "\n",
+        r#"{"timestamp":1000000,"model":"m","input_length":100,"output_length":0,"usage":false,"hash_ids":[11],"block_tokens":64,"server":null,"cached_tokens":null,"status":0}"#,
+        "\n",
+        r#"{"timestamp":1000070,"model":"m","input_length":64,"output_length":9,"usage":true,"hash_ids":[11],"block_tokens":64,"server":"a:1","cached_tokens":null,"status":400}"#,
+        "\n",
+    );
+    let (reqs, notes) = parse_capture(text, 77).unwrap();
+    assert_eq!(reqs.len(), 2, "the 400 was never generated");
+    assert_eq!((notes.lines, notes.client_errors, notes.estimated), (3, 1, 1));
+    assert_eq!(notes.live_hit_rate(), Some(128.0 / 150.0));
+    let (first, second) = (&reqs[0], &reqs[1]);
+    assert_eq!((first.arrival_ms, second.arrival_ms), (0.0, 50.0));
+    assert_eq!(
+        first.output_tokens, 77,
+        "no usage and no max_tokens: the stated default"
+    );
+    assert_eq!((first.input_tokens(), second.input_tokens()), (100, 150));
+    assert_eq!(first.segments[0], second.segments[0], "hash id 11 is the same text");
+    assert_eq!(second.segments[1].tokens, 64);
+    assert_eq!(second.segments[2].tokens, 22, "the prompt past the ids");
+    assert_ne!(
+        first.segments[1].seed, second.segments[2].seed,
+        "tails are never shared"
+    );
+}
+
+#[test]
+fn a_capture_line_without_block_tokens_is_refused_with_its_line() {
+    let err = parse_capture(r#"{"timestamp":0,"input_length":1,"output_length":1,"hash_ids":[]}"#, 1).unwrap_err();
+    assert!(format!("{err:#}").contains("capture line 1"), "{err:#}");
+}

@@ -145,3 +145,33 @@ fn large_pools_are_scraped_less_often_but_never_past_staleness() {
     let unlimited = Config::from_json(br#"{"scrape": {"max_per_s": 0}}"#).unwrap();
     assert_eq!(unlimited.scrape_interval_ms(10_000), 200);
 }
+
+#[test]
+fn capture_is_off_by_default_and_checked_when_on() {
+    assert_eq!(parse("").unwrap().capture().sample, 0.0);
+    let salt = r#""salt": "0123456789abcdef""#;
+    let field = |json: &str| parse(json).unwrap_err().field;
+    assert_eq!(field(r#"{"capture": {"sample": 1.5}}"#), "capture.sample");
+    assert_eq!(field(r#"{"capture": {"sample": -0.1}}"#), "capture.sample");
+    assert_eq!(
+        field(r#"{"capture": {"sample": 1}}"#),
+        "capture.salt",
+        "a salt is required"
+    );
+    assert_eq!(field(r#"{"capture": {"sample": 1, "salt": "short"}}"#), "capture.salt");
+    assert_eq!(
+        field(&format!(
+            r#"{{"capture": {{"sample": 1, {salt}, "block_bytes": 300}}}}"#
+        )),
+        "capture.block_bytes"
+    );
+    assert_eq!(
+        field(&format!(r#"{{"capture": {{"sample": 1, {salt}, "property": "a b"}}}}"#)),
+        "capture.property"
+    );
+    let ok = parse(&format!(
+        r#"{{"capture": {{"sample": 0.5, {salt}, "block_bytes": 2048}}}}"#
+    ))
+    .unwrap();
+    assert_eq!(ok.capture().block_bytes, 2048);
+}

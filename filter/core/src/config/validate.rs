@@ -2,7 +2,9 @@
 
 use std::collections::BTreeSet;
 
-use super::{reject, ClusterShape, ConfigError, RawConfig, RawDiscovery, RawHashing, RawHealth, RawScrape, RawShare};
+use super::{
+    reject, ClusterShape, ConfigError, RawCapture, RawConfig, RawDiscovery, RawHashing, RawHealth, RawScrape, RawShare,
+};
 use crate::types::EndpointId;
 
 pub(super) fn validate_endpoints(raw: &RawConfig) -> Result<Vec<EndpointId>, ConfigError> {
@@ -254,6 +256,44 @@ pub(super) fn validate_replicas(r: &super::RawReplicas) -> Result<(), ConfigErro
     }
     if r.max_body_bytes < 64 * 1024 {
         return Err(reject("share.replicas.max_body_bytes", "must be at least 65536"));
+    }
+    Ok(())
+}
+
+pub(super) fn validate_capture(c: &RawCapture, h: &RawHashing) -> Result<(), ConfigError> {
+    if !(0.0..=1.0).contains(&c.sample) {
+        return Err(reject(
+            "capture.sample",
+            format!("({}) must be a fraction from 0 (off) to 1 (every request)", c.sample),
+        ));
+    }
+    if c.sample == 0.0 {
+        return Ok(());
+    }
+    if c.salt.len() < 16 {
+        return Err(reject(
+            "capture.salt",
+            "must be set to a secret of 16 bytes or more when capture is on: it keys the captured block ids (one per deployment, kept like a password)",
+        ));
+    }
+    if c.block_bytes != 0 && (c.block_bytes % h.block_bytes != 0 || c.block_bytes > 65_536) {
+        return Err(reject(
+            "capture.block_bytes",
+            format!(
+                "({}) must be 0 (hashing.block_bytes) or a multiple of hashing.block_bytes ({}) up to 65536",
+                c.block_bytes, h.block_bytes
+            ),
+        ));
+    }
+    let name_ok = |ch: char| ch.is_ascii_alphanumeric() || ch == '_' || ch == '.';
+    if c.property.is_empty() || !c.property.chars().all(name_ok) {
+        return Err(reject(
+            "capture.property",
+            format!(
+                "({:?}) must be a filter state name of letters, digits, '_' and '.'",
+                c.property
+            ),
+        ));
     }
     Ok(())
 }

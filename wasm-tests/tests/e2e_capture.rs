@@ -1,0 +1,141 @@
+//! End to end: capture → replay. Real Envoy + dist/kvroute.wasm with capture on and the
+//! shipped access log (`envoy/capture/access-log.yaml`) in front of `kvroute-sim serve`;
+//! `kvroute-sim bench`'s load generator drives a shared-prefix workload through it; the
+//! capture file is then replayed in virtual time on the same fleet and must reproduce the
+//! live prefix hit rate within 3 points and TTFT p50 within 30% (issue 16).
+//!
+//! Runs alone (`make test-e2e` gives it its own cargo invocation): live TTFT on a 2-core
+//! machine shared with other Envoy tests would measure the machine, not the capture.
+
+#![allow(clippy::unwrap_used, clippy::disallowed_methods)] // wall-time test helpers
+
+use std::path::Path;
+use std::time::Duration;
+
+use kvroute_core::{Config, PolicyKind};
+use kvroute_sim::policies::PolicyName;
+use kvroute_sim::profile::{Gpu, Model, Profile};
+use kvroute_sim::replay::{self, ReplaySetup, Topology};
+use kvroute_sim::workload::{generate, parse_capture, GenParams, Generator};
+use kvroute_wasm_tests::envoy::{repo_root, Envoy};
+
+const SALT: &str = "e2e-capture-salt-0123456789";
+
+/// The shipped envoy.yaml with capture on and the shipped access log writing to `path`.
+fn with_capture(text: String, path: &Path) -> String {
+    let snippet = std::fs::read_to_string(repo_root().join("envoy/capture/access-log.yaml")).unwrap();
+    let log: String = snippet
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| format!("                {l}\n"))
+        .collect::<String>()
+        .replace("/var/log/kvroute/capture.jsonl", path.to_str().unwrap());
+    let anchor = "                stat_prefix: inference\n";
+    assert!(text.contains(anchor), "envoy.yaml has no inference stat_prefix");
+    let discovery = r#""discovery": {"admin_cluster": "kvroute_admin", "cluster": "vllm_pool"}"#;
+    assert!(text.contains(discovery), "envoy.yaml's plugin configuration moved");
+    text.replacen(anchor, &format!("{anchor}{log}"), 1).replace(
+        discovery,
+        &format!(r#"{discovery}, "capture": {{"sample": 1.0, "salt": "{SALT}"}}"#),
+    )
+}
+
+#[test]
+fn a_captured_run_replays_to_the_live_hit_rate_and_ttft() {
+    let profile = Profile::new(Gpu::H100_80g, Model::Llama31_8b, 1).unwrap();
+    let (rt, base) = kvroute_sim::serve::start_in_background(profile.clone(), 4, 1.0).unwrap();
+    let ports: Vec<u16> = (base..base + 4).collect();
+    let dir = std::env::temp_dir().join(format!("kvroute-capture-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let capture = dir.join("capture.jsonl");
+    let _ = std::fs::remove_file(&capture);
+    let envoy = Envoy::start("envoy.yaml", &ports, |t| with_capture(t, &capture)).unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
+
+    // 24 groups × 10 prompts sharing a 2048-token system prompt, each with a 512-token
+    // question, 30 requests a second. Live TTFT carries about 3 ms the replay does not model
+    // (Envoy, loopback HTTP, the servers' millisecond timer): with 128-token questions (a
+    // 10 ms TTFT) that alone is a quarter of p50; BENCHMARKS.md ("Capture and replay") has both.
+    let p = GenParams {
+        rate: 30.0,
+        groups: 24,
+        prompts_per_group: 10,
+        question_tokens: 512,
+        output_tokens: 16,
+        ..GenParams::defaults(Generator::SharedPrefix)
+    };
+    let reqs = generate(Generator::SharedPrefix, &p);
+    let url = format!("http://127.0.0.1:{}", envoy.port);
+    let (live, _) = rt
+        .block_on(kvroute_sim::bench::bench(&url, "m", &reqs, 60.0, "live", |_| {}))
+        .unwrap();
+    assert_eq!((live.completed, live.failed), (reqs.len(), 0));
+
+    // Envoy flushes the file access log every second.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        let text = std::fs::read_to_string(&capture).unwrap_or_default();
+        if text.lines().count() >= reqs.len() || std::time::Instant::now() > deadline {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(text.lines().count(), reqs.len(), "one line per routed request");
+    assert_eq!(envoy.stat("wasmcustom.kvroute.capture.lines"), reqs.len() as u64);
+    let question = &reqs[0].prompt_text()[..64];
+    assert!(!text.contains(question), "prompt text leaked into the capture");
+    let ports: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    for line in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert_eq!(v["status"], 200, "{line}");
+        assert_eq!(v["usage"], true, "the bench's streams ask for usage: {line}");
+        assert!(ports.iter().any(|p| v["server"] == p.as_str()), "{line}");
+    }
+
+    let (captured, notes) = parse_capture(&text, 128).unwrap();
+    assert_eq!(captured.len(), reqs.len());
+    let live_from_capture = notes.live_hit_rate().unwrap();
+    assert!(
+        (live_from_capture - live.prefix_hit_rate).abs() < 0.005,
+        "the capture's cached tokens are the client's: {live_from_capture} vs {}",
+        live.prefix_hit_rate
+    );
+    let setup = ReplaySetup {
+        profile,
+        servers: 4,
+        mixed: Vec::new(),
+        slowdown: None,
+        scrape_interval_ms: 200.0,
+        seed: 0,
+        router_config: Config::from_json(b"").unwrap().with_policy(PolicyKind::Cost),
+        // Envoy::start runs 2 workers sharing one view.
+        topology: Topology {
+            gateways: 1,
+            workers: 2,
+            share_workers: true,
+            tick_ms: 2.0,
+            share_gateways: false,
+            gateway_delay_ms: 0.0,
+        },
+    };
+    let replayed = replay::run(&setup, PolicyName::Kvroute, &captured, &|_| {});
+    eprintln!(
+        "live: hit {:.3}, TTFT p50 {:.1} ms; replay of the capture: hit {:.3}, TTFT p50 {:.1} ms",
+        live.prefix_hit_rate, live.ttft_ms.p50, replayed.prefix_hit_rate, replayed.ttft_ms.p50
+    );
+    assert_eq!(replayed.completed, reqs.len());
+    assert!(
+        (replayed.prefix_hit_rate - live.prefix_hit_rate).abs() <= 0.03,
+        "hit rate: live {:.3}, replay {:.3}",
+        live.prefix_hit_rate,
+        replayed.prefix_hit_rate
+    );
+    let ratio = replayed.ttft_ms.p50 / live.ttft_ms.p50;
+    assert!(
+        (0.7..=1.3).contains(&ratio),
+        "TTFT p50: live {:.1} ms, replay {:.1} ms",
+        live.ttft_ms.p50,
+        replayed.ttft_ms.p50
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
