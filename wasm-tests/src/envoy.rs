@@ -14,6 +14,27 @@ pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// A shipped config's text with the shipped capture access log
+/// (`envoy/capture/access-log.yaml`) on its first `stat_prefix: inference` listener, writing
+/// to `path`, and `capture` (a JSON object's fields) added to kvroute's configuration after
+/// the field `after` (its exact text in the config).
+pub fn with_capture(text: &str, path: &Path, after: &str, capture: &str) -> String {
+    let snippet = std::fs::read_to_string(repo_root().join("envoy/capture/access-log.yaml")).unwrap_or_default();
+    let log: String = snippet
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| format!("                {l}\n"))
+        .collect::<String>()
+        .replace("/var/log/kvroute/capture.jsonl", &path.to_string_lossy());
+    let anchor = "                stat_prefix: inference\n";
+    assert!(text.contains(anchor) && text.contains(after), "the Envoy config moved");
+    text.replacen(anchor, &format!("{anchor}{log}"), 1).replacen(
+        after,
+        &format!("{after}, \"capture\": {{{capture}}}"),
+        1,
+    )
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())

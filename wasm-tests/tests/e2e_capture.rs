@@ -9,7 +9,6 @@
 
 #![allow(clippy::unwrap_used, clippy::disallowed_methods)] // wall-time test helpers
 
-use std::path::Path;
 use std::time::Duration;
 
 use kvroute_core::{Config, PolicyKind};
@@ -17,28 +16,9 @@ use kvroute_sim::policies::PolicyName;
 use kvroute_sim::profile::{Gpu, Model, Profile};
 use kvroute_sim::replay::{self, ReplaySetup, Topology};
 use kvroute_sim::workload::{generate, parse_capture, GenParams, Generator};
-use kvroute_wasm_tests::envoy::{repo_root, Envoy};
+use kvroute_wasm_tests::envoy::{with_capture, Envoy};
 
 const SALT: &str = "e2e-capture-salt-0123456789";
-
-/// The shipped envoy.yaml with capture on and the shipped access log writing to `path`.
-fn with_capture(text: String, path: &Path) -> String {
-    let snippet = std::fs::read_to_string(repo_root().join("envoy/capture/access-log.yaml")).unwrap();
-    let log: String = snippet
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .map(|l| format!("                {l}\n"))
-        .collect::<String>()
-        .replace("/var/log/kvroute/capture.jsonl", path.to_str().unwrap());
-    let anchor = "                stat_prefix: inference\n";
-    assert!(text.contains(anchor), "envoy.yaml has no inference stat_prefix");
-    let discovery = r#""discovery": {"admin_cluster": "kvroute_admin", "cluster": "vllm_pool"}"#;
-    assert!(text.contains(discovery), "envoy.yaml's plugin configuration moved");
-    text.replacen(anchor, &format!("{anchor}{log}"), 1).replace(
-        discovery,
-        &format!(r#"{discovery}, "capture": {{"sample": 1.0, "salt": "{SALT}"}}"#),
-    )
-}
 
 #[test]
 fn a_captured_run_replays_to_the_live_hit_rate_and_ttft() {
@@ -49,7 +29,9 @@ fn a_captured_run_replays_to_the_live_hit_rate_and_ttft() {
     std::fs::create_dir_all(&dir).unwrap();
     let capture = dir.join("capture.jsonl");
     let _ = std::fs::remove_file(&capture);
-    let envoy = Envoy::start("envoy.yaml", &ports, |t| with_capture(t, &capture)).unwrap();
+    let discovery = r#""discovery": {"admin_cluster": "kvroute_admin", "cluster": "vllm_pool"}"#;
+    let on = format!(r#""sample": 1.0, "salt": "{SALT}""#);
+    let envoy = Envoy::start("envoy.yaml", &ports, |t| with_capture(&t, &capture, discovery, &on)).unwrap();
     std::thread::sleep(Duration::from_millis(1000));
 
     // 24 groups × 10 prompts sharing a 2048-token system prompt, each with a 512-token

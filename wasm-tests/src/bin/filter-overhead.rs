@@ -47,14 +47,16 @@ fn main() -> Result<(), String> {
         "presence" => native::presence(),
         "hostile" => native::hostile(),
         "sharing" => native::sharing(),
+        "capture" => native::capture(args.get(1).and_then(|a| a.parse().ok()).unwrap_or(3)),
         "all" => native::latency(2000)
             .and_then(|_| native::wrk_sweep())
             .and_then(|_| native::presence())
             .and_then(|_| native::hostile())
             .and_then(|_| native::sharing())
+            .and_then(|_| native::capture(3))
             .and_then(|_| native::scrape_cost(200)),
         other => Err(format!(
-            "unknown measurement {other:?}: all | latency [N] | wrk | scrape | presence | hostile | sharing"
+            "unknown measurement {other:?}: all | latency [N] | wrk | scrape | presence | hostile | sharing | capture"
         )),
     }
 }
@@ -508,6 +510,72 @@ mod native {
                 envoy.stat("wasmcustom.kvroute.mesh.events_applied")
             );
         }
+        let _ = std::fs::remove_dir_all(&dir);
+        Ok(())
+    }
+
+    /// `capture`: what traffic capture costs. Envoy CPU per request on the kvroute listener
+    /// (1 KiB, 8 connections, wrk 4 s, a fresh Envoy each run, `rounds` times in the order
+    /// off / filter only / with the access log, then back), capture sampling every request:
+    /// the filter's part (ids, the line, one host call) alone, then with the shipped access
+    /// log writing it. Medians and ranges: one run moves by more than the effect.
+    pub fn capture(rounds: usize) -> Result<(), String> {
+        let servers = fleet(4)?;
+        let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
+        let dir = std::env::temp_dir().join(format!("kvroute-capture-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let script = post_script(&dir, 1024)?;
+        let log = dir.join("capture.jsonl");
+        let after = "\"policy\": \"cost\"";
+        let on = "\"sample\": 1.0, \"salt\": \"bench-capture-salt-0123\"";
+        let mut runs: [Vec<WrkResult>; 3] = [Vec::new(), Vec::new(), Vec::new()];
+        let mut lines = 0;
+        for side in [0usize, 1, 2, 2, 1, 0].repeat(rounds.max(1)) {
+            let _ = std::fs::remove_file(&log);
+            let edit = |t: String| match side {
+                0 => t,
+                // The filter writes the line; no access log reads it.
+                1 => t.replacen(after, &format!("{after}, \"capture\": {{{on}}}"), 1),
+                _ => kvroute_wasm_tests::envoy::with_capture(&t, &log, after, on),
+            };
+            let envoy = Envoy::start("bench-overhead.yaml", &ports, edit)?;
+            std::thread::sleep(Duration::from_millis(600));
+            runs[side].push(wrk_path(&envoy, envoy.port, "/v1/chat/completions", &script, 8, 4)?);
+            if side == 2 {
+                drop(envoy);
+                lines += std::fs::read_to_string(&log).map(|t| t.lines().count()).unwrap_or(0);
+            }
+        }
+        let stats = |side: usize, f: fn(&WrkResult) -> f64| {
+            let mut v: Vec<f64> = runs[side].iter().map(f).collect();
+            v.sort_by(f64::total_cmp);
+            (v[v.len() / 2], v[0], v[v.len() - 1])
+        };
+        // Added CPU: each run against the capture-off run of the same round and half.
+        let added = |side: usize| {
+            let mut v: Vec<f64> = runs[side]
+                .iter()
+                .zip(&runs[0])
+                .map(|(with, off)| with.envoy_cpu_us - off.envoy_cpu_us)
+                .collect();
+            v.sort_by(f64::total_cmp);
+            format!("{:+.1} µs [{:+.1} to {:+.1}]", v[v.len() / 2], v[0], v[v.len() - 1])
+        };
+        println!("{} runs per side; medians [min–max]\n", runs[0].len());
+        println!("| 1 KiB, 8 connections, sampling 100% | Envoy CPU/req | added (paired with capture off) | req/s |");
+        println!("|---|---|---|---|");
+        let labels = [
+            "capture off",
+            "filter writes the line (no access log)",
+            "filter + the shipped access log",
+        ];
+        for (side, label) in labels.iter().enumerate() {
+            let (cpu, lo, hi) = stats(side, |r| r.envoy_cpu_us);
+            let (rps, _, _) = stats(side, |r| r.rps);
+            let add = if side == 0 { String::new() } else { added(side) };
+            println!("| {label} | {cpu:.1} µs [{lo:.1}–{hi:.1}] | {add} | {rps:.0} |");
+        }
+        println!("\nlines written by the access log over its two runs: {lines}");
         let _ = std::fs::remove_dir_all(&dir);
         Ok(())
     }
