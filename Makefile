@@ -8,7 +8,7 @@ CARGO_BIN := $(or $(CARGO_HOME),$(HOME)/.cargo)/bin
 export PATH := $(CARGO_BIN):$(PATH)
 
 .PHONY: all setup setup-rust setup-wasm-bindgen setup-envoy setup-clients build build-wasm build-wasm-empty build-wasm-test-panic test test-native test-wasm test-e2e test-clients \
-	validate-envoy check-targets check-core-deps lint bench bench-overhead bench-live setup-smg fuzz soak run fmt \
+	validate-envoy check-targets check-core-deps lint bench bench-overhead bench-live bench-capture setup-smg fuzz soak run fmt \
 	setup-prometheus test-rules test-observability test-manifests setup-vllm-router test-vllm-router test-openai-types setup-aiperf test-bench-tool
 
 ENVOY_VERSION := 1.40.0
@@ -193,6 +193,12 @@ fuzz:
 ## soak: 30 minutes of steady traffic through Envoy + kvroute + the simulated fleet
 soak: setup-envoy build-wasm
 	KVROUTE_ENVOY=$(CURDIR)/$(ENVOY) $(CARGO) run --release -p kvroute-wasm-tests --bin soak -- 1800 40
+
+## bench-capture: capture → replay live: the steady-state workload through Envoy + kvroute with
+## capture on, its capture replayed on the same fleet; RUNS (3) fresh fleets of DURATION (60) s
+bench-capture: setup-rust setup-envoy build-wasm
+	$(CARGO) build --release -p kvroute-sim
+	bash scripts/capture-roundtrip.sh
 
 ## bench-live: live routers on one simulated fleet, fresh per run: kvroute in Envoy at
 ## --concurrency 1/8/16, two Envoy processes, Envoy round-robin, SGLang's smg cache_aware;
