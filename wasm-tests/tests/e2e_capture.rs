@@ -119,5 +119,44 @@ fn a_captured_run_replays_to_the_live_hit_rate_and_ttft() {
         live.ttft_ms.p50,
         replayed.ttft_ms.p50
     );
+
+    // Lengths without `usage`: a stream that did not ask for it is captured with the prompt
+    // estimated and the request's max_tokens; a whole response always carries usage.
+    let prompt = "word ".repeat(300);
+    let stream =
+        format!(r#"{{"model":"m","messages":[{{"role":"user","content":"{prompt}"}}],"max_tokens":5,"stream":true}}"#);
+    let whole = format!(r#"{{"model":"m","prompt":"{prompt}","max_tokens":3}}"#);
+    for (path, body) in [("/v1/chat/completions", &stream), ("/v1/completions", &whole)] {
+        let r = envoy.post(path, &[("content-type", "application/json")], body).unwrap();
+        assert_eq!(r.status, 200, "{path}");
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        let text = std::fs::read_to_string(&capture).unwrap_or_default();
+        if text.lines().count() >= reqs.len() + 2 || std::time::Instant::now() > deadline {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let extra: Vec<serde_json::Value> = text
+        .lines()
+        .skip(reqs.len())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(extra.len(), 2, "{text}");
+    let estimated = extra.iter().find(|v| v["usage"] == false).unwrap();
+    assert_eq!(estimated["output_length"], 5);
+    let words = estimated["input_length"].as_u64().unwrap();
+    assert!(
+        (370..=400).contains(&words),
+        "1500 bytes of text at 4 bytes a token: {words}"
+    );
+    assert_eq!(
+        estimated["hash_ids"].as_array().unwrap().len(),
+        5,
+        "1500+ canonical bytes: 5 full 256-byte blocks"
+    );
+    let reported = extra.iter().find(|v| v["usage"] == true).unwrap();
+    assert_eq!(reported["output_length"], 3);
     let _ = std::fs::remove_dir_all(&dir);
 }
