@@ -39,6 +39,8 @@ pub struct Http {
     phase: Phase,
     tenant: String,
     sheddable: bool,
+    /// From `tiers.objective_header`, when positive.
+    ttft_objective_ms: Option<f64>,
     chosen: Option<String>,
     reason: &'static str,
     status: u16,
@@ -68,6 +70,7 @@ impl Http {
             phase: Phase::PassThrough,
             tenant: String::new(),
             sheddable: false,
+            ttft_objective_ms: None,
             chosen: None,
             reason: "passthrough",
             status: 0,
@@ -107,8 +110,13 @@ impl Http {
         let now = host::now();
         shared.catch_up(&mut router, now);
         shared.peers.before_route(&mut router, &shared.stats, now);
-        let req = router.request(&parsed, &self.tenant, self.sheddable);
+        let mut req = router.request(&parsed, &self.tenant, self.sheddable);
+        req.ttft_objective_ms = self.ttft_objective_ms;
         let decision = router.route(&req, now);
+        if let Some(t) = decision.tier {
+            shared.stats.tier_spilled.add(u64::from(t.spilled));
+            shared.stats.tier_unmet.add(u64::from(!t.met));
+        }
         self.reason = decision.outcome.label();
         match decision.outcome {
             Outcome::Shed { retry_after_s } => {
@@ -366,6 +374,10 @@ impl HttpContext for Http {
             .text(config.priority_header())
             .and_then(|v| v.trim().parse::<i64>().ok())
             .is_some_and(|p| p < 0);
+        self.ttft_objective_ms = headers
+            .text(&config.tiers().objective_header)
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .filter(|ms| ms.is_finite() && *ms > 0.0);
         self.phase = Phase::Buffering(kind);
         Action::Pause
     }

@@ -76,6 +76,8 @@ pub struct RequestStats {
     pub unknown_model: Metric,
     pub lease_taken: Metric,
     pub captured: Metric,
+    pub tier_spilled: Metric,
+    pub tier_unmet: Metric,
     pub capture_failed: Metric,
     per_endpoint: RefCell<BTreeMap<String, Metric>>,
     /// Each server's learned-rate gauge and the value it was last set to.
@@ -113,6 +115,8 @@ impl RequestStats {
             unknown_model: c("decision.unknown_model"),
             lease_taken: c("lease.taken"),
             captured: c("capture.lines"),
+            tier_spilled: c("tiers.spilled"),
+            tier_unmet: c("tiers.objective_unmet"),
             capture_failed: c("capture.failed"),
             per_endpoint: RefCell::new(BTreeMap::new()),
             speeds: RefCell::new(BTreeMap::new()),

@@ -13,7 +13,7 @@ use crate::types::EndpointId;
 mod validate;
 use validate::{
     validate_capture, validate_discovery, validate_endpoints, validate_hashing, validate_health, validate_scoring,
-    validate_scrape, validate_share,
+    validate_scrape, validate_share, validate_tiers,
 };
 
 /// Which scoring policy picks the endpoint.
@@ -61,6 +61,7 @@ pub struct RawConfig {
     pub share: RawShare,
     pub discovery: RawDiscovery,
     pub capture: RawCapture,
+    pub tiers: RawTiers,
 }
 
 /// Where the pool comes from when `endpoints` is empty: Envoy's own view of the pool
@@ -100,6 +101,42 @@ impl Default for RawDiscovery {
             lease_ms: 1000,
             resync_ms: 5000,
         }
+    }
+}
+
+/// Price tiers with spillover (`tiers`): servers are put in tiers, cheapest first (tier 0).
+/// A request goes to the cheapest tier whose best server's predicted TTFT meets its objective
+/// and spills to the next tier only when it would not; a request no tier can serve in time
+/// stays in the cheapest (spilling it would spend premium capacity on a miss). Off while
+/// `endpoints` is empty; needs the `cost` policy (its score is the predicted TTFT).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawTiers {
+    /// Each server's tier (`ip:port` → 0, 1, …); servers not listed are in tier 0.
+    pub endpoints: std::collections::BTreeMap<String, u32>,
+    /// The TTFT objective of a request without the header, in ms.
+    pub ttft_objective_ms: f64,
+    /// A request's own objective in ms (a positive number; others are ignored).
+    pub objective_header: String,
+}
+
+impl Default for RawTiers {
+    fn default() -> Self {
+        Self {
+            endpoints: std::collections::BTreeMap::new(),
+            ttft_objective_ms: 1000.0,
+            objective_header: "x-kvroute-ttft-objective-ms".into(),
+        }
+    }
+}
+
+impl RawTiers {
+    pub fn on(&self) -> bool {
+        !self.endpoints.is_empty()
+    }
+
+    pub fn tier_of(&self, id: &EndpointId) -> u32 {
+        self.endpoints.get(id.as_str()).copied().unwrap_or(0)
     }
 }
 
@@ -275,6 +312,7 @@ impl Default for RawConfig {
             share: RawShare::default(),
             discovery: RawDiscovery::default(),
             capture: RawCapture::default(),
+            tiers: RawTiers::default(),
         }
     }
 }
@@ -487,6 +525,10 @@ impl Config {
         &self.raw.discovery
     }
     /// Whether the pool is learned from Envoy (no static `endpoints`).
+    pub fn tiers(&self) -> &RawTiers {
+        &self.raw.tiers
+    }
+
     pub fn capture(&self) -> &RawCapture {
         &self.raw.capture
     }
@@ -525,6 +567,7 @@ impl TryFrom<RawConfig> for Config {
         validate_scoring(&raw)?;
         validate_share(&raw.share)?;
         validate_capture(&raw.capture, &raw.hashing)?;
+        validate_tiers(&raw)?;
         if raw.endpoints.is_empty() {
             validate_discovery(&raw.discovery)?;
         }

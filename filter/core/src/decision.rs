@@ -94,6 +94,16 @@ pub struct EndpointScore {
     pub filtered: Option<FilterReason>,
 }
 
+/// Where tiers (`tiers`) sent a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tiering {
+    pub tier: u32,
+    /// A cheaper tier could not meet the objective.
+    pub spilled: bool,
+    /// The chosen tier's best server is predicted to meet the objective.
+    pub met: bool,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Decision {
     /// Best first, then fallbacks; empty when nothing may serve or the request is shed.
@@ -102,6 +112,8 @@ pub struct Decision {
     /// The chosen endpoint's matched prefix blocks (0 when none chosen).
     pub matched_blocks: u32,
     pub breakdown: Vec<EndpointScore>,
+    /// Set when tiers are configured and candidates were scored.
+    pub tier: Option<Tiering>,
 }
 
 impl Decision {

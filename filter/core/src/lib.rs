@@ -33,7 +33,7 @@ pub mod speed;
 pub mod types;
 
 pub use config::{Config, ConfigError, PolicyKind, RawConfig};
-pub use decision::{Decision, EndpointScore, FilterReason, Outcome};
+pub use decision::{Decision, EndpointScore, FilterReason, Outcome, Tiering};
 pub use fleet::{EnvoyHealth, Fleet, FleetState};
 pub use hashing::PrefixHasher;
 pub use metrics::{parse_metrics, MetricsError, VllmMetrics};

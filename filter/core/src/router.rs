@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use crate::config::{Config, PolicyKind};
-use crate::decision::{Decision, EndpointScore, FallbackReason, FilterReason, Outcome};
+use crate::decision::{Decision, EndpointScore, FallbackReason, FilterReason, Outcome, Tiering};
 use crate::endpoint::{Endpoint, EndpointTable};
 use crate::fleet::EnvoyHealth;
 use crate::hashing::PrefixHasher;
@@ -35,6 +35,8 @@ pub struct RouteRequest {
     pub max_tokens: Option<u64>,
     /// From the priority header: a negative priority may be shed under overload.
     pub sheddable: bool,
+    /// From `tiers.objective_header`: this request's TTFT objective in ms.
+    pub ttft_objective_ms: Option<f64>,
 }
 
 /// How a routed request ended.
@@ -181,6 +183,7 @@ impl Router {
             prompt_tokens: parsed.prompt_tokens,
             max_tokens: parsed.max_tokens,
             sheddable,
+            ttft_objective_ms: None,
         }
     }
 
@@ -204,6 +207,7 @@ impl Router {
                 outcome: Outcome::Fallback(FallbackReason::UnknownModel),
                 matched_blocks: 0,
                 breakdown: Vec::new(),
+                tier: None,
             };
         }
 
@@ -269,6 +273,7 @@ impl Router {
                     outcome,
                     matched_blocks: 0,
                     breakdown,
+                    tier: None,
                 };
             }
         } else {
@@ -319,6 +324,7 @@ impl Router {
         if let Some(first) = req.blocks.first() {
             self.prefer_rendezvous_owner(*first, &mut order, &just_cands, &terms);
         }
+        let tier = self.choose_tier(req, &mut order, &just_cands, &terms);
         let best = order[0];
         let matched_blocks = just_cands[best].matched_blocks;
         let endpoints = order
@@ -336,6 +342,7 @@ impl Router {
             outcome,
             matched_blocks,
             breakdown,
+            tier,
         }
     }
 
@@ -401,6 +408,34 @@ impl Router {
         }
     }
 
+    /// Tiers (`tiers`): the servers of the cheapest tier whose best predicted TTFT meets the
+    /// request's objective go first (the cheapest tier's when no tier's does: a request that
+    /// misses everywhere does not spill), best first within it; the other tiers follow in
+    /// score order as retries.
+    fn choose_tier(
+        &self,
+        req: &RouteRequest,
+        order: &mut [usize],
+        cands: &[Candidate],
+        terms: &[policy::Terms],
+    ) -> Option<Tiering> {
+        let tiers = self.config.tiers();
+        if !tiers.on() {
+            return None;
+        }
+        let objective = req.ttft_objective_ms.unwrap_or(tiers.ttft_objective_ms);
+        let tier_of = |i: &usize| tiers.tier_of(&cands[*i].endpoint.id);
+        let cheapest = order.iter().map(tier_of).min()?;
+        let meeting = order.iter().filter(|i| terms[**i].cost.0 <= objective).map(tier_of).min();
+        let tier = meeting.unwrap_or(cheapest);
+        order.sort_by_key(|i| tier_of(i) != tier);
+        Some(Tiering {
+            tier,
+            spilled: tier != cheapest,
+            met: meeting.is_some(),
+        })
+    }
+
     /// No endpoint has fresh metrics: order those that may serve by the gateway's own
     /// in-flight count (least-request), ties by id.
     fn fallback(&self, breakdown: Vec<EndpointScore>) -> Decision {
@@ -428,6 +463,7 @@ impl Router {
             outcome: Outcome::Fallback(reason),
             matched_blocks: 0,
             breakdown,
+            tier: None,
         }
     }
 }

@@ -91,6 +91,7 @@ fn request(prefix: u64, len: usize, sheddable: bool) -> RouteRequest {
         prompt_tokens: Tokens(len as u64 * 64),
         max_tokens: Some(16),
         sheddable,
+        ttft_objective_ms: None,
     }
 }
 

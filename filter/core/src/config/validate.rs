@@ -297,3 +297,29 @@ pub(super) fn validate_capture(c: &RawCapture, h: &RawHashing) -> Result<(), Con
     }
     Ok(())
 }
+
+pub(super) fn validate_tiers(raw: &RawConfig) -> Result<(), ConfigError> {
+    let t = &raw.tiers;
+    if !(t.ttft_objective_ms.is_finite() && t.ttft_objective_ms > 0.0) {
+        return Err(reject(
+            "tiers.ttft_objective_ms",
+            format!("({}) must be a positive number of milliseconds", t.ttft_objective_ms),
+        ));
+    }
+    if t.objective_header.is_empty() {
+        return Err(reject("tiers.objective_header", "must not be empty"));
+    }
+    if !t.on() {
+        return Ok(());
+    }
+    if raw.policy != super::PolicyKind::Cost {
+        return Err(reject(
+            "tiers.endpoints",
+            "needs \"policy\": \"cost\": tiers compare each server's predicted time to first token with the objective",
+        ));
+    }
+    if let Some((id, tier)) = t.endpoints.iter().find(|(_, tier)| **tier > 15) {
+        return Err(reject("tiers.endpoints", format!("{id}: tier {tier} must be 0-15")));
+    }
+    Ok(())
+}

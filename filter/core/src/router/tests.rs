@@ -45,6 +45,7 @@ fn req(prefix: u64, blocks: usize) -> RouteRequest {
         prompt_tokens: Tokens(blocks as u64 * 64 + 10),
         max_tokens: Some(100),
         sheddable: false,
+        ttft_objective_ms: None,
     }
 }
 
@@ -164,6 +165,7 @@ fn unhealthy_ejected_and_stale_endpoints_are_never_picked() {
                 outcome: Outcome::Cold,
                 matched_blocks: 0,
                 breakdown: vec![],
+                tier: None,
             },
             T0,
         );
@@ -930,4 +932,65 @@ fn a_server_whose_metrics_say_it_prefills_three_times_slower_loses_its_share() {
         .filter_map(|p| constant.route(&req(500 + p, 40), T0).best().cloned())
         .collect();
     assert_eq!(spread.len(), 2, "without learning both servers look alike");
+}
+
+/// Servers 0-1 in tier 0 (cheap), 2-3 in tier 1, with this objective.
+fn tiered(objective_ms: f64, loads: &[VllmMetrics]) -> Router {
+    let mut raw = RawConfig {
+        endpoints: (0..4).map(|i| format!("10.0.0.{i}:8000")).collect(),
+        ..RawConfig::default()
+    };
+    raw.tiers.endpoints = [(2, 1), (3, 1)].map(|(i, t)| (format!("10.0.0.{i}:8000"), t)).into();
+    raw.tiers.ttft_objective_ms = objective_ms;
+    let mut r = Router::new(Config::try_from(raw).unwrap());
+    for (i, m) in loads.iter().enumerate() {
+        r.on_metrics(&ep(i), m.clone(), T0);
+    }
+    r
+}
+
+#[test]
+fn tiers_fill_the_cheap_tier_first_and_spill_only_when_it_would_miss() {
+    // The premium tier is idle, the cheap one busy but within the objective: stay cheap.
+    let busy = [load(8, 0, 0.3), load(8, 0, 0.3), load(0, 0, 0.0), load(0, 0, 0.0)];
+    let d = tiered(1000.0, &busy).route(&req(1, 32), T0);
+    assert!(d.best() == Some(&ep(0)) || d.best() == Some(&ep(1)), "{:?}", d.endpoints);
+    let t = d.tier.unwrap();
+    assert_eq!((t.tier, t.spilled, t.met), (0, false, true));
+    assert_eq!(d.endpoints.len(), 3);
+    assert!([ep(2), ep(3)].contains(&d.endpoints[2]), "the other tier stays as a retry");
+    // Without tiers the idle premium server wins on predicted TTFT.
+    let untiered = router(PolicyKind::Cost, &busy).route(&req(1, 32), T0);
+    assert!([ep(2), ep(3)].contains(untiered.best().unwrap()));
+
+    // The cheap tier is swamped past the objective: spill to premium.
+    let swamped = [load(60, 40, 0.7), load(60, 40, 0.7), load(0, 0, 0.0), load(0, 0, 0.0)];
+    // Predicted TTFT: ≈ 1236 ms on the cheap servers, ≈ 206 ms (the prefill) on premium.
+    let r = tiered(500.0, &swamped);
+    let d = r.route(&req(2, 32), T0);
+    assert!(d.best() == Some(&ep(2)) || d.best() == Some(&ep(3)), "{:?}", d.endpoints);
+    assert_eq!(d.tier.map(|t| (t.tier, t.spilled, t.met)), Some((1, true, true)));
+
+    // A tight per-request objective nothing meets: no spill.
+    let mut tight = req(3, 32);
+    tight.ttft_objective_ms = Some(0.001);
+    let d = r.route(&tight, T0);
+    assert!(d.best() == Some(&ep(0)) || d.best() == Some(&ep(1)), "{:?}", d.endpoints);
+    assert_eq!(d.tier.map(|t| (t.tier, t.spilled, t.met)), Some((0, false, false)));
+}
+
+#[test]
+fn tiers_need_the_cost_policy_and_small_tier_numbers() {
+    let mut raw = RawConfig {
+        policy: PolicyKind::Weighted,
+        ..RawConfig::default()
+    };
+    raw.tiers.endpoints.insert("10.0.0.1:8000".into(), 1);
+    assert_eq!(Config::try_from(raw.clone()).unwrap_err().field, "tiers.endpoints");
+    raw.policy = PolicyKind::Cost;
+    raw.tiers.endpoints.insert("10.0.0.2:8000".into(), 16);
+    assert_eq!(Config::try_from(raw.clone()).unwrap_err().field, "tiers.endpoints");
+    raw.tiers.endpoints.remove("10.0.0.2:8000");
+    raw.tiers.ttft_objective_ms = 0.0;
+    assert_eq!(Config::try_from(raw).unwrap_err().field, "tiers.ttft_objective_ms");
 }
