@@ -91,6 +91,8 @@ pub struct EndpointScore {
     pub decode_ms: f64,
     pub kv_ms: f64,
     pub cost: Cost,
+    /// `cost` only: the predicted time to first token (see `policy::Terms::ttft_ms`).
+    pub ttft_ms: f64,
     pub filtered: Option<FilterReason>,
 }
 

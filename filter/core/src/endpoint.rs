@@ -8,7 +8,7 @@
 use crate::fleet::EnvoyHealth;
 use crate::health::Health;
 use crate::metrics::VllmMetrics;
-use crate::speed::Speed;
+use crate::speed::{Speed, TtftBias};
 use crate::types::{EndpointId, Millis, Tokens};
 
 pub type Slot = u16;
@@ -38,6 +38,8 @@ pub struct Endpoint {
     pub models: Option<Vec<String>>,
     /// Its prefill rate as this router learned it (see `speed`).
     pub speed: Speed,
+    /// Observed ÷ predicted TTFT of this router's requests here (see `speed::TtftBias`).
+    pub ttft_bias: TtftBias,
 }
 
 impl Endpoint {
@@ -56,6 +58,7 @@ impl Endpoint {
             envoy: EnvoyHealth::Serve,
             models: None,
             speed: Speed::default(),
+            ttft_bias: TtftBias::default(),
         }
     }
 

@@ -64,6 +64,10 @@ pub struct Terms {
     pub decode_ms: f64,
     pub kv_ms: f64,
     pub cost: Cost,
+    /// `cost` only: the predicted time to first token itself, in ms. `cost` counts the
+    /// request's own prefill more than once (`cost.work_weight`) to rank servers; absolute
+    /// comparisons (tiers' objectives) use this.
+    pub ttft_ms: f64,
 }
 
 /// Scores `cands` (sorted by endpoint id) under the configured policy.
@@ -112,11 +116,13 @@ pub fn predicted_ttft(config: &Config, c: &Candidate, ctx: &ScoreContext) -> Ter
     let decode_ms = running * p.decode_ms_per_running * p.prefill_tokens_per_s / rate;
     let over = ((c.metrics.kv_usage - p.kv_pressure_threshold) / (1.0 - p.kv_pressure_threshold)).max(0.0);
     let kv_ms = p.kv_pressure_ms * over * over;
+    let ttft_ms = (queued_tokens + c.uncached.0 as f64) * 1000.0 / rate + decode_ms + kv_ms;
     Terms {
         prefill_ms,
         decode_ms,
         kv_ms,
         cost: Cost(prefill_ms + decode_ms + kv_ms),
+        ttft_ms,
     }
 }
 

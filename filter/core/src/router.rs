@@ -81,6 +81,8 @@ struct Inflight {
     blocks: Vec<BlockHash>,
     prompt_tokens: Tokens,
     uncached: Tokens,
+    /// This router's predicted TTFT at routing (NaN for a peer's request).
+    predicted_ttft_ms: f64,
 }
 
 #[derive(Clone, Debug)]
@@ -238,6 +240,7 @@ impl Router {
                 decode_ms: 0.0,
                 kv_ms: 0.0,
                 cost: Cost(f64::NAN),
+                ttft_ms: f64::NAN,
                 filtered,
             });
         }
@@ -305,6 +308,7 @@ impl Router {
                 if c.endpoint.adapter_state(&req.model).is_some_and(|(loaded, _)| !loaded) {
                     t.prefill_ms += load_ms;
                     t.cost.0 += load_ms;
+                    t.ttft_ms += load_ms;
                 }
             }
         }
@@ -319,12 +323,13 @@ impl Router {
         });
         for (i, t) in terms.iter().enumerate() {
             let row = &mut breakdown[cands[i].0];
-            (row.prefill_ms, row.decode_ms, row.kv_ms, row.cost) = (t.prefill_ms, t.decode_ms, t.kv_ms, t.cost);
+            (row.prefill_ms, row.decode_ms, row.kv_ms, row.cost, row.ttft_ms) =
+                (t.prefill_ms, t.decode_ms, t.kv_ms, t.cost, t.ttft_ms);
         }
         if let Some(first) = req.blocks.first() {
             self.prefer_rendezvous_owner(*first, &mut order, &just_cands, &terms);
         }
-        let tier = self.choose_tier(req, &mut order, &just_cands, &terms);
+        let tier = self.choose_tier(req, &mut order, &just_cands, &terms, now);
         let best = order[0];
         let matched_blocks = just_cands[best].matched_blocks;
         let endpoints = order
@@ -418,6 +423,7 @@ impl Router {
         order: &mut [usize],
         cands: &[Candidate],
         terms: &[policy::Terms],
+        now: Millis,
     ) -> Option<Tiering> {
         let tiers = self.config.tiers();
         if !tiers.on() {
@@ -426,7 +432,9 @@ impl Router {
         let objective = req.ttft_objective_ms.unwrap_or(tiers.ttft_objective_ms);
         let tier_of = |i: &usize| tiers.tier_of(&cands[*i].endpoint.id);
         let cheapest = order.iter().map(tier_of).min()?;
-        let meeting = order.iter().filter(|i| terms[**i].cost.0 <= objective).map(tier_of).min();
+        // Predictions are scaled by how far off they have been on each server.
+        let meets = |i: &&usize| terms[**i].ttft_ms * cands[**i].endpoint.ttft_bias.factor(now) <= objective;
+        let meeting = order.iter().filter(meets).map(tier_of).min();
         let tier = meeting.unwrap_or(cheapest);
         order.sort_by_key(|i| tier_of(i) != tier);
         Some(Tiering {

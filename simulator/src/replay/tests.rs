@@ -143,3 +143,39 @@ fn replicas_that_exchange_peer_events_agree_where_isolated_replicas_do_not() {
         one.prefix_hit_rate
     );
 }
+
+#[test]
+fn tiers_keep_work_on_the_cheap_servers_while_they_meet_the_objective() {
+    // Servers 0-1 are A100s (tier 0, cheap), 2-3 H100s (tier 1): untiered, the cost policy
+    // sends most work to the faster H100s; tiered, the A100s take what they serve in time.
+    let a100 = Profile::new(Gpu::A100_80g, Model::Llama31_8b, 1).unwrap();
+    let h100 = Profile::new(Gpu::H100_80g, Model::Llama31_8b, 1).unwrap();
+    let mut s = setup(4);
+    s.mixed = vec![a100.clone(), a100, h100.clone(), h100];
+    let p = GenParams {
+        rate: 8.0,
+        groups: 40,
+        prompts_per_group: 6,
+        ..GenParams::defaults(Generator::SharedPrefix)
+    };
+    let reqs = generate(Generator::SharedPrefix, &p);
+    let premium = |r: &RunReport| r.per_server[2..].iter().map(|s| s.share).sum::<f64>();
+    let untiered = run(&s, PolicyName::Kvroute, &reqs, &|_| {});
+    s.router_config = Config::from_json(
+        br#"{"tiers": {"endpoints": {"127.0.0.1:8003": 1, "127.0.0.1:8004": 1}, "ttft_objective_ms": 1000}}"#,
+    )
+    .unwrap();
+    let tiered = run(&s, PolicyName::Kvroute, &reqs, &|_| {});
+    assert_eq!(tiered.completed, reqs.len());
+    assert!(
+        premium(&tiered) < premium(&untiered) - 0.1,
+        "premium share: tiered {:.2}, untiered {:.2}",
+        premium(&tiered),
+        premium(&untiered)
+    );
+    assert!(
+        tiered.ttft_ms.p95 < 1000.0,
+        "the objective holds: p95 {}",
+        tiered.ttft_ms.p95
+    );
+}

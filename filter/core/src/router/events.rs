@@ -48,6 +48,12 @@ impl Router {
             .map_or(req.prompt_tokens, |s| s.uncached_tokens);
         let key = request_key(self.origin, request_id);
         if self.place(key, best, &req.blocks, req.prompt_tokens, uncached, now) {
+            if let (Some(r), Some(s)) = (
+                self.inflight.get_mut(&key),
+                decision.breakdown.iter().find(|s| s.endpoint == *best),
+            ) {
+                r.predicted_ttft_ms = s.ttft_ms;
+            }
             self.stats.routed += 1;
             self.tell_peers(|| PeerEvent::Routed {
                 key,
@@ -90,6 +96,7 @@ impl Router {
             blocks: blocks.to_vec(),
             prompt_tokens,
             uncached,
+            predicted_ttft_ms: f64::NAN,
         };
         if let Some(old) = self.inflight.insert(key, record) {
             self.release(&old);
@@ -186,8 +193,14 @@ impl Router {
 
     /// The first token (or the response headers of a stream) of `request_id` arrived: its
     /// prefill is done.
-    pub fn on_first_token(&mut self, request_id: u64, _now: Millis) {
+    pub fn on_first_token(&mut self, request_id: u64, now: Millis) {
         let key = request_key(self.origin, request_id);
+        if let Some(r) = self.inflight.get(&key).filter(|r| r.prefilling) {
+            let observed = now.since(r.routed_at) as f64;
+            if let Some(e) = self.table.get_mut(&r.endpoint) {
+                e.ttft_bias.observe(r.predicted_ttft_ms, observed, now);
+            }
+        }
         if self.prefill_done(key) {
             self.tell_peers(|| PeerEvent::FirstToken { key });
         }

@@ -954,11 +954,18 @@ fn tiers_fill_the_cheap_tier_first_and_spill_only_when_it_would_miss() {
     // The premium tier is idle, the cheap one busy but within the objective: stay cheap.
     let busy = [load(8, 0, 0.3), load(8, 0, 0.3), load(0, 0, 0.0), load(0, 0, 0.0)];
     let d = tiered(1000.0, &busy).route(&req(1, 32), T0);
-    assert!(d.best() == Some(&ep(0)) || d.best() == Some(&ep(1)), "{:?}", d.endpoints);
+    assert!(
+        d.best() == Some(&ep(0)) || d.best() == Some(&ep(1)),
+        "{:?}",
+        d.endpoints
+    );
     let t = d.tier.unwrap();
     assert_eq!((t.tier, t.spilled, t.met), (0, false, true));
     assert_eq!(d.endpoints.len(), 3);
-    assert!([ep(2), ep(3)].contains(&d.endpoints[2]), "the other tier stays as a retry");
+    assert!(
+        [ep(2), ep(3)].contains(&d.endpoints[2]),
+        "the other tier stays as a retry"
+    );
     // Without tiers the idle premium server wins on predicted TTFT.
     let untiered = router(PolicyKind::Cost, &busy).route(&req(1, 32), T0);
     assert!([ep(2), ep(3)].contains(untiered.best().unwrap()));
@@ -968,14 +975,22 @@ fn tiers_fill_the_cheap_tier_first_and_spill_only_when_it_would_miss() {
     // Predicted TTFT: ≈ 1236 ms on the cheap servers, ≈ 206 ms (the prefill) on premium.
     let r = tiered(500.0, &swamped);
     let d = r.route(&req(2, 32), T0);
-    assert!(d.best() == Some(&ep(2)) || d.best() == Some(&ep(3)), "{:?}", d.endpoints);
+    assert!(
+        d.best() == Some(&ep(2)) || d.best() == Some(&ep(3)),
+        "{:?}",
+        d.endpoints
+    );
     assert_eq!(d.tier.map(|t| (t.tier, t.spilled, t.met)), Some((1, true, true)));
 
     // A tight per-request objective nothing meets: no spill.
     let mut tight = req(3, 32);
     tight.ttft_objective_ms = Some(0.001);
     let d = r.route(&tight, T0);
-    assert!(d.best() == Some(&ep(0)) || d.best() == Some(&ep(1)), "{:?}", d.endpoints);
+    assert!(
+        d.best() == Some(&ep(0)) || d.best() == Some(&ep(1)),
+        "{:?}",
+        d.endpoints
+    );
     assert_eq!(d.tier.map(|t| (t.tier, t.spilled, t.met)), Some((0, false, false)));
 }
 
