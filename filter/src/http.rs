@@ -112,6 +112,21 @@ impl Http {
         shared.peers.before_route(&mut router, &shared.stats, now);
         let mut req = router.request(&parsed, &self.tenant, self.sheddable);
         req.ttft_objective_ms = self.ttft_objective_ms;
+        // Every request that reaches a decision is traffic to capture, whatever the decision
+        // (shed, left to Envoy, routed): a replay sizes the fleet for all of it.
+        let sample_key = now.0 ^ req.prompt_tokens.0.rotate_left(32);
+        if let Some(c) = shared.capture.as_ref().filter(|c| c.sampled(&req.blocks, sample_key)) {
+            self.capture = Some(Box::new(Captured {
+                timestamp: now.0,
+                model: req.model.clone(),
+                hash_ids: c.ids(&req.blocks),
+                prompt_estimate: req.prompt_tokens.0,
+                max_tokens: req.max_tokens,
+            }));
+        }
+        // A stream without `include_usage` never reports cached tokens: copying its chunks
+        // into the VM (one host call each) would buy nothing.
+        self.read_usage = parsed.reports_usage;
         let decision = router.route(&req, now);
         if let Some(t) = decision.tier {
             shared.stats.tier_spilled.add(u64::from(t.spilled));
@@ -125,6 +140,7 @@ impl Http {
                 let body = br#"{"error":{"message":"all inference servers are overloaded; retry later","type":"overloaded","code":429}}"#;
                 let headers = vec![("retry-after", retry.as_str()), ("content-type", "application/json")];
                 if host::send_local_response(429, headers, body).is_ok() {
+                    self.status = 429;
                     return Action::Pause;
                 }
                 return Action::Continue;
@@ -153,15 +169,6 @@ impl Http {
             return Action::Continue;
         }
         let request_id = shared.next_request_id();
-        if let Some(c) = shared.capture.as_ref().filter(|c| c.sampled(&req.blocks, request_id)) {
-            self.capture = Some(Box::new(Captured {
-                timestamp: now.0,
-                model: req.model.clone(),
-                hash_ids: c.ids(&req.blocks),
-                prompt_estimate: req.prompt_tokens.0,
-                max_tokens: req.max_tokens,
-            }));
-        }
         router.on_routed(request_id, &req, &decision, now);
         shared.peers.after_route(&mut router, now);
         let best = decision.best().map(|e| e.to_string()).unwrap_or_default();
@@ -169,9 +176,6 @@ impl Http {
         let predicted = u64::from(decision.matched_blocks) * (router.config().hashing().block_bytes as u64 / 4);
         shared.count_tokens(req.prompt_tokens.0, predicted.min(req.prompt_tokens.0));
         self.chosen = Some(best);
-        // A stream without `include_usage` never reports cached tokens: copying its chunks
-        // into the VM (one host call each) would buy nothing.
-        self.read_usage = parsed.reports_usage;
         self.awaiting_first_chunk = parsed.stream;
         self.phase = Phase::Routed { request_id };
         Action::Continue
@@ -442,7 +446,8 @@ impl HttpContext for Http {
             self.awaiting_first_chunk = false;
             self.first_token();
         }
-        if self.read_usage && matches!(self.phase, Phase::Routed { .. }) && body_size > 0 {
+        let wanted = matches!(self.phase, Phase::Routed { .. }) || self.capture.is_some();
+        if self.read_usage && wanted && body_size > 0 {
             let start = body_size.saturating_sub(TAIL_BYTES);
             if let Ok(chunk) = host::buffer(BufferType::HttpResponseBody, start, body_size - start) {
                 self.tail.extend_from_slice(&chunk);
@@ -454,12 +459,18 @@ impl HttpContext for Http {
     }
 
     fn on_log(&mut self) {
-        let Phase::Routed { request_id } = self.phase else {
-            return;
-        };
         let Some(shared) = self.shared.clone() else { return };
+        let routed = match self.phase {
+            Phase::Routed { request_id } => Some(request_id),
+            _ => None,
+        };
+        if routed.is_none() && self.capture.is_none() {
+            return;
+        }
         let served_by = host::property_string(&["upstream", "address"]).map(kvroute_core::EndpointId::new);
         let cached = cached_tokens(&self.tail);
+        self.write_capture(&shared, served_by.as_ref().map(|e| e.as_str()), cached);
+        let Some(request_id) = routed else { return };
         if let Some(c) = cached {
             shared.stats.reported_cached_tokens.add(c);
         }
@@ -468,7 +479,6 @@ impl HttpContext for Http {
         } else {
             shared.stats.usage_missing.inc();
         }
-        self.write_capture(&shared, served_by.as_ref().map(|e| e.as_str()), cached);
         let Ok(mut router) = shared.router.try_borrow_mut() else {
             return;
         };

@@ -131,7 +131,8 @@ struct CapturedLine {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct CaptureNotes {
     pub lines: usize,
-    /// Lines left out: the server refused the request (4xx), so nothing was generated.
+    /// Lines left out: the server refused the request (4xx but 429), so nothing was
+    /// generated. A 429 (kvroute shed it, or a server's queue was full) is demand and stays.
     pub client_errors: usize,
     /// Lines whose lengths are estimates (the response carried no `usage`).
     pub estimated: usize,
@@ -182,7 +183,7 @@ pub fn parse_capture(text: &str, unknown_output: u64) -> anyhow::Result<(Vec<Sim
             );
         }
         notes.lines += 1;
-        if (400..500).contains(&l.status) {
+        if (400..500).contains(&l.status) && l.status != 429 {
             notes.client_errors += 1;
             continue;
         }

@@ -126,14 +126,21 @@ fn a_captured_run_replays_to_the_live_hit_rate_and_ttft() {
     let stream =
         format!(r#"{{"model":"m","messages":[{{"role":"user","content":"{prompt}"}}],"max_tokens":5,"stream":true}}"#);
     let whole = format!(r#"{{"model":"m","prompt":"{prompt}","max_tokens":3}}"#);
-    for (path, body) in [("/v1/chat/completions", &stream), ("/v1/completions", &whole)] {
+    // A model no server lists is left to Envoy's balancing and still captured (the server's
+    // 404 tells a replay it generated nothing).
+    let unknown = r#"{"model":"no-such-model","prompt":"hello","max_tokens":3}"#.to_string();
+    for (path, body, status) in [
+        ("/v1/chat/completions", &stream, 200),
+        ("/v1/completions", &whole, 200),
+        ("/v1/completions", &unknown, 404),
+    ] {
         let r = envoy.post(path, &[("content-type", "application/json")], body).unwrap();
-        assert_eq!(r.status, 200, "{path}");
+        assert_eq!(r.status, status, "{path} {body}");
     }
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let text = loop {
         let text = std::fs::read_to_string(&capture).unwrap_or_default();
-        if text.lines().count() >= reqs.len() + 2 || std::time::Instant::now() > deadline {
+        if text.lines().count() >= reqs.len() + 3 || std::time::Instant::now() > deadline {
             break text;
         }
         std::thread::sleep(Duration::from_millis(200));
@@ -143,8 +150,13 @@ fn a_captured_run_replays_to_the_live_hit_rate_and_ttft() {
         .skip(reqs.len())
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_eq!(extra.len(), 2, "{text}");
-    let estimated = extra.iter().find(|v| v["usage"] == false).unwrap();
+    assert_eq!(extra.len(), 3, "{text}");
+    let left_to_envoy = extra.iter().find(|v| v["model"] == "no-such-model").unwrap();
+    assert_eq!(left_to_envoy["status"], 404);
+    let estimated = extra
+        .iter()
+        .find(|v| v["usage"] == false && v["status"] == 200)
+        .unwrap();
     assert_eq!(estimated["output_length"], 5);
     let words = estimated["input_length"].as_u64().unwrap();
     assert!(
@@ -156,7 +168,7 @@ fn a_captured_run_replays_to_the_live_hit_rate_and_ttft() {
         5,
         "1500+ canonical bytes: 5 full 256-byte blocks"
     );
-    let reported = extra.iter().find(|v| v["usage"] == true).unwrap();
+    let reported = extra.iter().find(|v| v["usage"] == true && v["status"] == 200).unwrap();
     assert_eq!(reported["output_length"], 3);
     let _ = std::fs::remove_dir_all(&dir);
 }

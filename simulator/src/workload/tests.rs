@@ -113,10 +113,12 @@ fn capture_lines_replay_in_arrival_order_with_shared_blocks_and_a_tail_of_their_
         "\n",
         r#"{"timestamp":1000070,"model":"m","input_length":64,"output_length":9,"usage":true,"hash_ids":[11],"block_tokens":64,"server":"a:1","cached_tokens":null,"status":400}"#,
         "\n",
+        r#"{"timestamp":1000090,"model":"m","input_length":64,"output_length":0,"usage":false,"hash_ids":[11],"block_tokens":64,"server":null,"cached_tokens":null,"status":429}"#,
+        "\n",
     );
     let (reqs, notes) = parse_capture(text, 77).unwrap();
-    assert_eq!(reqs.len(), 2, "the 400 was never generated");
-    assert_eq!((notes.lines, notes.client_errors, notes.estimated), (3, 1, 1));
+    assert_eq!(reqs.len(), 3, "the 400 was never generated; the shed 429 is demand");
+    assert_eq!((notes.lines, notes.client_errors, notes.estimated), (4, 1, 2));
     assert_eq!(notes.live_hit_rate(), Some(128.0 / 150.0));
     let (first, second) = (&reqs[0], &reqs[1]);
     assert_eq!((first.arrival_ms, second.arrival_ms), (0.0, 50.0));
