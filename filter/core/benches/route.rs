@@ -145,5 +145,42 @@ fn bench_hostile(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_route, bench_parse, bench_hostile);
+/// Traffic capture's share of a request: the sampling check, the ids (one SHA-256 compression
+/// per 256-byte block) and the JSON line, for a 1 KiB and an 8k-token prompt.
+fn bench_capture(c: &mut Criterion) {
+    use kvroute_core::capture::{CaptureLine, Capturer};
+    let mut raw = RawConfig::default();
+    raw.capture.sample = 1.0;
+    raw.capture.salt = "bench-capture-salt-0123".into();
+    let config = Config::try_from(raw).expect("valid config");
+    let capturer = Capturer::new(config.capture(), config.hashing().block_bytes).expect("capture on");
+    let r = router(8);
+    let mut group = c.benchmark_group("capture_line");
+    for (label, text) in [("1KiB", body(1, 256, 7)), ("8k_tokens", body(1, 8192, 7))] {
+        let parsed = parse(ApiKind::Chat, text.as_bytes()).expect("valid body");
+        let req = r.request(&parsed, "", false);
+        group.bench_function(label, |b| {
+            b.iter(|| {
+                assert!(capturer.sampled(black_box(&req.blocks), 1));
+                let ids = capturer.ids(black_box(&req.blocks));
+                CaptureLine {
+                    timestamp: 1_795_000_000_000,
+                    model: &req.model,
+                    input_length: req.prompt_tokens.0,
+                    output_length: 128,
+                    usage: true,
+                    hash_ids: &ids,
+                    block_tokens: capturer.block_tokens(),
+                    server: Some("10.2.0.1:8000"),
+                    cached_tokens: Some(512),
+                    status: 200,
+                }
+                .to_json()
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_route, bench_parse, bench_hostile, bench_capture);
 criterion_main!(benches);
