@@ -1,5 +1,6 @@
 //! `kvroute-sim`: `replay` (virtual time), `serve` (live vLLM-compatible servers) and
-//! `bench` (a load generator against a real gateway).
+//! `bench` (a load generator against a real gateway), and on top of replay `matrix` and
+//! `plan` (fleet sizing).
 
 #![allow(clippy::disallowed_methods)] // the binary is the wall-time driver: it reads clocks
 
@@ -18,6 +19,8 @@ use kvroute_sim::workload::{self, GenParams, Generator, SimRequest, TraceFormat}
 
 mod commands;
 use commands::{compare_cmd, matrix_cmd, profiles_cmd, CompareArgs, MatrixArgs};
+mod plan_cmd;
+use plan_cmd::{plan_cmd, PlanArgs};
 
 #[derive(Parser)]
 #[command(
@@ -44,6 +47,9 @@ enum Command {
     Profiles,
     /// The routing-quality matrix: workloads × loads × policies (replay), as Markdown + JSON.
     Matrix(MatrixArgs),
+    /// Fleet sizing: per policy and GPU type, the smallest homogeneous fleet whose replay of
+    /// the workload meets a latency objective, with $/month and $/million tokens.
+    Plan(PlanArgs),
 }
 
 #[derive(Args)]
@@ -479,5 +485,6 @@ fn main() -> anyhow::Result<()> {
         Command::Compare(a) => compare_cmd(&a),
         Command::Profiles => profiles_cmd(),
         Command::Matrix(a) => matrix_cmd(&a),
+        Command::Plan(a) => plan_cmd(&a),
     }
 }

@@ -283,7 +283,7 @@ pub fn table(runs: &[RunReport]) -> String {
     out
 }
 
-const COLORS: [&str; 9] = [
+pub(crate) const COLORS: [&str; 9] = [
     "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f",
 ];
 
@@ -396,7 +396,7 @@ pub fn svg(title: &str, runs: &[RunReport]) -> String {
     s
 }
 
-fn xml(t: &str) -> String {
+pub(crate) fn xml(t: &str) -> String {
     t.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
 }
 

@@ -1,0 +1,394 @@
+//! Fleet sizing (`kvroute-sim plan`): per routing policy and GPU type, the smallest fleet
+//! whose replay of a workload meets a latency objective, and what that fleet costs.
+//!
+//! - Objective: TTFT p95 ≤ X, and ITL p95 ≤ Y when given (p95 over requests of their mean
+//!   inter-token latency, as `replay` reports it), with at most `MAX_FAILED` of the requests
+//!   not completed.
+//! - Search: `search::smallest` over 1..=`max_servers` (doubling, bisection, then a check that
+//!   one server more passes too, since attainment is not strictly monotonic in fleet size).
+//! - Each size is one replay per replica: replica 0 is the workload as given, replica k the
+//!   same requests with jittered arrivals (`matrix::perturbed`, router seed + k). A size passes
+//!   when most of its replicas do; its figures are medians over the replicas that ran to the
+//!   end. A replica stops early once more requests have missed a threshold than a p95 allows:
+//!   its attainment is then an upper bound.
+//! - Fleets are homogeneous: `tp` GPUs of one type per server, every server alike. Mixed
+//!   fleets (tiers) are not sized yet.
+//! - Cost: the fleet is assumed busy with this workload only. $/month = GPUs × $/GPU-hour ×
+//!   730 h. $/million tokens = GPUs × $/GPU-hour × the replayed span (first arrival to last
+//!   completion) ÷ the tokens processed in it (prompt + output tokens of completed
+//!   requests, cached prompt tokens included) × 10⁶.
+
+use std::str::FromStr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use serde::Serialize;
+
+use crate::matrix::perturbed;
+use crate::policies::PolicyName;
+use crate::profile::{Gpu, Profile};
+use crate::replay::{run_until, ReplaySetup};
+use crate::report::{Record, RunReport};
+use crate::workload::SimRequest;
+
+pub mod chart;
+pub mod search;
+
+pub use search::Outcome;
+
+/// A size fails when more than this fraction of its requests did not complete.
+pub const MAX_FAILED: f64 = 0.01;
+pub const HOURS_PER_MONTH: f64 = 730.0;
+
+/// TTFT p95 ≤ `ttft_p95_ms`, and ITL p95 ≤ `itl_p95_ms` when given.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Objective {
+    pub ttft_p95_ms: f64,
+    pub itl_p95_ms: Option<f64>,
+}
+
+impl FromStr for Objective {
+    type Err = String;
+
+    /// `ttft_p95=500ms[,itl_p95=50ms]`; durations in `ms` or `s`.
+    fn from_str(spec: &str) -> Result<Objective, String> {
+        let mut ttft = None;
+        let mut itl = None;
+        for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (key, value) = part
+                .split_once('=')
+                .ok_or_else(|| format!("{part:?}: expected KEY=DURATION, e.g. ttft_p95=500ms"))?;
+            let ms = duration_ms(value.trim()).map_err(|why| format!("{part:?}: {why}"))?;
+            let slot = match key.trim() {
+                "ttft_p95" => &mut ttft,
+                "itl_p95" => &mut itl,
+                other => return Err(format!("unknown objective {other:?}: use ttft_p95 and itl_p95")),
+            };
+            if slot.replace(ms).is_some() {
+                return Err(format!("{key} is given twice"));
+            }
+        }
+        Ok(Objective {
+            ttft_p95_ms: ttft.ok_or("no ttft_p95: e.g. --objective ttft_p95=500ms,itl_p95=50ms")?,
+            itl_p95_ms: itl,
+        })
+    }
+}
+
+/// `500ms`, `0.5s` → 500.
+fn duration_ms(v: &str) -> Result<f64, String> {
+    let (number, scale) = if let Some(n) = v.strip_suffix("ms") {
+        (n, 1.0)
+    } else if let Some(n) = v.strip_suffix('s') {
+        (n, 1000.0)
+    } else {
+        return Err(format!("{v:?} has no unit: write e.g. 500ms or 0.5s"));
+    };
+    match number.trim().parse::<f64>() {
+        Ok(x) if x.is_finite() && x > 0.0 => Ok(x * scale),
+        _ => Err(format!("{v:?} is not a positive duration")),
+    }
+}
+
+/// The CLI name of a GPU (`h100-80g`).
+pub fn gpu_name(gpu: Gpu) -> String {
+    use clap::ValueEnum;
+    gpu.to_possible_value()
+        .map_or_else(|| format!("{gpu:?}"), |v| v.get_name().to_string())
+}
+
+/// USD per GPU-hour of each GPU type, from `h100-80g=2.49,a100-80g=1.29`, checked to cover
+/// every GPU in `needed`.
+pub fn parse_prices(spec: &str, needed: &[Gpu]) -> Result<Vec<(Gpu, f64)>, String> {
+    use clap::ValueEnum;
+    let mut out: Vec<(Gpu, f64)> = Vec::new();
+    for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (gpu, price) = part
+            .split_once('=')
+            .ok_or_else(|| format!("--price {part:?}: expected GPU=USD_PER_GPU_HOUR, e.g. h100-80g=2.49"))?;
+        let known: Vec<String> = Gpu::value_variants().iter().map(|g| gpu_name(*g)).collect();
+        let gpu = Gpu::from_str(gpu.trim(), true)
+            .map_err(|_| format!("--price: unknown GPU {:?} (known: {})", gpu.trim(), known.join(", ")))?;
+        let price: f64 = match price.trim().parse() {
+            Ok(p) if f64::is_finite(p) && p > 0.0 => p,
+            _ => return Err(format!("--price {part:?}: the price must be a positive number of USD per GPU-hour")),
+        };
+        if out.iter().any(|(g, _)| *g == gpu) {
+            return Err(format!("--price: {} is priced twice", gpu_name(gpu)));
+        }
+        out.push((gpu, price));
+    }
+    for gpu in needed {
+        if !out.iter().any(|(g, _)| g == gpu) {
+            let name = gpu_name(*gpu);
+            return Err(format!("--price has no price for {name}: add {name}=USD_PER_GPU_HOUR"));
+        }
+    }
+    Ok(out)
+}
+
+/// What a fleet of `gpus` GPUs at `usd_per_gpu_hour` costs: per month of 730 h, and per
+/// million of the `tokens` it processed in `busy_s` seconds.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Cost {
+    pub usd_per_month: f64,
+    pub usd_per_mtok: f64,
+}
+
+impl Cost {
+    pub fn of(gpus: u64, usd_per_gpu_hour: f64, busy_s: f64, tokens: u64) -> Cost {
+        let per_hour = gpus as f64 * usd_per_gpu_hour;
+        Cost {
+            usd_per_month: per_hour * HOURS_PER_MONTH,
+            usd_per_mtok: per_hour * busy_s / 3600.0 / (tokens.max(1) as f64 / 1e6),
+        }
+    }
+}
+
+/// One replica of one fleet size.
+#[derive(Clone, Debug, PartialEq)]
+struct Trial {
+    meets: bool,
+    stopped_early: bool,
+    attainment: f64,
+    report: RunReport,
+}
+
+/// One evaluated fleet size: medians over the replicas that ran to the end (`None` when
+/// every replica stopped early).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Point {
+    pub servers: usize,
+    pub meets: bool,
+    pub replicas: usize,
+    pub stopped_early: usize,
+    /// Fraction of requests whose TTFT (and ITL, when the objective has one) met the
+    /// objective's threshold; failed requests count as missed. When a replica stopped early
+    /// its requests not yet completed count as met, so the figure is an upper bound.
+    pub attainment: f64,
+    pub ttft_p95_ms: Option<f64>,
+    pub itl_p95_ms: Option<f64>,
+    pub hit_rate: Option<f64>,
+    pub evictions: Option<u64>,
+    pub failed: usize,
+    /// Prompt + output tokens of completed requests, and first arrival to last completion.
+    pub tokens: u64,
+    pub busy_s: f64,
+}
+
+/// A workload, an objective and how to replay it.
+pub struct Planner<'a> {
+    /// Every field but `profile` and `servers`, which each evaluation sets.
+    pub base: ReplaySetup,
+    pub requests: &'a [SimRequest],
+    pub objective: Objective,
+    pub replicas: u64,
+    /// Stop a replica once it cannot meet the objective any more.
+    pub early_stop: bool,
+}
+
+impl Planner<'_> {
+    /// Replays `servers` servers of `profile` under `policy`, every replica.
+    pub fn evaluate(&self, policy: PolicyName, profile: &Profile, servers: usize) -> Point {
+        let trials: Vec<Trial> = (0..self.replicas.max(1))
+            .map(|k| {
+                let setup = ReplaySetup {
+                    profile: profile.clone(),
+                    servers,
+                    mixed: Vec::new(),
+                    seed: self.base.seed.wrapping_add(k),
+                    ..self.base.clone()
+                };
+                self.trial(&setup, policy, &perturbed(self.requests, k))
+            })
+            .collect();
+        summarise(servers, &trials)
+    }
+
+    fn trial(&self, setup: &ReplaySetup, policy: PolicyName, requests: &[SimRequest]) -> Trial {
+        let obj = self.objective;
+        let ttft_allowed = misses_allowed(requests.len());
+        let itl_allowed = misses_allowed(requests.iter().filter(|r| r.output_tokens > 1).count());
+        let (mut ttft_misses, mut itl_misses) = (0, 0);
+        let mut stop = |r: &Record| {
+            ttft_misses += usize::from(r.ttft_ms > obj.ttft_p95_ms);
+            itl_misses += usize::from(obj.itl_p95_ms.is_some_and(|y| r.output_tokens > 1 && r.itl_ms > y));
+            self.early_stop && (ttft_misses > ttft_allowed || itl_misses > itl_allowed)
+        };
+        let (report, stopped_early) = run_until(setup, policy, requests, &|_| {}, &mut stop);
+        let missed = report.records.iter().filter(|r| !obj.met_by(r)).count();
+        let unknown_or_failed = if stopped_early { 0 } else { report.failed };
+        let n = requests.len().max(1) as f64;
+        let meets = !stopped_early
+            && report.failed as f64 <= MAX_FAILED * n
+            && report.ttft_ms.p95 <= obj.ttft_p95_ms
+            && obj.itl_p95_ms.is_none_or(|y| report.itl_ms.p95 <= y);
+        Trial {
+            meets,
+            stopped_early,
+            attainment: 1.0 - (missed + unknown_or_failed) as f64 / n,
+            report,
+        }
+    }
+}
+
+impl Objective {
+    /// Whether one request met both thresholds.
+    pub fn met_by(&self, r: &Record) -> bool {
+        r.ttft_ms <= self.ttft_p95_ms && self.itl_p95_ms.is_none_or(|y| r.output_tokens <= 1 || r.itl_ms <= y)
+    }
+}
+
+/// How many of `n` values may exceed a threshold while their p95 (as `Percentiles::of`
+/// takes it: the value at rank round((n − 1) · 0.95)) stays within it. It never falls as
+/// `n` grows, so counting against all requests is safe when some do not complete.
+fn misses_allowed(n: usize) -> usize {
+    let last = n.saturating_sub(1);
+    last - ((last as f64) * 0.95).round() as usize
+}
+
+fn summarise(servers: usize, trials: &[Trial]) -> Point {
+    let full: Vec<&RunReport> = trials.iter().filter(|t| !t.stopped_early).map(|t| &t.report).collect();
+    let med = |f: &dyn Fn(&RunReport) -> f64| (!full.is_empty()).then(|| median(full.iter().map(|r| f(r)).collect()));
+    let tokens = |r: &RunReport| r.records.iter().map(|x| x.prompt_tokens + x.output_tokens).sum::<u64>() as f64;
+    Point {
+        servers,
+        meets: trials.iter().filter(|t| t.meets).count() * 2 > trials.len(),
+        replicas: trials.len(),
+        stopped_early: trials.len() - full.len(),
+        attainment: median(trials.iter().map(|t| t.attainment).collect()),
+        ttft_p95_ms: med(&|r| r.ttft_ms.p95),
+        itl_p95_ms: med(&|r| r.itl_ms.p95),
+        hit_rate: med(&|r| r.prefix_hit_rate),
+        evictions: med(&|r| r.evictions as f64).map(|e| e.round() as u64),
+        failed: med(&|r| r.failed as f64).map_or(0, |f| f.round() as usize),
+        tokens: med(&tokens).map_or(0, |t| t.round() as u64),
+        busy_s: med(&busy_s).unwrap_or(0.0),
+    }
+}
+
+/// First arrival to last completion, in seconds.
+fn busy_s(r: &RunReport) -> f64 {
+    let first = r.records.iter().map(|x| x.arrival_ms).fold(f64::MAX, f64::min);
+    let last = r.records.iter().map(|x| x.finish_ms).fold(0.0, f64::max);
+    ((last - first) / 1000.0).max(0.0)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// One policy on one GPU type: the search's outcome and every size it evaluated.
+#[derive(Clone, Debug, Serialize)]
+pub struct Sizing {
+    #[serde(serialize_with = "as_string")]
+    pub policy: PolicyName,
+    #[serde(serialize_with = "gpu_as_name")]
+    pub gpu: Gpu,
+    pub tp: u32,
+    /// The smallest confirmed size, or `None` when not met up to the largest size.
+    pub servers: Option<usize>,
+    /// A smaller size passed but one server more failed: the answer is above it.
+    pub larger_needed: bool,
+    /// Every evaluated size, smallest first.
+    pub points: Vec<Point>,
+}
+
+fn as_string<S: serde::Serializer>(p: &PolicyName, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&p.to_string())
+}
+
+fn gpu_as_name<S: serde::Serializer>(g: &Gpu, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&gpu_name(*g))
+}
+
+impl Sizing {
+    /// The evaluated point at the answer.
+    pub fn answer(&self) -> Option<&Point> {
+        self.servers.and_then(|n| self.points.iter().find(|p| p.servers == n))
+    }
+
+    /// The answer's cost at `usd_per_gpu_hour`.
+    pub fn cost(&self, usd_per_gpu_hour: f64) -> Option<Cost> {
+        let p = self.answer()?;
+        Some(Cost::of(
+            (p.servers as u64) * u64::from(self.tp),
+            usd_per_gpu_hour,
+            p.busy_s,
+            p.tokens,
+        ))
+    }
+}
+
+impl Planner<'_> {
+    /// Sizes every (policy, profile) pair, `jobs` searches at a time (each search is
+    /// sequential: its next size depends on the last); `progress` hears each evaluated size.
+    pub fn size_all(
+        &self,
+        policies: &[PolicyName],
+        profiles: &[Profile],
+        max_servers: usize,
+        jobs: usize,
+        progress: &(dyn Fn(&str) + Sync),
+    ) -> Vec<Sizing> {
+        let tasks: Vec<(PolicyName, &Profile)> = profiles
+            .iter()
+            .flat_map(|p| policies.iter().map(move |pol| (*pol, p)))
+            .collect();
+        let next = AtomicUsize::new(0);
+        let results: Mutex<Vec<Option<Sizing>>> = Mutex::new(vec![None; tasks.len()]);
+        std::thread::scope(|scope| {
+            for _ in 0..jobs.clamp(1, tasks.len().max(1)) {
+                scope.spawn(|| loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some((policy, profile)) = tasks.get(i) else { break };
+                    let sizing = self.size(*policy, profile, max_servers, progress);
+                    if let Ok(mut r) = results.lock() {
+                        r[i] = Some(sizing);
+                    }
+                });
+            }
+        });
+        results.into_inner().unwrap_or_default().into_iter().flatten().collect()
+    }
+
+    /// One search: the smallest confirmed size of `profile` servers for `policy`.
+    pub fn size(
+        &self,
+        policy: PolicyName,
+        profile: &Profile,
+        max_servers: usize,
+        progress: &(dyn Fn(&str) + Sync),
+    ) -> Sizing {
+        let mut points: Vec<Point> = Vec::new();
+        let label = format!("{policy} on {}", gpu_name(profile.gpu));
+        let found = search::smallest(max_servers, &mut |n| {
+            let p = self.evaluate(policy, profile, n);
+            progress(&format!("{label}: {}", chart::describe(&p, &self.objective)));
+            let meets = p.meets;
+            points.push(p);
+            meets
+        });
+        points.sort_by_key(|p| p.servers);
+        let (servers, larger_needed) = match found.outcome {
+            Outcome::Met { servers, larger_needed } => (Some(servers), larger_needed),
+            Outcome::NotMet => (None, false),
+        };
+        Sizing {
+            policy,
+            gpu: profile.gpu,
+            tp: profile.tp,
+            servers,
+            larger_needed,
+            points,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,219 @@
+//! `plan`'s output: the side-by-side table of the fleet each policy needs, a text chart of
+//! objective attainment against fleet size for stdout, and the same as an SVG (drawn the
+//! way `report::svg` draws, by hand, without a plotting dependency).
+
+use std::fmt::Write;
+
+use super::{gpu_name, Objective, Point, Sizing};
+use crate::profile::Gpu;
+use crate::report::{xml, COLORS};
+
+/// The share of requests a p95 objective needs within its thresholds.
+pub const TARGET: f64 = 0.95;
+
+/// One evaluated size in a line (progress and the text chart).
+pub fn describe(p: &Point, obj: &Objective) -> String {
+    let verdict = if p.meets { "meets" } else { "misses" };
+    if p.ttft_p95_ms.is_none() {
+        return format!(
+            "{} servers: {verdict} (stopped early: at most {:.1}% within the objective)",
+            p.servers,
+            p.attainment * 100.0
+        );
+    }
+    let itl = match (obj.itl_p95_ms, p.itl_p95_ms) {
+        (Some(_), Some(v)) => format!(", ITL p95 {v:.1} ms"),
+        _ => String::new(),
+    };
+    format!(
+        "{} servers: {verdict}: TTFT p95 {:.0} ms{itl}, {:.1}% within the objective, hit rate {:.1}%",
+        p.servers,
+        p.ttft_p95_ms.unwrap_or(0.0),
+        p.attainment * 100.0,
+        p.hit_rate.unwrap_or(0.0) * 100.0
+    )
+}
+
+/// The objective in words (`TTFT p95 ≤ 500 ms, ITL p95 ≤ 50 ms`).
+pub fn objective_text(obj: &Objective) -> String {
+    let mut s = format!("TTFT p95 ≤ {} ms", obj.ttft_p95_ms);
+    if let Some(y) = obj.itl_p95_ms {
+        let _ = write!(s, ", ITL p95 ≤ {y} ms");
+    }
+    s
+}
+
+/// Policy, GPU, servers, GPUs, latency and hit rate at that size, $/month and $/Mtok.
+pub fn table(sizings: &[Sizing], prices: &[(Gpu, f64)], max_servers: usize) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<19} {:<9} {:>7} {:>5} {:>10} {:>9} {:>6} {:>11} {:>8}  note",
+        "policy", "gpu", "servers", "GPUs", "TTFT p95", "ITL p95", "hit", "$/month", "$/Mtok"
+    );
+    for s in sizings {
+        let price = prices.iter().find(|(g, _)| *g == s.gpu).map_or(0.0, |(_, p)| *p);
+        let head = format!("{:<19} {:<9}", s.policy.to_string(), gpu_name(s.gpu));
+        let (Some(p), Some(cost)) = (s.answer(), s.cost(price)) else {
+            let _ = writeln!(out, "{head} {:>7}  not met up to {max_servers} servers", "—");
+            continue;
+        };
+        let note = if s.larger_needed {
+            "a smaller size passed but one server more failed: a larger size was needed"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            out,
+            "{head} {:>7} {:>5} {:>7.0} ms {:>6.1} ms {:>5.1}% {:>11.0} {:>8.3}  {note}",
+            p.servers,
+            p.servers as u64 * u64::from(s.tp),
+            p.ttft_p95_ms.unwrap_or(0.0),
+            p.itl_p95_ms.unwrap_or(0.0),
+            p.hit_rate.unwrap_or(0.0) * 100.0,
+            cost.usd_per_month,
+            cost.usd_per_mtok
+        );
+    }
+    out
+}
+
+/// Per policy and GPU, one bar per evaluated size: the share of requests within the
+/// objective, with the 95% target marked `|`.
+pub fn text_chart(sizings: &[Sizing], obj: &Objective) -> String {
+    const WIDTH: usize = 40;
+    let target_col = (TARGET * WIDTH as f64).round() as usize;
+    let mut out = format!(
+        "Share of requests within the objective ({}; `|` = the {:.0}% a p95 needs; `≤` = upper bound, the replay stopped early):\n",
+        objective_text(obj),
+        TARGET * 100.0
+    );
+    for s in sizings {
+        let _ = writeln!(out, "{} on {} (tp {}):", s.policy, gpu_name(s.gpu), s.tp);
+        for p in &s.points {
+            let filled = (p.attainment.clamp(0.0, 1.0) * WIDTH as f64).round() as usize;
+            let bar: String = (0..WIDTH)
+                .map(|i| match i {
+                    _ if i < filled => '#',
+                    _ if i == target_col => '|',
+                    _ => ' ',
+                })
+                .collect();
+            let bound = if p.ttft_p95_ms.is_none() { "≤" } else { " " };
+            let mark = if Some(p.servers) == s.servers { "  ← answer" } else { "" };
+            let _ = writeln!(
+                out,
+                "  {:>4} [{bar}] {bound}{:>5.1}% {}{mark}",
+                p.servers,
+                p.attainment * 100.0,
+                if p.meets { "meets" } else { "misses" }
+            );
+        }
+    }
+    out
+}
+
+/// Attainment against fleet size, one line per policy and GPU, the target dashed; hollow
+/// points are upper bounds (the replay stopped early), a ring marks each answer.
+pub fn svg(title: &str, sizings: &[Sizing], obj: &Objective) -> String {
+    let (w, h, pad, legend_w) = (900.0, 460.0, 55.0, 230.0);
+    let plot_w = w - 2.0 * pad - legend_w;
+    let plot_h = h - 2.0 * pad;
+    let max_n = sizings
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.servers))
+        .max()
+        .unwrap_or(1)
+        .max(2) as f64;
+    let lowest = sizings
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.attainment))
+        .fold(1.0, f64::min);
+    let y0 = if lowest >= 0.5 { 0.5 } else { 0.0 };
+    let x = |n: f64| pad + n / max_n * plot_w;
+    let y = |a: f64| h - pad - (a.max(y0) - y0) / (1.0 - y0) * plot_h;
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{pad}\" y=\"24\" font-size=\"15\">{}</text>\n",
+        xml(title)
+    );
+    let _ = writeln!(
+        s,
+        "<rect x=\"{pad}\" y=\"{pad}\" width=\"{plot_w}\" height=\"{plot_h}\" fill=\"none\" stroke=\"#999\"/>"
+    );
+    for tick in 0..=4 {
+        let a = y0 + (1.0 - y0) * f64::from(tick) / 4.0;
+        let _ = writeln!(
+            s,
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{:.0}%</text>",
+            pad - 4.0,
+            y(a) + 4.0,
+            a * 100.0
+        );
+    }
+    let step = (max_n / 8.0).ceil().max(1.0);
+    let mut n = 0.0;
+    while n <= max_n {
+        let _ = writeln!(
+            s,
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{n}</text>",
+            x(n),
+            h - pad + 16.0
+        );
+        n += step;
+    }
+    let _ = writeln!(
+        s,
+        "<line x1=\"{pad}\" x2=\"{:.1}\" y1=\"{:.1}\" y2=\"{:.1}\" stroke=\"#d62728\" stroke-dasharray=\"6 4\"/>\n<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\" fill=\"#d62728\">target {:.0}%</text>",
+        pad + plot_w,
+        y(TARGET),
+        y(TARGET),
+        pad + plot_w - 4.0,
+        y(TARGET) - 5.0,
+        TARGET * 100.0
+    );
+    let _ = writeln!(
+        s,
+        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">servers: share of requests within {}</text>",
+        pad + plot_w / 2.0,
+        h - 14.0,
+        xml(&objective_text(obj))
+    );
+    for (i, sz) in sizings.iter().enumerate() {
+        let c = COLORS[i % COLORS.len()];
+        let points: Vec<String> = sz
+            .points
+            .iter()
+            .map(|p| format!("{:.1},{:.1}", x(p.servers as f64), y(p.attainment)))
+            .collect();
+        let _ = writeln!(
+            s,
+            "<polyline fill=\"none\" stroke=\"{c}\" stroke-width=\"2\" points=\"{}\"/>",
+            points.join(" ")
+        );
+        for p in &sz.points {
+            let fill = if p.ttft_p95_ms.is_none() { "white" } else { c };
+            let (px, py) = (x(p.servers as f64), y(p.attainment));
+            let _ = writeln!(
+                s,
+                "<circle cx=\"{px:.1}\" cy=\"{py:.1}\" r=\"3.5\" fill=\"{fill}\" stroke=\"{c}\"/>"
+            );
+            if Some(p.servers) == sz.servers {
+                let _ = writeln!(
+                    s,
+                    "<circle cx=\"{px:.1}\" cy=\"{py:.1}\" r=\"8\" fill=\"none\" stroke=\"{c}\" stroke-width=\"2\"/>"
+                );
+            }
+        }
+        let answer = sz.servers.map_or("not met".to_string(), |n| format!("{n} servers"));
+        let _ = writeln!(
+            s,
+            "<text x=\"{:.1}\" y=\"{:.1}\" fill=\"{c}\">{} on {}: {answer}</text>",
+            pad + plot_w + 14.0,
+            pad + 14.0 + 16.0 * i as f64,
+            xml(&sz.policy.to_string()),
+            gpu_name(sz.gpu)
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
