@@ -365,6 +365,10 @@ struct ReplayArgs {
     /// Write an SVG plot (TTFT CDF per policy, per-server load).
     #[arg(long)]
     plot: Option<PathBuf>,
+    /// Also report the cold start (requests arriving in the first S seconds, while the
+    /// caches fill) and the steady state (the rest) apart.
+    #[arg(long)]
+    cold_s: Option<f64>,
 }
 
 fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
@@ -450,8 +454,20 @@ fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
         runs.push(run);
     }
     print!("{}", report::table(&runs));
+    let mut phases = serde_json::Value::Null;
+    if let Some(cold_s) = a.cold_s {
+        anyhow::ensure!(cold_s > 0.0, "--cold-s must be positive");
+        let cut = cold_s * 1000.0;
+        let cold: Vec<RunReport> = runs.iter().map(|r| r.phase(f64::MIN, cut)).collect();
+        let steady: Vec<RunReport> = runs.iter().map(|r| r.phase(cut, f64::MAX)).collect();
+        println!("cold start: requests arriving in the first {cold_s} s (evictions in that time)");
+        print!("{}", report::table(&cold));
+        println!("steady state: requests arriving after {cold_s} s (evictions from then on)");
+        print!("{}", report::table(&steady));
+        phases = serde_json::json!({ "cold_s": cold_s, "cold": cold, "steady": steady });
+    }
     if let Some(path) = &a.json {
-        let doc = serde_json::json!({ "workload": name, "runs": runs });
+        let doc = serde_json::json!({ "workload": name, "runs": runs, "phases": phases });
         std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
             .with_context(|| format!("cannot write {}", path.display()))?;
     }

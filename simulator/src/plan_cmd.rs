@@ -123,9 +123,9 @@ pub fn plan_cmd(a: &PlanArgs) -> anyhow::Result<()> {
     let evaluated: usize = sizings.iter().map(|s| s.points.len()).sum();
     eprintln!("{evaluated} fleet sizes evaluated in {wall_s:.0} s");
     println!(
-        "{name}: the smallest fleet meeting {} ({:?}, tp {}; homogeneous fleets)",
+        "{name}: the smallest fleet meeting {} ({}, tp {}; homogeneous fleets)",
         chart::objective_text(&a.objective),
-        a.model,
+        a.model.served_name(),
         a.tp
     );
     print!("{}", chart::table(&sizings, &prices, a.max_servers));

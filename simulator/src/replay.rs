@@ -141,6 +141,7 @@ pub fn run_until(
     let model = setup.profile.model.served_name();
     let mut done = 0usize;
     let mut stopped = false;
+    let mut eviction_marks = Vec::new();
     while let Some(Reverse((t_us, _, kind))) = q.heap.pop() {
         if stopped {
             break;
@@ -167,6 +168,9 @@ pub fn run_until(
                     })
                     .collect();
                 scraped[g] = (now, snapshot);
+                if g == 0 {
+                    eviction_marks.push((now, engines.iter().map(|e| e.kv().evictions).sum()));
+                }
                 let workers = topo.workers.max(1);
                 for r in g * workers..(g + 1) * workers {
                     if topo.routers() == 1 {
@@ -254,7 +258,10 @@ pub fn run_until(
             }
         }
     }
-    (RunReport::build(&policy.to_string(), requests.len(), records, &engines), stopped)
+    let mut report = RunReport::build(&policy.to_string(), requests.len(), records, &engines);
+    eviction_marks.push((f64::MAX, report.evictions));
+    report.eviction_marks = eviction_marks;
+    (report, stopped)
 }
 
 /// Peer events in flight between routers: one copy each, read by all its recipients.

@@ -117,6 +117,10 @@ pub struct RunReport {
     /// Each completed request (not in the JSON).
     #[serde(skip)]
     pub records: Vec<Record>,
+    /// Replay: the fleet's evictions so far at each scrape tick, `(ms, count)`, so a phase
+    /// of the run can report its own (not in the JSON).
+    #[serde(skip)]
+    pub eviction_marks: Vec<(f64, u64)>,
 }
 
 impl RunReport {
@@ -129,6 +133,28 @@ impl RunReport {
             .collect();
         let mine = window.iter().filter(|r| r.server == server).count();
         mine as f64 / window.len().max(1) as f64
+    }
+
+    /// The requests that arrived in `[from_ms, to_ms)` as a run of their own; evictions are
+    /// those between the scrape ticks nearest the bounds (0 without marks), preemptions and
+    /// KV usage are not split (0).
+    pub fn phase(&self, from_ms: f64, to_ms: f64) -> RunReport {
+        let done: Vec<Record> = self
+            .records
+            .iter()
+            .filter(|r| (from_ms..to_ms).contains(&r.arrival_ms))
+            .cloned()
+            .collect();
+        let mut p = Self::from_records(&self.policy, done.len(), &done, &[], self.per_server.len());
+        let at = |t: f64| {
+            self.eviction_marks
+                .iter()
+                .take_while(|(ms, _)| *ms <= t)
+                .last()
+                .map_or(0, |(_, n)| *n)
+        };
+        p.evictions = at(to_ms).saturating_sub(at(from_ms));
+        p
     }
 
     /// `engines` may be empty (live runs): then evictions, preemptions and KV usage are 0.
@@ -208,6 +234,7 @@ impl RunReport {
             sim_wall_s: 0.0,
             ttft_cdf_ms,
             records: done.to_vec(),
+            eviction_marks: Vec::new(),
         }
     }
 }

@@ -16,7 +16,7 @@ pub fn describe(p: &Point, obj: &Objective) -> String {
     let verdict = if p.meets { "meets" } else { "misses" };
     if p.ttft_p95_ms.is_none() {
         return format!(
-            "{} servers: {verdict} (stopped early: at most {:.1}% within the objective)",
+            "{} servers: {verdict} (stopped early; about {:.1}% of the requests completed by then within the objective)",
             p.servers,
             p.attainment * 100.0
         );
@@ -79,19 +79,27 @@ pub fn table(sizings: &[Sizing], prices: &[(Gpu, f64)], max_servers: usize) -> S
 }
 
 /// Per policy and GPU, one bar per evaluated size: the share of requests within the
-/// objective, with the 95% target marked `|`.
+/// objective on a scale from `lo` (a round 10% below the lowest share) to 100%, with the 95%
+/// target marked `|`, and the TTFT p95 beside it.
 pub fn text_chart(sizings: &[Sizing], obj: &Objective) -> String {
     const WIDTH: usize = 40;
-    let target_col = (TARGET * WIDTH as f64).round() as usize;
+    let lowest = sizings
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.attainment))
+        .fold(TARGET, f64::min);
+    let lo = ((lowest * 10.0).floor() / 10.0).clamp(0.0, 0.9);
+    let col = |a: f64| ((a.clamp(lo, 1.0) - lo) / (1.0 - lo) * WIDTH as f64).round() as usize;
+    let target_col = col(TARGET).min(WIDTH - 1);
     let mut out = format!(
-        "Share of requests within the objective ({}; `|` = the {:.0}% a p95 needs; `≤` = upper bound, the replay stopped early):\n",
+        "Share of requests within the objective ({}), bars from {:.0}% to 100%; `|` = the {:.0}% a p95 needs; `~` = estimated from the requests completed before the replay stopped early:\n",
         objective_text(obj),
+        lo * 100.0,
         TARGET * 100.0
     );
     for s in sizings {
         let _ = writeln!(out, "{} on {} (tp {}):", s.policy, gpu_name(s.gpu), s.tp);
         for p in &s.points {
-            let filled = (p.attainment.clamp(0.0, 1.0) * WIDTH as f64).round() as usize;
+            let filled = col(p.attainment);
             let bar: String = (0..WIDTH)
                 .map(|i| match i {
                     _ if i < filled => '#',
@@ -99,11 +107,12 @@ pub fn text_chart(sizings: &[Sizing], obj: &Objective) -> String {
                     _ => ' ',
                 })
                 .collect();
-            let bound = if p.ttft_p95_ms.is_none() { "≤" } else { " " };
+            let bound = if p.ttft_p95_ms.is_none() { "~" } else { " " };
             let mark = if Some(p.servers) == s.servers { "  ← answer" } else { "" };
+            let p95 = p.ttft_p95_ms.map_or("stopped early".to_string(), |v| format!("TTFT p95 {v:.0} ms"));
             let _ = writeln!(
                 out,
-                "  {:>4} [{bar}] {bound}{:>5.1}% {}{mark}",
+                "  {:>4} [{bar}] {bound}{:>5.1}% {:<6} {p95}{mark}",
                 p.servers,
                 p.attainment * 100.0,
                 if p.meets { "meets" } else { "misses" }
@@ -114,7 +123,7 @@ pub fn text_chart(sizings: &[Sizing], obj: &Objective) -> String {
 }
 
 /// Attainment against fleet size, one line per policy and GPU, the target dashed; hollow
-/// points are upper bounds (the replay stopped early), a ring marks each answer.
+/// points are estimates (the replay stopped early), a ring marks each answer.
 pub fn svg(title: &str, sizings: &[Sizing], obj: &Objective) -> String {
     let (w, h, pad, legend_w) = (900.0, 460.0, 55.0, 230.0);
     let plot_w = w - 2.0 * pad - legend_w;

@@ -157,14 +157,14 @@ fn more_servers_meet_a_tight_objective_that_one_server_misses() {
 }
 
 #[test]
-fn stopping_early_gives_the_same_verdict_with_an_upper_bound() {
+fn stopping_early_gives_the_same_verdict_and_an_estimate() {
     let reqs = busy_workload();
     let profile = Profile::new(Gpu::H100_80g, Model::Llama31_8b, 1).unwrap();
     let full = planner(&reqs, 150.0, false).evaluate(PolicyName::RoundRobin, &profile, 1);
     let early = planner(&reqs, 150.0, true).evaluate(PolicyName::RoundRobin, &profile, 1);
     assert!(!full.meets && !early.meets);
     assert_eq!((early.stopped_early, early.ttft_p95_ms), (1, None));
-    assert!(early.attainment >= full.attainment, "{} vs {}", early.attainment, full.attainment);
+    assert!(early.attainment < 0.95, "{}", early.attainment);
 }
 
 #[test]
