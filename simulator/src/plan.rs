@@ -111,7 +111,11 @@ pub fn parse_prices(spec: &str, needed: &[Gpu]) -> Result<Vec<(Gpu, f64)>, Strin
             .map_err(|_| format!("--price: unknown GPU {:?} (known: {})", gpu.trim(), known.join(", ")))?;
         let price: f64 = match price.trim().parse() {
             Ok(p) if f64::is_finite(p) && p > 0.0 => p,
-            _ => return Err(format!("--price {part:?}: the price must be a positive number of USD per GPU-hour")),
+            _ => {
+                return Err(format!(
+                    "--price {part:?}: the price must be a positive number of USD per GPU-hour"
+                ))
+            }
         };
         if out.iter().any(|(g, _)| *g == gpu) {
             return Err(format!("--price: {} is priced twice", gpu_name(gpu)));

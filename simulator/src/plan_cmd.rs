@@ -76,7 +76,10 @@ pub struct PlanArgs {
 pub fn plan_cmd(a: &PlanArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.max_servers >= 1, "--max-servers must be at least 1");
     anyhow::ensure!(a.replicas >= 1, "--replicas must be at least 1");
-    anyhow::ensure!(!a.policy.is_empty() && !a.gpu.is_empty(), "give at least one --policy and one --gpu");
+    anyhow::ensure!(
+        !a.policy.is_empty() && !a.gpu.is_empty(),
+        "give at least one --policy and one --gpu"
+    );
     anyhow::ensure!(a.scrape_interval_ms > 0.0, "--scrape-interval-ms must be positive");
     let prices = plan::parse_prices(&a.price, &a.gpu).map_err(anyhow::Error::msg)?;
     let profiles = a

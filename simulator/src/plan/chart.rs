@@ -108,8 +108,14 @@ pub fn text_chart(sizings: &[Sizing], obj: &Objective) -> String {
                 })
                 .collect();
             let bound = if p.ttft_p95_ms.is_none() { "~" } else { " " };
-            let mark = if Some(p.servers) == s.servers { "  ← answer" } else { "" };
-            let p95 = p.ttft_p95_ms.map_or("stopped early".to_string(), |v| format!("TTFT p95 {v:.0} ms"));
+            let mark = if Some(p.servers) == s.servers {
+                "  ← answer"
+            } else {
+                ""
+            };
+            let p95 = p
+                .ttft_p95_ms
+                .map_or("stopped early".to_string(), |v| format!("TTFT p95 {v:.0} ms"));
             let _ = writeln!(
                 out,
                 "  {:>4} [{bar}] {bound}{:>5.1}% {:<6} {p95}{mark}",

@@ -130,7 +130,10 @@ mod tests {
                 "threshold {threshold}"
             );
             let seen = |n| s.tested.iter().find(|(m, _)| *m == n).map(|(_, p)| *p);
-            assert!(threshold == 1 || seen(threshold - 1) == Some(false), "{threshold}: n − 1 tested");
+            assert!(
+                threshold == 1 || seen(threshold - 1) == Some(false),
+                "{threshold}: n − 1 tested"
+            );
             assert_eq!(seen(threshold + 1), Some(true), "{threshold}: n + 1 confirmed");
         }
     }
@@ -164,7 +167,10 @@ mod tests {
         assert_eq!(s.outcome, Outcome::NotMet);
         assert_eq!(s.tested.last(), Some(&(64, false)));
         let s = search(10, |_| false);
-        assert_eq!(s.tested.iter().map(|(n, _)| *n).collect::<Vec<_>>(), vec![1, 2, 4, 8, 10]);
+        assert_eq!(
+            s.tested.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
+            vec![1, 2, 4, 8, 10]
+        );
     }
 
     #[test]

@@ -45,7 +45,10 @@ fn prices_must_name_known_gpus_and_cover_every_gpu_sized() {
     let err = parse_prices("h100-80g=2.49", &both).unwrap_err();
     assert!(err.contains("no price for a100-80g"), "{err}");
     let err = parse_prices("h200=3.5,h100-80g=2.49", &[Gpu::H100_80g]).unwrap_err();
-    assert!(err.contains("unknown GPU \"h200\"") && err.contains("h100-80g"), "{err}");
+    assert!(
+        err.contains("unknown GPU \"h200\"") && err.contains("h100-80g"),
+        "{err}"
+    );
     for bad in ["h100-80g", "h100-80g=free", "h100-80g=0", "h100-80g=1,h100-80g=2"] {
         assert!(parse_prices(bad, &[Gpu::H100_80g]).is_err(), "{bad}");
     }
@@ -106,7 +109,10 @@ fn the_misses_a_p95_allows_match_the_percentile_and_never_fall() {
         assert!(crate::report::Percentiles::of(&mut v).p95 <= 1.0, "{n}");
         if allowed < n {
             let mut v: Vec<f64> = (0..n).map(|i| if i <= allowed { 2.0 } else { 1.0 }).collect();
-            assert!(crate::report::Percentiles::of(&mut v).p95 > 1.0, "{n}: one more miss fails");
+            assert!(
+                crate::report::Percentiles::of(&mut v).p95 > 1.0,
+                "{n}: one more miss fails"
+            );
         }
     }
 }
@@ -188,14 +194,20 @@ fn planning_sizes_every_policy_and_gpu_in_parallel_in_order() {
         ]
     );
     for s in &out {
-        assert!(s.points.windows(2).all(|w| w[0].servers < w[1].servers), "sorted, no repeats");
+        assert!(
+            s.points.windows(2).all(|w| w[0].servers < w[1].servers),
+            "sorted, no repeats"
+        );
         if let Some(p) = s.answer() {
             assert!(p.meets);
             assert!(s.points.iter().all(|q| q.servers != p.servers - 1 || !q.meets));
         }
     }
     let chart = chart::text_chart(&out, &plan.objective);
-    assert!(chart.contains("← answer") || out.iter().all(|s| s.servers.is_none()), "{chart}");
+    assert!(
+        chart.contains("← answer") || out.iter().all(|s| s.servers.is_none()),
+        "{chart}"
+    );
     let svg = chart::svg("t", &out, &plan.objective);
     assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
 }
