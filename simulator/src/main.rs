@@ -369,6 +369,10 @@ struct ReplayArgs {
     /// caches fill) and the steady state (the rest) apart.
     #[arg(long)]
     cold_s: Option<f64>,
+    /// Runs per policy: the workload as given plus perturbed copies (jittered arrivals,
+    /// router seed + k, as in `matrix`); the tables show medians.
+    #[arg(long, default_value_t = 1)]
+    replicas: u64,
 }
 
 fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
@@ -379,6 +383,7 @@ fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
         None => Config::from_json(b"")?,
     };
     anyhow::ensure!(a.scrape_interval_ms > 0.0, "--scrape-interval-ms must be positive");
+    anyhow::ensure!(a.replicas >= 1, "--replicas must be at least 1");
     let (profile, servers, mixed) = a.fleet.fleet()?;
     let setup = ReplaySetup {
         profile,
@@ -453,13 +458,33 @@ fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
         }
         runs.push(run);
     }
+    let extra = kvroute_sim::matrix::replica_runs(&setup, &a.policy, &requests, 1, a.replicas);
+    let replicas: Vec<Vec<RunReport>> = runs
+        .iter()
+        .zip(extra)
+        .map(|(r0, rest)| std::iter::once(r0.clone()).chain(rest).collect())
+        .collect();
+    let medians = |f: &dyn Fn(&RunReport) -> RunReport| -> Vec<RunReport> {
+        replicas
+            .iter()
+            .map(|rs| RunReport::median_of(&rs.iter().map(f).collect::<Vec<_>>()))
+            .collect()
+    };
+    if a.replicas > 1 {
+        runs = medians(&|r| r.clone());
+        println!(
+            "medians of {} replicas (the workload and {} perturbed copies):",
+            a.replicas,
+            a.replicas - 1
+        );
+    }
     print!("{}", report::table(&runs));
     let mut phases = serde_json::Value::Null;
     if let Some(cold_s) = a.cold_s {
         anyhow::ensure!(cold_s > 0.0, "--cold-s must be positive");
         let cut = cold_s * 1000.0;
-        let cold: Vec<RunReport> = runs.iter().map(|r| r.phase(f64::MIN, cut)).collect();
-        let steady: Vec<RunReport> = runs.iter().map(|r| r.phase(cut, f64::MAX)).collect();
+        let cold = medians(&|r| r.phase(f64::MIN, cut));
+        let steady = medians(&|r| r.phase(cut, f64::MAX));
         println!("cold start: requests arriving in the first {cold_s} s (evictions in that time)");
         print!("{}", report::table(&cold));
         println!("steady state: requests arriving after {cold_s} s (evictions from then on)");
@@ -467,7 +492,11 @@ fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
         phases = serde_json::json!({ "cold_s": cold_s, "cold": cold, "steady": steady });
     }
     if let Some(path) = &a.json {
-        let doc = serde_json::json!({ "workload": name, "runs": runs, "phases": phases });
+        let mut doc = serde_json::json!({ "workload": name, "runs": runs, "phases": phases });
+        if a.replicas > 1 {
+            doc["replicas"] = serde_json::json!(a.replicas);
+            doc["replica_runs"] = serde_json::json!(replicas);
+        }
         std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
             .with_context(|| format!("cannot write {}", path.display()))?;
     }

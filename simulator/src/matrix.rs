@@ -106,6 +106,38 @@ pub fn perturbed(requests: &[SimRequest], k: u64) -> Vec<SimRequest> {
     out
 }
 
+/// Replicas `from..to` of every policy (see the module note), one thread per replica:
+/// `out[p][k − from]` is policy `p`'s run on replica `k`.
+pub fn replica_runs(
+    setup: &ReplaySetup,
+    policies: &[PolicyName],
+    requests: &[SimRequest],
+    from: u64,
+    to: u64,
+) -> Vec<Vec<RunReport>> {
+    let by_replica: Vec<Vec<RunReport>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (from..to)
+            .map(|k| {
+                scope.spawn(move || {
+                    let reqs = perturbed(requests, k);
+                    let setup = ReplaySetup {
+                        seed: setup.seed.wrapping_add(k),
+                        ..setup.clone()
+                    };
+                    policies.iter().map(|p| run(&setup, *p, &reqs, &|_| {})).collect()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
+    });
+    (0..policies.len())
+        .map(|p| by_replica.iter().filter_map(|runs| runs.get(p).cloned()).collect())
+        .collect()
+}
+
 /// Requests per second the fleet admits with everything offered at t = 0, behind one router:
 /// capacity is the fleet's, so every topology is loaded at the same arrival rate.
 pub fn capacity(setup: &ReplaySetup, requests: &[SimRequest]) -> f64 {
