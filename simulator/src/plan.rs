@@ -307,6 +307,8 @@ pub struct Sizing {
     pub larger_needed: bool,
     /// Every evaluated size, smallest first.
     pub points: Vec<Point>,
+    /// The answer's cost, once priced (`priced`).
+    pub cost: Option<Cost>,
 }
 
 fn as_string<S: serde::Serializer>(p: &PolicyName, s: S) -> Result<S::Ok, S::Error> {
@@ -323,8 +325,14 @@ impl Sizing {
         self.servers.and_then(|n| self.points.iter().find(|p| p.servers == n))
     }
 
+    /// The sizing with its answer's cost at `usd_per_gpu_hour`.
+    pub fn priced(self, usd_per_gpu_hour: f64) -> Sizing {
+        let cost = self.cost_at(usd_per_gpu_hour);
+        Sizing { cost, ..self }
+    }
+
     /// The answer's cost at `usd_per_gpu_hour`.
-    pub fn cost(&self, usd_per_gpu_hour: f64) -> Option<Cost> {
+    pub fn cost_at(&self, usd_per_gpu_hour: f64) -> Option<Cost> {
         let p = self.answer()?;
         Some(Cost::of(
             (p.servers as u64) * u64::from(self.tp),
@@ -396,6 +404,7 @@ impl Planner<'_> {
             servers,
             larger_needed,
             points,
+            cost: None,
         }
     }
 }

@@ -121,7 +121,14 @@ pub fn plan_cmd(a: &PlanArgs) -> anyhow::Result<()> {
         a.replicas
     );
     let started = Instant::now();
-    let sizings = planner.size_all(&a.policy, &profiles, a.max_servers, jobs, &|m| eprintln!("  {m}"));
+    let sizings: Vec<_> = planner
+        .size_all(&a.policy, &profiles, a.max_servers, jobs, &|m| eprintln!("  {m}"))
+        .into_iter()
+        .map(|s| {
+            let price = prices.iter().find(|(g, _)| *g == s.gpu).map_or(0.0, |(_, p)| *p);
+            s.priced(price)
+        })
+        .collect();
     let wall_s = started.elapsed().as_secs_f64();
     let evaluated: usize = sizings.iter().map(|s| s.points.len()).sum();
     eprintln!("{evaluated} fleet sizes evaluated in {wall_s:.0} s");

@@ -54,7 +54,7 @@ pub fn table(sizings: &[Sizing], prices: &[(Gpu, f64)], max_servers: usize) -> S
     for s in sizings {
         let price = prices.iter().find(|(g, _)| *g == s.gpu).map_or(0.0, |(_, p)| *p);
         let head = format!("{:<19} {:<9}", s.policy.to_string(), gpu_name(s.gpu));
-        let (Some(p), Some(cost)) = (s.answer(), s.cost(price)) else {
+        let (Some(p), Some(cost)) = (s.answer(), s.cost_at(price)) else {
             let _ = writeln!(out, "{head} {:>7}  not met up to {max_servers} servers", "—");
             continue;
         };
@@ -65,7 +65,7 @@ pub fn table(sizings: &[Sizing], prices: &[(Gpu, f64)], max_servers: usize) -> S
         };
         let _ = writeln!(
             out,
-            "{head} {:>7} {:>5} {:>7.0} ms {:>6.1} ms {:>5.1}% {:>11.0} {:>8.3}  {note}",
+            "{head} {:>7} {:>5} {:>7.0} ms {:>6.1} ms {:>5.1}% {:>11.0} {:>8.4}  {note}",
             p.servers,
             p.servers as u64 * u64::from(s.tp),
             p.ttft_p95_ms.unwrap_or(0.0),

@@ -87,12 +87,14 @@ fn a_sizing_costs_its_answer_with_tp_gpus_per_server() {
         servers: Some(3),
         larger_needed: false,
         points: vec![point(2, 1.0), point(3, 7200.0)],
+        cost: None,
     };
-    let c = s.cost(2.0).unwrap();
+    let c = s.cost_at(2.0).unwrap();
     assert!((c.usd_per_month - 12.0 * 2.0 * 730.0).abs() < 1e-9);
     // 12 GPUs × 2 USD × 2 h / 2 Mtok.
     assert!((c.usd_per_mtok - 24.0).abs() < 1e-9);
-    assert!(Sizing { servers: None, ..s }.cost(2.0).is_none());
+    assert_eq!(s.clone().priced(2.0).cost, Some(c));
+    assert!(Sizing { servers: None, ..s }.cost_at(2.0).is_none());
 }
 
 #[test]
