@@ -26,11 +26,23 @@ pub fn describe(p: &Point, obj: &Objective) -> String {
         _ => String::new(),
     };
     format!(
-        "{} servers: {verdict}: TTFT p95 {:.0} ms{itl}, {:.1}% within the objective, hit rate {:.1}%",
+        "{} servers: {verdict}: TTFT p95 {:.0} ms{itl}, {:.1}% within the objective, hit rate {:.1}%{}",
         p.servers,
         p.ttft_p95_ms.unwrap_or(0.0),
         p.attainment * 100.0,
-        p.hit_rate.unwrap_or(0.0) * 100.0
+        p.hit_rate.unwrap_or(0.0) * 100.0,
+        stopped_note(p)
+    )
+}
+
+/// Medians cover only the replicas that ran to the end: say when some did not.
+fn stopped_note(p: &Point) -> String {
+    if p.stopped_early == 0 {
+        return String::new();
+    }
+    format!(
+        " ({} of {} replicas stopped early, missing; figures from the others)",
+        p.stopped_early, p.replicas
     )
 }
 
@@ -113,9 +125,9 @@ pub fn text_chart(sizings: &[Sizing], obj: &Objective) -> String {
             } else {
                 ""
             };
-            let p95 = p
-                .ttft_p95_ms
-                .map_or("stopped early".to_string(), |v| format!("TTFT p95 {v:.0} ms"));
+            let p95 = p.ttft_p95_ms.map_or("stopped early".to_string(), |v| {
+                format!("TTFT p95 {v:.0} ms{}", stopped_note(p))
+            });
             let _ = writeln!(
                 out,
                 "  {:>4} [{bar}] {bound}{:>5.1}% {:<6} {p95}{mark}",
