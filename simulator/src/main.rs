@@ -49,6 +49,9 @@ enum Command {
     Matrix(MatrixArgs),
     /// Fleet sizing: per policy and GPU type, the smallest homogeneous fleet whose replay of
     /// the workload meets a latency objective, with $/month and $/million tokens.
+    ///
+    /// Each GPU type is sized as a fleet of its own (`--tp` GPUs per server, all alike); mixed
+    /// fleets (tiers, `replay --fleet`) are not sized yet.
     Plan(PlanArgs),
 }
 

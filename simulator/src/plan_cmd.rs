@@ -25,7 +25,8 @@ pub struct PlanArgs {
     /// do not complete.
     #[arg(long)]
     objective: Objective,
-    /// GPU types to size, comma-separated; each is sized as a fleet of its own.
+    /// GPU types to size, comma-separated; each is sized as a fleet of its own (mixed
+    /// fleets, tiers, are not sized yet).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "h100-80g")]
     gpu: Vec<Gpu>,
     /// USD per GPU-hour of every GPU in --gpu: `h100-80g=2.49,a100-80g=1.29`.
