@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::Args;
 use kvroute_core::Config;
-use kvroute_sim::plan::{self, chart, Objective, Planner};
+use kvroute_sim::plan::{self, chart, Objective, Planner, Prices};
 use kvroute_sim::policies::PolicyName;
 use kvroute_sim::profile::{Gpu, Model, Profile};
 use kvroute_sim::replay::ReplaySetup;
@@ -82,7 +82,7 @@ pub fn plan_cmd(a: &PlanArgs) -> anyhow::Result<()> {
         "give at least one --policy and one --gpu"
     );
     anyhow::ensure!(a.scrape_interval_ms > 0.0, "--scrape-interval-ms must be positive");
-    let prices = plan::parse_prices(&a.price, &a.gpu).map_err(anyhow::Error::msg)?;
+    let prices = Prices::parse(&a.price, &a.gpu).map_err(anyhow::Error::msg)?;
     let profiles = a
         .gpu
         .iter()
@@ -126,7 +126,7 @@ pub fn plan_cmd(a: &PlanArgs) -> anyhow::Result<()> {
         .size_all(&a.policy, &profiles, a.max_servers, jobs, &|m| eprintln!("  {m}"))
         .into_iter()
         .map(|s| {
-            let price = prices.iter().find(|(g, _)| *g == s.gpu).map_or(0.0, |(_, p)| *p);
+            let price = prices.of(s.gpu);
             s.priced(price)
         })
         .collect();
@@ -139,7 +139,7 @@ pub fn plan_cmd(a: &PlanArgs) -> anyhow::Result<()> {
         a.model.served_name(),
         a.tp
     );
-    print!("{}", chart::table(&sizings, &prices, a.max_servers));
+    print!("{}", chart::table(&sizings, a.max_servers));
     println!(
         "($/month: GPUs × $/GPU-hour × 730 h. $/Mtok: GPUs × $/GPU-hour × the replayed span, first arrival to last completion, ÷ millions of prompt + output tokens processed; the fleet is assumed busy with this workload only.)\n"
     );
@@ -150,7 +150,7 @@ pub fn plan_cmd(a: &PlanArgs) -> anyhow::Result<()> {
             "requests": requests.len(),
             "objective": a.objective,
             "max_failed_fraction": plan::MAX_FAILED,
-            "model": a.model,
+            "model": clap::ValueEnum::to_possible_value(&a.model).map(|v| v.get_name().to_string()),
             "tp": a.tp,
             "prices_usd_per_gpu_hour": prices.iter().map(|(g, p)| (plan::gpu_name(*g), *p)).collect::<std::collections::BTreeMap<_, _>>(),
             "max_servers": a.max_servers,

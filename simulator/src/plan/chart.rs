@@ -5,7 +5,6 @@
 use std::fmt::Write;
 
 use super::{gpu_name, Objective, Point, Sizing};
-use crate::profile::Gpu;
 use crate::report::{xml, COLORS};
 
 /// The share of requests a p95 objective needs within its thresholds.
@@ -55,8 +54,9 @@ pub fn objective_text(obj: &Objective) -> String {
     s
 }
 
-/// Policy, GPU, servers, GPUs, latency and hit rate at that size, $/month and $/Mtok.
-pub fn table(sizings: &[Sizing], prices: &[(Gpu, f64)], max_servers: usize) -> String {
+/// Policy, GPU, servers, GPUs, latency and hit rate at that size, $/month and $/Mtok (of
+/// sizings `priced` first).
+pub fn table(sizings: &[Sizing], max_servers: usize) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -64,9 +64,8 @@ pub fn table(sizings: &[Sizing], prices: &[(Gpu, f64)], max_servers: usize) -> S
         "policy", "gpu", "servers", "GPUs", "TTFT p95", "ITL p95", "hit", "$/month", "$/Mtok"
     );
     for s in sizings {
-        let price = prices.iter().find(|(g, _)| *g == s.gpu).map_or(0.0, |(_, p)| *p);
         let head = format!("{:<19} {:<9}", s.policy.to_string(), gpu_name(s.gpu));
-        let (Some(p), Some(cost)) = (s.answer(), s.cost_at(price)) else {
+        let (Some(p), Some(cost)) = (s.answer(), s.cost) else {
             let _ = writeln!(out, "{head} {:>7}  not met up to {max_servers} servers", "—");
             continue;
         };

@@ -40,17 +40,17 @@ fn bad_objectives_say_what_to_write() {
 #[test]
 fn prices_must_name_known_gpus_and_cover_every_gpu_sized() {
     let both = [Gpu::H100_80g, Gpu::A100_80g];
-    let p = parse_prices("h100-80g=2.49, a100-80g=1.29", &both).unwrap();
-    assert_eq!(p, vec![(Gpu::H100_80g, 2.49), (Gpu::A100_80g, 1.29)]);
-    let err = parse_prices("h100-80g=2.49", &both).unwrap_err();
+    let p = Prices::parse("h100-80g=2.49, a100-80g=1.29", &both).unwrap();
+    assert_eq!((p.of(Gpu::H100_80g), p.of(Gpu::A100_80g)), (2.49, 1.29));
+    let err = Prices::parse("h100-80g=2.49", &both).unwrap_err();
     assert!(err.contains("no price for a100-80g"), "{err}");
-    let err = parse_prices("h200=3.5,h100-80g=2.49", &[Gpu::H100_80g]).unwrap_err();
+    let err = Prices::parse("h200=3.5,h100-80g=2.49", &[Gpu::H100_80g]).unwrap_err();
     assert!(
         err.contains("unknown GPU \"h200\"") && err.contains("h100-80g"),
         "{err}"
     );
     for bad in ["h100-80g", "h100-80g=free", "h100-80g=0", "h100-80g=1,h100-80g=2"] {
-        assert!(parse_prices(bad, &[Gpu::H100_80g]).is_err(), "{bad}");
+        assert!(Prices::parse(bad, &[Gpu::H100_80g]).is_err(), "{bad}");
     }
 }
 
@@ -212,4 +212,76 @@ fn planning_sizes_every_policy_and_gpu_in_parallel_in_order() {
     );
     let svg = chart::svg("t", &out, &plan.objective);
     assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+}
+
+fn point_at(servers: usize, meets: bool, ttft: Option<f64>, attainment: f64) -> Point {
+    Point {
+        servers,
+        meets,
+        replicas: 1,
+        stopped_early: usize::from(ttft.is_none()),
+        attainment,
+        ttft_p95_ms: ttft,
+        itl_p95_ms: ttft.map(|_| 12.0),
+        hit_rate: ttft.map(|_| 0.4),
+        evictions: None,
+        failed: 0,
+        tokens: 1_000_000,
+        busy_s: 3600.0,
+    }
+}
+
+#[test]
+fn the_table_prices_each_answer_and_says_what_was_not_met_or_needed_more() {
+    let met = Sizing {
+        policy: PolicyName::Kvroute,
+        gpu: Gpu::H100_80g,
+        tp: 1,
+        servers: Some(3),
+        larger_needed: true,
+        points: vec![
+            point_at(2, false, None, 0.5),
+            point_at(3, true, Some(90.0), 0.96),
+            point_at(4, true, Some(70.0), 0.99),
+        ],
+        cost: None,
+    }
+    .priced(2.0);
+    let missed = Sizing {
+        policy: PolicyName::RoundRobin,
+        servers: None,
+        larger_needed: false,
+        points: vec![point_at(8, false, None, 0.7)],
+        ..met.clone()
+    }
+    .priced(2.0);
+    let sizings = [met, missed];
+    let table = chart::table(&sizings, 8);
+    let kv = table.lines().find(|l| l.starts_with("kvroute")).unwrap();
+    // 3 GPUs × 2 USD × 730 h = 4380 USD a month; 3 × 2 USD for an hour and 1 Mtok = 6 USD.
+    assert!(
+        kv.contains(" 4380 ") && kv.contains("6.0000") && kv.contains("a larger size was needed"),
+        "{kv}"
+    );
+    let rr = table.lines().find(|l| l.starts_with("round-robin")).unwrap();
+    assert!(rr.contains("not met up to 8 servers"), "{rr}");
+    let obj = Objective {
+        ttft_p95_ms: 100.0,
+        itl_p95_ms: None,
+    };
+    let text = chart::text_chart(&sizings, &obj);
+    let line = |n: &str| {
+        text.lines()
+            .find(|l| l.trim_start().starts_with(n))
+            .unwrap()
+            .to_string()
+    };
+    assert!(
+        line("3 [").contains("← answer") && line("3 [").contains("TTFT p95 90 ms"),
+        "{text}"
+    );
+    assert!(
+        line("2 [").contains("~ 50.0%") && line("2 [").contains("stopped early"),
+        "{text}"
+    );
 }
