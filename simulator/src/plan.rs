@@ -77,23 +77,36 @@ pub struct Planner<'a> {
     pub replicas: u64,
     /// Stop a replica once it cannot meet the objective any more.
     pub early_stop: bool,
+    /// Replay a size's replicas in threads of their own (when cores outnumber searches).
+    pub parallel_replicas: bool,
 }
 
 impl Planner<'_> {
     /// Replays `servers` servers of `profile` under `policy`, every replica.
     pub fn evaluate(&self, policy: PolicyName, profile: &Profile, servers: usize) -> Point {
-        let trials: Vec<Trial> = (0..self.replicas.max(1))
-            .map(|k| {
-                let setup = ReplaySetup {
-                    profile: profile.clone(),
-                    servers,
-                    mixed: Vec::new(),
-                    seed: self.base.seed.wrapping_add(k),
-                    ..self.base.clone()
-                };
-                self.trial(&setup, policy, &perturbed(self.requests, k))
+        let replica = |k: u64| {
+            let setup = ReplaySetup {
+                profile: profile.clone(),
+                servers,
+                mixed: Vec::new(),
+                seed: self.base.seed.wrapping_add(k),
+                ..self.base.clone()
+            };
+            self.trial(&setup, policy, &perturbed(self.requests, k))
+        };
+        let ks = 0..self.replicas.max(1);
+        let trials: Vec<Trial> = if self.parallel_replicas && ks.end > 1 {
+            std::thread::scope(|scope| {
+                let handles: Vec<_> = ks.map(|k| scope.spawn(move || replica(k))).collect();
+                // A replica that panicked must not vanish from the verdict.
+                handles
+                    .into_iter()
+                    .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+                    .collect()
             })
-            .collect();
+        } else {
+            ks.map(replica).collect()
+        };
         summarise(servers, &trials)
     }
 

@@ -56,7 +56,8 @@ pub struct PlanArgs {
     /// attainment for every point of the chart; slower).
     #[arg(long)]
     no_early_stop: bool,
-    /// Searches run at once (default: the machine's cores).
+    /// Searches (policy × GPU) run at once (default: the machine's cores); when there are
+    /// more than searches, each size's replicas also run in parallel.
     #[arg(long)]
     jobs: Option<usize>,
     /// kvroute's JSON config (the filter's plugin configuration); defaults otherwise.
@@ -94,6 +95,10 @@ pub fn plan_cmd(a: &PlanArgs) -> anyhow::Result<()> {
         Some(p) => Config::from_json(&std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))?)?,
         None => Config::from_json(b"")?,
     };
+    let jobs = a
+        .jobs
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    anyhow::ensure!(jobs >= 1, "--jobs must be at least 1");
     let planner = Planner {
         base: ReplaySetup {
             profile: profiles[0].clone(),
@@ -109,10 +114,9 @@ pub fn plan_cmd(a: &PlanArgs) -> anyhow::Result<()> {
         objective: a.objective,
         replicas: a.replicas,
         early_stop: !a.no_early_stop,
+        // Searches first (each is sequential); spare cores replay a size's replicas at once.
+        parallel_replicas: jobs > a.policy.len() * a.gpu.len(),
     };
-    let jobs = a
-        .jobs
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let span_s = requests.iter().map(|r| r.arrival_ms).fold(0.0, f64::max) / 1000.0;
     eprintln!(
         "{name}: {} requests over {span_s:.0} s; {}; {} servers at most, {} replica(s) per size, {jobs} searches at once",

@@ -139,6 +139,7 @@ fn planner(requests: &[SimRequest], ttft_ms: f64, early_stop: bool) -> Planner<'
         },
         replicas: 1,
         early_stop,
+        parallel_replicas: false,
     }
 }
 
@@ -284,4 +285,16 @@ fn the_table_prices_each_answer_and_says_what_was_not_met_or_needed_more() {
         line("2 [").contains("~ 50.0%") && line("2 [").contains("stopped early"),
         "{text}"
     );
+}
+
+#[test]
+fn replicas_in_threads_give_the_same_point_as_one_after_another() {
+    let reqs = busy_workload();
+    let profile = Profile::new(Gpu::H100_80g, Model::Llama31_8b, 1).unwrap();
+    let mut plan = planner(&reqs, 150.0, true);
+    plan.replicas = 3;
+    let serial = plan.evaluate(PolicyName::Kvroute, &profile, 4);
+    plan.parallel_replicas = true;
+    assert_eq!(plan.evaluate(PolicyName::Kvroute, &profile, 4), serial);
+    assert_eq!(serial.replicas, 3);
 }
