@@ -205,6 +205,34 @@ mod tests {
         assert_eq!(s.tested, vec![(1, true), (2, true)]);
     }
 
+    proptest::proptest! {
+        /// Any pass/fail pattern, monotonic or not.
+        #[test]
+        fn the_answer_is_a_confirmed_pass_and_every_size_is_tested_once_within_range(
+            pattern in proptest::collection::vec(proptest::bool::ANY, 1..100)
+        ) {
+            let max = pattern.len();
+            let s = search(max, |n| pattern[n - 1]);
+            let mut sizes: Vec<usize> = s.tested.iter().map(|(n, _)| *n).collect();
+            sizes.sort_unstable();
+            sizes.dedup();
+            proptest::prop_assert_eq!(sizes.len(), s.tested.len());
+            proptest::prop_assert!(sizes.iter().all(|n| (1..=max).contains(n)));
+            proptest::prop_assert!(s.tested.iter().all(|(n, p)| pattern[n - 1] == *p));
+            let seen = |n: usize| s.tested.iter().find(|(m, _)| *m == n).map(|(_, p)| *p);
+            match s.outcome {
+                Outcome::Met { servers, larger_needed } => {
+                    proptest::prop_assert_eq!(seen(servers), Some(true));
+                    proptest::prop_assert!(servers == 1 || seen(servers - 1) == Some(false));
+                    proptest::prop_assert!(servers == max || seen(servers + 1) == Some(true));
+                    let smaller_passed = s.tested.iter().any(|(n, p)| *n < servers && *p);
+                    proptest::prop_assert_eq!(larger_needed, smaller_passed);
+                }
+                Outcome::NotMet => proptest::prop_assert_eq!(seen(max), Some(false)),
+            }
+        }
+    }
+
     #[test]
     fn zero_max_tests_nothing() {
         let s = search(0, |_| true);
