@@ -189,7 +189,7 @@ pub fn svg(title: &str, sizings: &[Sizing], obj: &Objective) -> String {
     }
     let _ = writeln!(
         s,
-        "<line x1=\"{pad}\" x2=\"{:.1}\" y1=\"{:.1}\" y2=\"{:.1}\" stroke=\"#d62728\" stroke-dasharray=\"6 4\"/>\n<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\" fill=\"#d62728\">target {:.0}%</text>",
+        "<line x1=\"{pad}\" x2=\"{:.1}\" y1=\"{:.1}\" y2=\"{:.1}\" stroke=\"#555\" stroke-dasharray=\"6 4\"/>\n<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\" fill=\"#555\">target {:.0}%</text>",
         pad + plot_w,
         y(TARGET),
         y(TARGET),
