@@ -119,11 +119,12 @@ pub fn plan_cmd(a: &PlanArgs) -> anyhow::Result<()> {
     };
     let span_s = requests.iter().map(|r| r.arrival_ms).fold(0.0, f64::max) / 1000.0;
     eprintln!(
-        "{name}: {} requests over {span_s:.0} s; {}; {} servers at most, {} replica(s) per size, {jobs} searches at once",
+        "{name}: {} requests over {span_s:.0} s; {}; {} servers at most, {} replica(s) per size, {} searches at once",
         requests.len(),
         chart::objective_text(&a.objective),
         a.max_servers,
-        a.replicas
+        a.replicas,
+        jobs.min(a.policy.len() * a.gpu.len())
     );
     let started = Instant::now();
     let sizings: Vec<_> = planner
