@@ -52,6 +52,7 @@ impl Cell {
                 m.throughput.req_s = med(&|r| r.throughput.req_s);
                 m.prefix_hit_rate = med(&|r| r.prefix_hit_rate);
                 m.preemptions = med(&|r| r.preemptions as f64).round() as u64;
+                m.evictions = med(&|r| r.evictions as f64).round() as u64;
                 m
             })
             .collect()
@@ -243,14 +244,14 @@ pub fn markdown(cells: &[Cell]) -> String {
         );
         let _ = writeln!(
             s,
-            "| policy | TTFT p50 | TTFT p95 | TTFT p99 | steady out tok/s | out tok/s incl. drain | prefix hit | preemptions |"
+            "| policy | TTFT p50 | TTFT p95 | TTFT p99 | steady out tok/s | out tok/s incl. drain | prefix hit | evictions | preemptions |"
         );
-        let _ = writeln!(s, "|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|");
         for r in &c.medians() {
             let bold = if r.policy == "kvroute" { "**" } else { "" };
             let _ = writeln!(
                 s,
-                "| {bold}{}{bold} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1}% | {} |",
+                "| {bold}{}{bold} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1}% | {} | {} |",
                 r.policy,
                 r.ttft_ms.p50,
                 r.ttft_ms.p95,
@@ -258,6 +259,7 @@ pub fn markdown(cells: &[Cell]) -> String {
                 r.throughput.steady_output_tok_s,
                 r.throughput.output_tok_s,
                 r.prefix_hit_rate * 100.0,
+                r.evictions,
                 r.preemptions
             );
         }
