@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::Args;
 use kvroute_core::Config;
-use kvroute_sim::plan::{self, chart, Objective, Planner, Prices};
+use kvroute_sim::plan::{self, chart, Objective, Planner, Prices, Sizing};
 use kvroute_sim::policies::PolicyName;
 use kvroute_sim::profile::{Gpu, Model, Profile};
 use kvroute_sim::replay::ReplaySetup;
@@ -138,21 +138,33 @@ pub fn plan_cmd(a: &PlanArgs) -> anyhow::Result<()> {
     let wall_s = started.elapsed().as_secs_f64();
     let evaluated: usize = sizings.iter().map(|s| s.points.len()).sum();
     eprintln!("{evaluated} fleet sizes evaluated in {wall_s:.0} s");
+    print_and_write(a, &name, requests.len(), &prices, &sizings, wall_s)
+}
+
+/// The table, the chart, and the JSON and SVG when asked for.
+fn print_and_write(
+    a: &PlanArgs,
+    name: &str,
+    requests: usize,
+    prices: &Prices,
+    sizings: &[Sizing],
+    wall_s: f64,
+) -> anyhow::Result<()> {
     println!(
         "{name}: the smallest fleet meeting {} ({}, tp {}; homogeneous fleets)",
         chart::objective_text(&a.objective),
         a.model.served_name(),
         a.tp
     );
-    print!("{}", chart::table(&sizings, a.max_servers));
+    print!("{}", chart::table(sizings, a.max_servers));
     println!(
         "($/month: GPUs × $/GPU-hour × 730 h. $/Mtok: GPUs × $/GPU-hour × the replayed span, first arrival to last completion, ÷ millions of prompt + output tokens processed; the fleet is assumed busy with this workload only.)\n"
     );
-    print!("{}", chart::text_chart(&sizings, &a.objective));
+    print!("{}", chart::text_chart(sizings, &a.objective));
     if let Some(path) = &a.json {
         let doc = serde_json::json!({
             "workload": name,
-            "requests": requests.len(),
+            "requests": requests,
             "objective": a.objective,
             "max_failed_fraction": plan::MAX_FAILED,
             "model": clap::ValueEnum::to_possible_value(&a.model).map(|v| v.get_name().to_string()),
@@ -169,7 +181,7 @@ pub fn plan_cmd(a: &PlanArgs) -> anyhow::Result<()> {
     }
     if let Some(path) = &a.plot {
         let title = format!("{name}: {}", chart::objective_text(&a.objective));
-        std::fs::write(path, chart::svg(&title, &sizings, &a.objective))
+        std::fs::write(path, chart::svg(&title, sizings, &a.objective))
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
     Ok(())
