@@ -142,83 +142,127 @@ pub fn text_chart(sizings: &[Sizing], obj: &Objective) -> String {
 /// Attainment against fleet size, one line per policy and GPU, the target dashed; hollow
 /// points are estimates (the replay stopped early), a ring marks each answer.
 pub fn svg(title: &str, sizings: &[Sizing], obj: &Objective) -> String {
-    let (w, h, pad, legend_w) = (900.0, 460.0, 55.0, 230.0);
-    let plot_w = w - 2.0 * pad - legend_w;
-    let plot_h = h - 2.0 * pad;
-    let max_n = sizings
-        .iter()
-        .flat_map(|s| s.points.iter().map(|p| p.servers))
-        .max()
-        .unwrap_or(1)
-        .max(2) as f64;
-    let lowest = sizings
-        .iter()
-        .flat_map(|s| s.points.iter().map(|p| p.attainment))
-        .fold(1.0, f64::min);
-    let y0 = if lowest >= 0.5 { 0.5 } else { 0.0 };
-    let x = |n: f64| pad + n / max_n * plot_w;
-    let y = |a: f64| h - pad - (a.max(y0) - y0) / (1.0 - y0) * plot_h;
+    let f = Frame::fitting(sizings);
     let mut s = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{pad}\" y=\"24\" font-size=\"15\">{}</text>\n",
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{}\" y=\"24\" font-size=\"15\">{}</text>\n",
+        f.w,
+        f.h,
+        f.pad,
         xml(title)
     );
-    let _ = writeln!(
-        s,
-        "<rect x=\"{pad}\" y=\"{pad}\" width=\"{plot_w}\" height=\"{plot_h}\" fill=\"none\" stroke=\"#999\"/>"
-    );
-    for tick in 0..=4 {
-        let a = y0 + (1.0 - y0) * f64::from(tick) / 4.0;
-        let _ = writeln!(
-            s,
-            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{:.0}%</text>",
-            pad - 4.0,
-            y(a) + 4.0,
-            a * 100.0
-        );
-    }
-    let step = (max_n / 8.0).ceil().max(1.0);
-    let mut n = 0.0;
-    while n <= max_n {
-        let _ = writeln!(
-            s,
-            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{n}</text>",
-            x(n),
-            h - pad + 16.0
-        );
-        n += step;
-    }
-    let _ = writeln!(
-        s,
-        "<line x1=\"{pad}\" x2=\"{:.1}\" y1=\"{:.1}\" y2=\"{:.1}\" stroke=\"#555\" stroke-dasharray=\"6 4\"/>\n<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\" fill=\"#555\">target {:.0}%</text>",
-        pad + plot_w,
-        y(TARGET),
-        y(TARGET),
-        pad + plot_w - 4.0,
-        y(TARGET) - 5.0,
-        TARGET * 100.0
-    );
-    let _ = writeln!(
-        s,
-        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">servers: share of requests within {}</text>",
-        pad + plot_w / 2.0,
-        h - 14.0,
-        xml(&objective_text(obj))
-    );
+    f.axes(&mut s, obj);
     for (i, sz) in sizings.iter().enumerate() {
+        f.series(&mut s, i, sz);
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+/// The plot's geometry: servers on x (0 to the largest evaluated), attainment on y (from
+/// 50%, or 0% when a point lies below it, to 100%).
+struct Frame {
+    w: f64,
+    h: f64,
+    pad: f64,
+    plot_w: f64,
+    plot_h: f64,
+    max_n: f64,
+    y0: f64,
+}
+
+impl Frame {
+    fn fitting(sizings: &[Sizing]) -> Frame {
+        let (w, h, pad, legend_w) = (900.0, 460.0, 55.0, 230.0);
+        let points = || sizings.iter().flat_map(|s| s.points.iter());
+        let max_n = points().map(|p| p.servers).max().unwrap_or(1).max(2) as f64;
+        let lowest = points().map(|p| p.attainment).fold(1.0, f64::min);
+        Frame {
+            w,
+            h,
+            pad,
+            plot_w: w - 2.0 * pad - legend_w,
+            plot_h: h - 2.0 * pad,
+            max_n,
+            y0: if lowest >= 0.5 { 0.5 } else { 0.0 },
+        }
+    }
+
+    fn x(&self, n: f64) -> f64 {
+        self.pad + n / self.max_n * self.plot_w
+    }
+
+    fn y(&self, a: f64) -> f64 {
+        self.h - self.pad - (a.max(self.y0) - self.y0) / (1.0 - self.y0) * self.plot_h
+    }
+
+    /// The frame, tick labels, the dashed target and the axis title.
+    fn axes(&self, s: &mut String, obj: &Objective) {
+        let (pad, h, plot_w) = (self.pad, self.h, self.plot_w);
+        let _ = writeln!(
+            s,
+            "<rect x=\"{pad}\" y=\"{pad}\" width=\"{plot_w}\" height=\"{}\" fill=\"none\" stroke=\"#999\"/>",
+            self.plot_h
+        );
+        for tick in 0..=4 {
+            let a = self.y0 + (1.0 - self.y0) * f64::from(tick) / 4.0;
+            let _ = writeln!(
+                s,
+                "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{:.0}%</text>",
+                pad - 4.0,
+                self.y(a) + 4.0,
+                a * 100.0
+            );
+        }
+        let step = (self.max_n / 8.0).ceil().max(1.0);
+        let mut n = 0.0;
+        while n <= self.max_n {
+            let _ = writeln!(
+                s,
+                "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{n}</text>",
+                self.x(n),
+                h - pad + 16.0
+            );
+            n += step;
+        }
+        let ty = self.y(TARGET);
+        let _ = writeln!(
+            s,
+            "<line x1=\"{pad}\" x2=\"{:.1}\" y1=\"{ty:.1}\" y2=\"{ty:.1}\" stroke=\"#555\" stroke-dasharray=\"6 4\"/>\n<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\" fill=\"#555\">target {:.0}%</text>",
+            pad + plot_w,
+            pad + plot_w - 4.0,
+            ty - 5.0,
+            TARGET * 100.0
+        );
+        let _ = writeln!(
+            s,
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">servers: share of requests within {}</text>",
+            pad + plot_w / 2.0,
+            h - 14.0,
+            xml(&objective_text(obj))
+        );
+    }
+
+    /// Sizing `i`: its line, its points (hollow when estimated), a ring at its answer and
+    /// its legend entry.
+    fn series(&self, s: &mut String, i: usize, sz: &Sizing) {
         let c = COLORS[i % COLORS.len()];
-        let points: Vec<String> = sz
+        let at = |p: &Point| (self.x(p.servers as f64), self.y(p.attainment));
+        let line: Vec<String> = sz
             .points
             .iter()
-            .map(|p| format!("{:.1},{:.1}", x(p.servers as f64), y(p.attainment)))
+            .map(|p| {
+                let (px, py) = at(p);
+                format!("{px:.1},{py:.1}")
+            })
             .collect();
         let _ = writeln!(
             s,
             "<polyline fill=\"none\" stroke=\"{c}\" stroke-width=\"2\" points=\"{}\"/>",
-            points.join(" ")
+            line.join(" ")
         );
         for p in &sz.points {
             let fill = if p.ttft_p95_ms.is_none() { "white" } else { c };
-            let (px, py) = (x(p.servers as f64), y(p.attainment));
+            let (px, py) = at(p);
             let _ = writeln!(
                 s,
                 "<circle cx=\"{px:.1}\" cy=\"{py:.1}\" r=\"3.5\" fill=\"{fill}\" stroke=\"{c}\"/>"
@@ -234,12 +278,10 @@ pub fn svg(title: &str, sizings: &[Sizing], obj: &Objective) -> String {
         let _ = writeln!(
             s,
             "<text x=\"{:.1}\" y=\"{:.1}\" fill=\"{c}\">{} on {}: {answer}</text>",
-            pad + plot_w + 14.0,
-            pad + 14.0 + 16.0 * i as f64,
+            self.pad + self.plot_w + 14.0,
+            self.pad + 14.0 + 16.0 * i as f64,
             xml(&sz.policy.to_string()),
             gpu_name(sz.gpu)
         );
     }
-    s.push_str("</svg>\n");
-    s
 }
