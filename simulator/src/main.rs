@@ -1,5 +1,6 @@
 //! `kvroute-sim`: `replay` (virtual time), `serve` (live vLLM-compatible servers) and
-//! `bench` (a load generator against a real gateway).
+//! `bench` (a load generator against a real gateway), and on top of replay `matrix` and
+//! `plan` (fleet sizing).
 
 #![allow(clippy::disallowed_methods)] // the binary is the wall-time driver: it reads clocks
 
@@ -18,6 +19,8 @@ use kvroute_sim::workload::{self, GenParams, Generator, SimRequest, TraceFormat}
 
 mod commands;
 use commands::{compare_cmd, matrix_cmd, profiles_cmd, CompareArgs, MatrixArgs};
+mod plan_cmd;
+use plan_cmd::{plan_cmd, PlanArgs};
 
 #[derive(Parser)]
 #[command(
@@ -44,6 +47,12 @@ enum Command {
     Profiles,
     /// The routing-quality matrix: workloads × loads × policies (replay), as Markdown + JSON.
     Matrix(MatrixArgs),
+    /// Fleet sizing: per policy and GPU type, the smallest homogeneous fleet whose replay of
+    /// the workload meets a latency objective, with $/month and $/million tokens.
+    ///
+    /// Each GPU type is sized as a fleet of its own (`--tp` GPUs per server, all alike); mixed
+    /// fleets (tiers, `replay --fleet`) are not sized yet.
+    Plan(PlanArgs),
 }
 
 #[derive(Args)]
@@ -359,6 +368,14 @@ struct ReplayArgs {
     /// Write an SVG plot (TTFT CDF per policy, per-server load).
     #[arg(long)]
     plot: Option<PathBuf>,
+    /// Also report the cold start (requests arriving in the first S seconds, while the
+    /// caches fill) and the steady state (the rest) apart.
+    #[arg(long)]
+    cold_s: Option<f64>,
+    /// Runs per policy: the workload as given plus perturbed copies (jittered arrivals,
+    /// router seed + k, as in `matrix`); the tables show medians.
+    #[arg(long, default_value_t = 1)]
+    replicas: u64,
 }
 
 fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
@@ -369,6 +386,7 @@ fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
         None => Config::from_json(b"")?,
     };
     anyhow::ensure!(a.scrape_interval_ms > 0.0, "--scrape-interval-ms must be positive");
+    anyhow::ensure!(a.replicas >= 1, "--replicas must be at least 1");
     let (profile, servers, mixed) = a.fleet.fleet()?;
     let setup = ReplaySetup {
         profile,
@@ -443,9 +461,45 @@ fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
         }
         runs.push(run);
     }
+    let extra = kvroute_sim::matrix::replica_runs(&setup, &a.policy, &requests, 1, a.replicas);
+    let replicas: Vec<Vec<RunReport>> = runs
+        .iter()
+        .zip(extra)
+        .map(|(r0, rest)| std::iter::once(r0.clone()).chain(rest).collect())
+        .collect();
+    let medians = |f: &dyn Fn(&RunReport) -> RunReport| -> Vec<RunReport> {
+        replicas
+            .iter()
+            .map(|rs| RunReport::median_of(&rs.iter().map(f).collect::<Vec<_>>()))
+            .collect()
+    };
+    if a.replicas > 1 {
+        runs = medians(&|r| r.clone());
+        println!(
+            "medians of {} replicas (the workload and {} perturbed copies):",
+            a.replicas,
+            a.replicas - 1
+        );
+    }
     print!("{}", report::table(&runs));
+    let mut phases = serde_json::Value::Null;
+    if let Some(cold_s) = a.cold_s {
+        anyhow::ensure!(cold_s > 0.0, "--cold-s must be positive");
+        let cut = cold_s * 1000.0;
+        let cold = medians(&|r| r.phase(f64::MIN, cut));
+        let steady = medians(&|r| r.phase(cut, f64::MAX));
+        println!("cold start: requests arriving in the first {cold_s} s (evictions in that time)");
+        print!("{}", report::table(&cold));
+        println!("steady state: requests arriving after {cold_s} s (evictions from then on)");
+        print!("{}", report::table(&steady));
+        phases = serde_json::json!({ "cold_s": cold_s, "cold": cold, "steady": steady });
+    }
     if let Some(path) = &a.json {
-        let doc = serde_json::json!({ "workload": name, "runs": runs });
+        let mut doc = serde_json::json!({ "workload": name, "runs": runs, "phases": phases });
+        if a.replicas > 1 {
+            doc["replicas"] = serde_json::json!(a.replicas);
+            doc["replica_runs"] = serde_json::json!(replicas);
+        }
         std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
@@ -479,5 +533,6 @@ fn main() -> anyhow::Result<()> {
         Command::Compare(a) => compare_cmd(&a),
         Command::Profiles => profiles_cmd(),
         Command::Matrix(a) => matrix_cmd(&a),
+        Command::Plan(a) => plan_cmd(&a),
     }
 }

@@ -52,6 +52,7 @@ impl Cell {
                 m.throughput.req_s = med(&|r| r.throughput.req_s);
                 m.prefix_hit_rate = med(&|r| r.prefix_hit_rate);
                 m.preemptions = med(&|r| r.preemptions as f64).round() as u64;
+                m.evictions = med(&|r| r.evictions as f64).round() as u64;
                 m
             })
             .collect()
@@ -104,6 +105,38 @@ pub fn perturbed(requests: &[SimRequest], k: u64) -> Vec<SimRequest> {
     }
     out.sort_by(|a, b| a.arrival_ms.total_cmp(&b.arrival_ms));
     out
+}
+
+/// Replicas `from..to` of every policy (see the module note), one thread per replica:
+/// `out[p][k − from]` is policy `p`'s run on replica `k`.
+pub fn replica_runs(
+    setup: &ReplaySetup,
+    policies: &[PolicyName],
+    requests: &[SimRequest],
+    from: u64,
+    to: u64,
+) -> Vec<Vec<RunReport>> {
+    let by_replica: Vec<Vec<RunReport>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (from..to)
+            .map(|k| {
+                scope.spawn(move || {
+                    let reqs = perturbed(requests, k);
+                    let setup = ReplaySetup {
+                        seed: setup.seed.wrapping_add(k),
+                        ..setup.clone()
+                    };
+                    policies.iter().map(|p| run(&setup, *p, &reqs, &|_| {})).collect()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
+    });
+    (0..policies.len())
+        .map(|p| by_replica.iter().filter_map(|runs| runs.get(p).cloned()).collect())
+        .collect()
 }
 
 /// Requests per second the fleet admits with everything offered at t = 0, behind one router:
@@ -211,14 +244,14 @@ pub fn markdown(cells: &[Cell]) -> String {
         );
         let _ = writeln!(
             s,
-            "| policy | TTFT p50 | TTFT p95 | TTFT p99 | steady out tok/s | out tok/s incl. drain | prefix hit | preemptions |"
+            "| policy | TTFT p50 | TTFT p95 | TTFT p99 | steady out tok/s | out tok/s incl. drain | prefix hit | evictions | preemptions |"
         );
-        let _ = writeln!(s, "|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|");
         for r in &c.medians() {
             let bold = if r.policy == "kvroute" { "**" } else { "" };
             let _ = writeln!(
                 s,
-                "| {bold}{}{bold} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1}% | {} |",
+                "| {bold}{}{bold} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1}% | {} | {} |",
                 r.policy,
                 r.ttft_ms.p50,
                 r.ttft_ms.p95,
@@ -226,6 +259,7 @@ pub fn markdown(cells: &[Cell]) -> String {
                 r.throughput.steady_output_tok_s,
                 r.throughput.output_tok_s,
                 r.prefix_hit_rate * 100.0,
+                r.evictions,
                 r.preemptions
             );
         }

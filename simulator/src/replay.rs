@@ -96,6 +96,19 @@ pub fn chat_body(model: &str, req: &SimRequest) -> String {
 
 /// Runs `policy` over `requests` and reports per-request outcomes.
 pub fn run(setup: &ReplaySetup, policy: PolicyName, requests: &[SimRequest], progress: &dyn Fn(u64)) -> RunReport {
+    run_until(setup, policy, requests, progress, &mut |_| false).0
+}
+
+/// `run`, but `stop` hears every completed request and ends the replay early by returning
+/// true (e.g. once a latency objective can no longer be met): the report then covers the
+/// requests completed so far, and the second value is true.
+pub fn run_until(
+    setup: &ReplaySetup,
+    policy: PolicyName,
+    requests: &[SimRequest],
+    progress: &dyn Fn(u64),
+    stop: &mut dyn FnMut(&Record) -> bool,
+) -> (RunReport, bool) {
     let mut engines: Vec<Engine> = (0..setup.servers).map(|i| Engine::new(setup.profile_of(i))).collect();
     let topo = setup.topology;
     let mut routers = Routers::new(
@@ -127,7 +140,12 @@ pub fn run(setup: &ReplaySetup, policy: PolicyName, requests: &[SimRequest], pro
     let mut mail = Mailbox::default();
     let model = setup.profile.model.served_name();
     let mut done = 0usize;
+    let mut stopped = false;
+    let mut eviction_marks = Vec::new();
     while let Some(Reverse((t_us, _, kind))) = q.heap.pop() {
+        if stopped {
+            break;
+        }
         let now = t_us as f64 / 1000.0;
         match kind {
             Kind::Slow => {
@@ -150,6 +168,9 @@ pub fn run(setup: &ReplaySetup, policy: PolicyName, requests: &[SimRequest], pro
                     })
                     .collect();
                 scraped[g] = (now, snapshot);
+                if g == 0 {
+                    eviction_marks.push((now, engines.iter().map(|e| e.kv().evictions).sum()));
+                }
                 let workers = topo.workers.max(1);
                 for r in g * workers..(g + 1) * workers {
                     if topo.routers() == 1 {
@@ -217,10 +238,12 @@ pub fn run(setup: &ReplaySetup, policy: PolicyName, requests: &[SimRequest], pro
                             let r = routers.owner(f.id as usize);
                             routers.all[r].on_finished(s, &f, now);
                             mail.send(&mut q, &mut routers, r, now);
-                            records[f.id as usize] = Some(Record {
+                            let record = Record {
                                 reachable_tokens: reachable[f.id as usize],
                                 ..Record::from_finished(&f, s)
-                            });
+                            };
+                            stopped |= stop(&record);
+                            records[f.id as usize] = Some(record);
                             done += 1;
                             progress(done as u64);
                         }
@@ -235,7 +258,10 @@ pub fn run(setup: &ReplaySetup, policy: PolicyName, requests: &[SimRequest], pro
             }
         }
     }
-    RunReport::build(&policy.to_string(), requests.len(), records, &engines)
+    let mut report = RunReport::build(&policy.to_string(), requests.len(), records, &engines);
+    eviction_marks.push((f64::MAX, report.evictions));
+    report.eviction_marks = eviction_marks;
+    (report, stopped)
 }
 
 /// Peer events in flight between routers: one copy each, read by all its recipients.

@@ -117,6 +117,10 @@ pub struct RunReport {
     /// Each completed request (not in the JSON).
     #[serde(skip)]
     pub records: Vec<Record>,
+    /// Replay: the fleet's evictions so far at each scrape tick, `(ms, count)`, so a phase
+    /// of the run can report its own (not in the JSON).
+    #[serde(skip)]
+    pub eviction_marks: Vec<(f64, u64)>,
 }
 
 impl RunReport {
@@ -129,6 +133,69 @@ impl RunReport {
             .collect();
         let mine = window.iter().filter(|r| r.server == server).count();
         mine as f64 / window.len().max(1) as f64
+    }
+
+    /// The first run with every figure of the table (latency percentiles, throughput, hit
+    /// rates, evictions, preemptions) replaced by its median over `runs`.
+    pub fn median_of(runs: &[RunReport]) -> RunReport {
+        let Some(first) = runs.first() else {
+            return RunReport::default();
+        };
+        let med = |f: &dyn Fn(&RunReport) -> f64| {
+            let mut v: Vec<f64> = runs.iter().map(f).collect();
+            v.sort_by(f64::total_cmp);
+            let n = v.len();
+            if n % 2 == 1 {
+                v[n / 2]
+            } else {
+                (v[n / 2 - 1] + v[n / 2]) / 2.0
+            }
+        };
+        let pct = |f: &dyn Fn(&RunReport) -> &Percentiles| Percentiles {
+            p50: med(&|r| f(r).p50),
+            p95: med(&|r| f(r).p95),
+            p99: med(&|r| f(r).p99),
+            mean: med(&|r| f(r).mean),
+        };
+        RunReport {
+            ttft_ms: pct(&|r| &r.ttft_ms),
+            itl_ms: pct(&|r| &r.itl_ms),
+            e2e_ms: pct(&|r| &r.e2e_ms),
+            throughput: Throughput {
+                input_tok_s: med(&|r| r.throughput.input_tok_s),
+                output_tok_s: med(&|r| r.throughput.output_tok_s),
+                req_s: med(&|r| r.throughput.req_s),
+                steady_output_tok_s: med(&|r| r.throughput.steady_output_tok_s),
+            },
+            prefix_hit_rate: med(&|r| r.prefix_hit_rate),
+            reachable_hit_rate: med(&|r| r.reachable_hit_rate),
+            captured_reuse: med(&|r| r.captured_reuse),
+            evictions: med(&|r| r.evictions as f64).round() as u64,
+            preemptions: med(&|r| r.preemptions as f64).round() as u64,
+            ..first.clone()
+        }
+    }
+
+    /// The requests that arrived in `[from_ms, to_ms)` as a run of their own; evictions are
+    /// those between the scrape ticks nearest the bounds (0 without marks), preemptions and
+    /// KV usage are not split (0).
+    pub fn phase(&self, from_ms: f64, to_ms: f64) -> RunReport {
+        let done: Vec<Record> = self
+            .records
+            .iter()
+            .filter(|r| (from_ms..to_ms).contains(&r.arrival_ms))
+            .cloned()
+            .collect();
+        let mut p = Self::from_records(&self.policy, done.len(), &done, &[], self.per_server.len());
+        let at = |t: f64| {
+            self.eviction_marks
+                .iter()
+                .take_while(|(ms, _)| *ms <= t)
+                .last()
+                .map_or(0, |(_, n)| *n)
+        };
+        p.evictions = at(to_ms).saturating_sub(at(from_ms));
+        p
     }
 
     /// `engines` may be empty (live runs): then evictions, preemptions and KV usage are 0.
@@ -208,6 +275,7 @@ impl RunReport {
             sim_wall_s: 0.0,
             ttft_cdf_ms,
             records: done.to_vec(),
+            eviction_marks: Vec::new(),
         }
     }
 }
@@ -283,7 +351,7 @@ pub fn table(runs: &[RunReport]) -> String {
     out
 }
 
-const COLORS: [&str; 9] = [
+pub(crate) const COLORS: [&str; 9] = [
     "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f",
 ];
 
@@ -396,7 +464,7 @@ pub fn svg(title: &str, runs: &[RunReport]) -> String {
     s
 }
 
-fn xml(t: &str) -> String {
+pub(crate) fn xml(t: &str) -> String {
     t.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
 }
 
@@ -455,6 +523,25 @@ mod steady_tests {
             r.throughput.steady_output_tok_s
         );
         assert!(r.throughput.output_tok_s < 30.0, "the drain dilutes the overall figure");
+    }
+
+    #[test]
+    fn the_median_run_takes_each_figure_from_the_middle_run() {
+        let runs: Vec<RunReport> = [(30.0, 7), (10.0, 9), (20.0, 8)]
+            .iter()
+            .map(|(p95, evictions)| RunReport {
+                policy: "p".into(),
+                ttft_ms: Percentiles {
+                    p95: *p95,
+                    ..Percentiles::default()
+                },
+                evictions: *evictions,
+                ..RunReport::default()
+            })
+            .collect();
+        let m = RunReport::median_of(&runs);
+        assert_eq!((m.ttft_ms.p95, m.evictions, m.policy.as_str()), (20.0, 8, "p"));
+        assert_eq!(RunReport::median_of(&runs[..1]), runs[0]);
     }
 
     #[test]

@@ -179,3 +179,51 @@ fn tiers_keep_work_on_the_cheap_servers_while_they_meet_the_objective() {
         tiered.ttft_ms.p95
     );
 }
+
+#[test]
+fn a_replay_asked_to_stop_ends_at_that_request_with_what_completed_so_far() {
+    let reqs = small_shared_prefix(20.0);
+    let mut seen = 0;
+    let (r, stopped) = run_until(&setup(4), PolicyName::Kvroute, &reqs, &|_| {}, &mut |_| {
+        seen += 1;
+        seen == 10
+    });
+    assert!(stopped);
+    assert!((10..64).contains(&r.completed), "{} completed", r.completed);
+    let (whole, stopped) = run_until(&setup(4), PolicyName::Kvroute, &reqs, &|_| {}, &mut |_| false);
+    assert!(!stopped);
+    assert_eq!(
+        whole,
+        run(&setup(4), PolicyName::Kvroute, &reqs, &|_| {}),
+        "never stopping is `run`"
+    );
+}
+
+#[test]
+fn phases_split_requests_by_arrival_and_evictions_by_time() {
+    // 64 groups on 2 small caches: prefixes evict each other all along.
+    let p = GenParams {
+        rate: 20.0,
+        groups: 64,
+        prompts_per_group: 2,
+        ..GenParams::defaults(Generator::SharedPrefix)
+    };
+    let reqs = generate(Generator::SharedPrefix, &p);
+    let small = ReplaySetup {
+        profile: setup(2).profile.with_blocks(600),
+        ..setup(2)
+    };
+    let r = run(&small, PolicyName::RoundRobin, &reqs, &|_| {});
+    assert!(r.evictions > 0);
+    let cut = reqs[reqs.len() / 2].arrival_ms;
+    let (cold, steady) = (r.phase(f64::MIN, cut), r.phase(cut, f64::MAX));
+    assert_eq!(cold.completed + steady.completed, r.completed);
+    assert!(cold.records.iter().all(|x| x.arrival_ms < cut));
+    assert_eq!(cold.evictions + steady.evictions, r.evictions);
+    assert!(
+        cold.evictions > 0 && steady.evictions > 0,
+        "{} {}",
+        cold.evictions,
+        steady.evictions
+    );
+}

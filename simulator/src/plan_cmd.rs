@@ -1,0 +1,188 @@
+//! The `plan` subcommand: per policy and GPU type, the smallest fleet that meets a latency
+//! objective on a workload, with its cost (see `kvroute_sim::plan`).
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+use clap::Args;
+use kvroute_core::Config;
+use kvroute_sim::plan::{self, chart, Objective, Planner, Prices, Sizing};
+use kvroute_sim::policies::PolicyName;
+use kvroute_sim::profile::{Gpu, Model, Profile};
+use kvroute_sim::replay::ReplaySetup;
+
+use crate::{TopologyArgs, WorkloadArgs};
+
+/// Fleets are homogeneous: each GPU type is sized on its own (`--tp` GPUs per server, every
+/// server alike). Mixed fleets (tiers, `--fleet` in `replay`) are not sized yet.
+#[derive(Args)]
+pub struct PlanArgs {
+    #[command(flatten)]
+    workload: WorkloadArgs,
+    /// The objective: `ttft_p95=DURATION[,itl_p95=DURATION]`, in ms or s (e.g.
+    /// `ttft_p95=500ms,itl_p95=50ms`). A size also fails when more than 1% of its requests
+    /// do not complete.
+    #[arg(long)]
+    objective: Objective,
+    /// GPU types to size, comma-separated; each is sized as a fleet of its own (mixed
+    /// fleets, tiers, are not sized yet).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "h100-80g")]
+    gpu: Vec<Gpu>,
+    /// USD per GPU-hour of every GPU in --gpu: `h100-80g=2.49,a100-80g=1.29`.
+    #[arg(long)]
+    price: String,
+    #[arg(long, value_enum, default_value = "llama-3.1-8b")]
+    model: Model,
+    /// GPUs per server (tensor parallelism).
+    #[arg(long, default_value_t = 1)]
+    tp: u32,
+    /// Policies to size, comma-separated.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "round-robin,least-request,kvroute"
+    )]
+    policy: Vec<PolicyName>,
+    /// The largest fleet (servers) tried.
+    #[arg(long, default_value_t = 64)]
+    max_servers: usize,
+    /// Replays per fleet size: the workload plus perturbed copies (jittered arrivals); a
+    /// size passes when most of them meet the objective, figures are medians.
+    #[arg(long, default_value_t = 1)]
+    replicas: u64,
+    /// Replay every size to the end, even once it can no longer meet the objective (exact
+    /// attainment for every point of the chart; slower).
+    #[arg(long)]
+    no_early_stop: bool,
+    /// Searches (policy × GPU) run at once (default: the machine's cores); when there are
+    /// more than searches, each size's replicas also run in parallel.
+    #[arg(long)]
+    jobs: Option<usize>,
+    /// kvroute's JSON config (the filter's plugin configuration); defaults otherwise.
+    #[arg(long)]
+    router_config: Option<PathBuf>,
+    #[arg(long, default_value_t = 200.0)]
+    scrape_interval_ms: f64,
+    #[command(flatten)]
+    topology: TopologyArgs,
+    /// Write every evaluated point as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write an SVG plot of objective attainment against fleet size.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+}
+
+pub fn plan_cmd(a: &PlanArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(a.max_servers >= 1, "--max-servers must be at least 1");
+    anyhow::ensure!(a.replicas >= 1, "--replicas must be at least 1");
+    anyhow::ensure!(
+        !a.policy.is_empty() && !a.gpu.is_empty(),
+        "give at least one --policy and one --gpu"
+    );
+    anyhow::ensure!(a.scrape_interval_ms > 0.0, "--scrape-interval-ms must be positive");
+    let prices = Prices::parse(&a.price, &a.gpu).map_err(anyhow::Error::msg)?;
+    let profiles = a
+        .gpu
+        .iter()
+        .map(|g| Profile::new(*g, a.model, a.tp))
+        .collect::<anyhow::Result<Vec<Profile>>>()?;
+    let (name, requests) = a.workload.load()?;
+    anyhow::ensure!(!requests.is_empty(), "the workload has no requests");
+    let router_config = match &a.router_config {
+        Some(p) => Config::from_json(&std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))?)?,
+        None => Config::from_json(b"")?,
+    };
+    let jobs = a
+        .jobs
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    anyhow::ensure!(jobs >= 1, "--jobs must be at least 1");
+    let planner = Planner {
+        base: ReplaySetup {
+            profile: profiles[0].clone(),
+            servers: 1,
+            mixed: Vec::new(),
+            slowdown: None,
+            scrape_interval_ms: a.scrape_interval_ms,
+            seed: a.workload.seed,
+            router_config,
+            topology: a.topology.topology()?,
+        },
+        requests: &requests,
+        objective: a.objective,
+        replicas: a.replicas,
+        early_stop: !a.no_early_stop,
+        // Searches first (each is sequential); spare cores replay a size's replicas at once.
+        parallel_replicas: jobs > a.policy.len() * a.gpu.len(),
+    };
+    let span_s = requests.iter().map(|r| r.arrival_ms).fold(0.0, f64::max) / 1000.0;
+    eprintln!(
+        "{name}: {} requests over {span_s:.0} s; {}; {} servers at most, {} replica(s) per size, {} searches at once",
+        requests.len(),
+        chart::objective_text(&a.objective),
+        a.max_servers,
+        a.replicas,
+        jobs.min(a.policy.len() * a.gpu.len())
+    );
+    let started = Instant::now();
+    let sizings: Vec<_> = planner
+        .size_all(&a.policy, &profiles, a.max_servers, jobs, &|m| eprintln!("  {m}"))
+        .into_iter()
+        .map(|s| {
+            let price = prices.of(s.gpu);
+            s.priced(price)
+        })
+        .collect();
+    let wall_s = started.elapsed().as_secs_f64();
+    let evaluated: usize = sizings.iter().map(|s| s.points.len()).sum();
+    eprintln!("{evaluated} fleet sizes evaluated in {wall_s:.0} s");
+    print_and_write(a, &name, requests.len(), &prices, &sizings, wall_s)
+}
+
+/// The table, the chart, and the JSON and SVG when asked for.
+fn print_and_write(
+    a: &PlanArgs,
+    name: &str,
+    requests: usize,
+    prices: &Prices,
+    sizings: &[Sizing],
+    wall_s: f64,
+) -> anyhow::Result<()> {
+    println!(
+        "{name}: the smallest fleet meeting {} ({}, tp {}; homogeneous fleets)",
+        chart::objective_text(&a.objective),
+        a.model.served_name(),
+        a.tp
+    );
+    print!("{}", chart::table(sizings, a.max_servers));
+    println!(
+        "($/month: GPUs × $/GPU-hour × 730 h. $/Mtok: GPUs × $/GPU-hour × the replayed span, first arrival to last completion, ÷ millions of prompt + output tokens processed; the fleet is assumed busy with this workload only.)\n"
+    );
+    print!("{}", chart::text_chart(sizings, &a.objective));
+    if let Some(path) = &a.json {
+        let doc = serde_json::json!({
+            "workload": name,
+            "requests": requests,
+            "objective": a.objective,
+            "max_failed_fraction": plan::MAX_FAILED,
+            "model": clap::ValueEnum::to_possible_value(&a.model).map(|v| v.get_name().to_string()),
+            "tp": a.tp,
+            "prices_usd_per_gpu_hour": prices.iter().map(|(g, p)| (plan::gpu_name(*g), *p)).collect::<std::collections::BTreeMap<_, _>>(),
+            "max_servers": a.max_servers,
+            "replicas": a.replicas,
+            "early_stop": !a.no_early_stop,
+            "wall_s": (wall_s * 10.0).round() / 10.0,
+            "sizings": sizings,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    if let Some(path) = &a.plot {
+        let title = format!("{name}: {}", chart::objective_text(&a.objective));
+        std::fs::write(path, chart::svg(&title, sizings, &a.objective))
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(())
+}

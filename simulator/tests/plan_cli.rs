@@ -1,0 +1,115 @@
+//! `kvroute-sim plan` as a user runs it: errors that say what to write, and a small plan
+//! end to end with its table, chart, JSON and SVG.
+
+#![allow(clippy::unwrap_used)] // test helpers
+
+use std::process::{Command, Output};
+
+fn plan(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kvroute-sim"))
+        .arg("plan")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+const SMALL: [&str; 8] = [
+    "--workload",
+    "shared-prefix",
+    "--groups",
+    "8",
+    "--per-group",
+    "8",
+    "--rate",
+    "40",
+];
+
+#[test]
+fn bad_plan_arguments_fail_with_a_message_that_says_what_to_write() {
+    for (extra, says) in [
+        (
+            vec!["--objective", "ttft_p95=500", "--price", "h100-80g=2"],
+            "has no unit",
+        ),
+        (
+            vec!["--objective", "ttft=500ms", "--price", "h100-80g=2"],
+            "unknown objective",
+        ),
+        (
+            vec!["--objective", "ttft_p95=500ms", "--price", "h200=2"],
+            "unknown GPU \"h200\"",
+        ),
+        (
+            vec![
+                "--objective",
+                "ttft_p95=500ms",
+                "--gpu",
+                "h100-80g,a100-80g",
+                "--price",
+                "h100-80g=2",
+            ],
+            "no price for a100-80g",
+        ),
+        (
+            vec![
+                "--objective",
+                "ttft_p95=500ms",
+                "--price",
+                "h100-80g=2",
+                "--max-servers",
+                "0",
+            ],
+            "--max-servers must be at least 1",
+        ),
+    ] {
+        let out = plan(&[&SMALL[..], &extra].concat());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{extra:?} should fail");
+        assert!(stderr.contains(says), "{extra:?}: {stderr}");
+    }
+}
+
+#[test]
+fn a_small_plan_prints_a_size_per_policy_and_writes_json_and_svg() {
+    let dir = std::env::temp_dir().join(format!("kvroute-plan-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (json, svg) = (dir.join("plan.json"), dir.join("plan.svg"));
+    let out = plan(
+        &[
+            &SMALL[..],
+            &[
+                "--objective",
+                "ttft_p95=300ms",
+                "--price",
+                "h100-80g=2.49",
+                "--policy",
+                "round-robin,kvroute",
+                "--max-servers",
+                "4",
+                "--json",
+                json.to_str().unwrap(),
+                "--plot",
+                svg.to_str().unwrap(),
+            ],
+        ]
+        .concat(),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for policy in ["round-robin", "kvroute"] {
+        let row = stdout.lines().find(|l| l.starts_with(policy)).unwrap();
+        assert!(row.contains("h100-80g"), "{row}");
+    }
+    assert!(stdout.contains("Share of requests within the objective"), "{stdout}");
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let sizings = doc["sizings"].as_array().unwrap();
+    assert_eq!(sizings.len(), 2);
+    for s in sizings {
+        assert!(!s["points"].as_array().unwrap().is_empty());
+        if !s["servers"].is_null() {
+            assert!(s["cost"]["usd_per_month"].as_f64().unwrap() > 0.0);
+        }
+    }
+    assert!(std::fs::read_to_string(&svg).unwrap().starts_with("<svg"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
