@@ -19,20 +19,22 @@ pub fn repo_root() -> PathBuf {
 /// to `path`, and `capture` (a JSON object's fields) added to kvroute's configuration after
 /// the field `after` (its exact text in the config).
 pub fn with_capture(text: &str, path: &Path, after: &str, capture: &str) -> String {
+    let anchor = "                stat_prefix: inference\n";
+    assert!(text.contains(anchor) && text.contains(after), "the Envoy config moved");
+    text.replacen(anchor, &format!("{anchor}{}", capture_log(path)), 1)
+        .replacen(after, &format!("{after}, \"capture\": {{{capture}}}"), 1)
+}
+
+/// The shipped capture access log (`envoy/capture/access-log.yaml`) indented for an
+/// `http_connection_manager` of the shipped configs, writing to `path`.
+pub fn capture_log(path: &Path) -> String {
     let snippet = std::fs::read_to_string(repo_root().join("envoy/capture/access-log.yaml")).unwrap_or_default();
-    let log: String = snippet
+    snippet
         .lines()
         .filter(|l| !l.starts_with('#'))
         .map(|l| format!("                {l}\n"))
         .collect::<String>()
-        .replace("/var/log/kvroute/capture.jsonl", &path.to_string_lossy());
-    let anchor = "                stat_prefix: inference\n";
-    assert!(text.contains(anchor) && text.contains(after), "the Envoy config moved");
-    text.replacen(anchor, &format!("{anchor}{log}"), 1).replacen(
-        after,
-        &format!("{after}, \"capture\": {{{capture}}}"),
-        1,
-    )
+        .replace("/var/log/kvroute/capture.jsonl", &path.to_string_lossy())
 }
 
 pub fn free_port() -> u16 {

@@ -48,15 +48,17 @@ fn main() -> Result<(), String> {
         "hostile" => native::hostile(),
         "sharing" => native::sharing(),
         "capture" => native::capture(args.get(1).and_then(|a| a.parse().ok()).unwrap_or(3)),
+        "capture-pair" => native::capture_pair(args.get(1).and_then(|a| a.parse().ok()).unwrap_or(10)),
         "all" => native::latency(2000)
             .and_then(|_| native::wrk_sweep())
             .and_then(|_| native::presence())
             .and_then(|_| native::hostile())
             .and_then(|_| native::sharing())
             .and_then(|_| native::capture(3))
+            .and_then(|_| native::capture_pair(10))
             .and_then(|_| native::scrape_cost(200)),
         other => Err(format!(
-            "unknown measurement {other:?}: all | latency [N] | wrk | scrape | presence | hostile | sharing | capture"
+            "unknown measurement {other:?}: all | latency [N] | wrk | scrape | presence | hostile | sharing | capture [N] | capture-pair [N]"
         )),
     }
 }
@@ -579,6 +581,115 @@ mod native {
             println!("| {label} | {cpu:.1} µs [{lo:.1}–{hi:.1}] | {add} | {rps:.0} |");
         }
         println!("\nlines written by the access log over its two runs: {lines}");
+        let _ = std::fs::remove_dir_all(&dir);
+        Ok(())
+    }
+
+    /// The bench config with its empty-filter listener replaced by a second kvroute listener
+    /// (its own VM, `vm_id: kvroute_capture`) that captures every request and writes the
+    /// shipped access log to `log`.
+    fn capture_listener(text: String, log: &std::path::Path) -> String {
+        let cut = |from: &str, to: &str| -> Option<(usize, usize)> {
+            let a = text.find(from)?;
+            Some((a, a + text[a..].find(to)?))
+        };
+        let (Some((k0, k1)), Some((e0, e1)), Some((j0, j1))) = (
+            cut("    - name: inference\n", "    - name: inference_no_filter\n"),
+            cut("    - name: inference_empty_filter\n", "  clusters:"),
+            cut("value: &kvroute_config |\n", "\nstatic_resources"),
+        ) else {
+            return text;
+        };
+        let json: String = text[j0..j1]
+            .lines()
+            .skip(1)
+            .map(str::trim)
+            .collect::<Vec<_>>()
+            .join(" ")
+            .replacen(
+                "\"policy\": \"cost\",",
+                "\"policy\": \"cost\", \"capture\": {\"sample\": 1.0, \"salt\": \"bench-capture-salt-0123\"},",
+                1,
+            );
+        let port_line = text[e0..e1]
+            .lines()
+            .find(|l| l.contains("port_value"))
+            .unwrap_or_default();
+        let kvroute = &text[k0..k1];
+        let own_port = kvroute.lines().find(|l| l.contains("port_value")).unwrap_or_default();
+        let capture = kvroute
+            .replacen("    - name: inference\n", "    - name: inference_capture\n", 1)
+            .replacen(own_port, port_line, 1)
+            .replacen(
+                "                stat_prefix: inference\n",
+                &format!(
+                    "                stat_prefix: inference_capture\n{}",
+                    kvroute_wasm_tests::envoy::capture_log(log)
+                ),
+                1,
+            )
+            .replacen("name: kvroute\n", "name: kvroute_capture\n", 1)
+            .replacen("vm_id: kvroute\n", "vm_id: kvroute_capture\n", 1)
+            .replacen("value: *kvroute_config", &format!("value: '{json}'"), 1);
+        format!("{}{}{}", &text[..e0], capture, &text[e1..])
+    }
+
+    /// `capture-pair`: capture's cost in one Envoy, one VM per side: the kvroute listener
+    /// without capture and a second kvroute listener (its own VM) capturing every request
+    /// through the shipped access log, wrk 4 s on each in turn (A B B A, `rounds` times,
+    /// after 4 s of warm-up on each), 1 KiB, 8 connections. No fresh process per run: the
+    /// fresh-Envoy runs of `capture` move by ±20 µs a request from one Envoy to the next.
+    pub fn capture_pair(rounds: usize) -> Result<(), String> {
+        let servers = fleet(4)?;
+        let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
+        let dir = std::env::temp_dir().join(format!("kvroute-capture-pair-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let script = post_script(&dir, 1024)?;
+        let log = dir.join("capture.jsonl");
+        let envoy = Envoy::start("bench-overhead.yaml", &ports, |t| capture_listener(t, &log))?;
+        std::thread::sleep(Duration::from_millis(1500));
+        let sides = [envoy.port, envoy.port3];
+        for port in sides {
+            wrk_path(&envoy, port, "/v1/chat/completions", &script, 8, 4)?;
+        }
+        let mut runs: [Vec<WrkResult>; 2] = [Vec::new(), Vec::new()];
+        for side in [0usize, 1, 1, 0].repeat(rounds.max(1)) {
+            runs[side].push(wrk_path(&envoy, sides[side], "/v1/chat/completions", &script, 8, 4)?);
+        }
+        let sorted = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v
+        };
+        let cpu = |side: usize| sorted(runs[side].iter().map(|r| r.envoy_cpu_us).collect());
+        let added = sorted(
+            runs[1]
+                .iter()
+                .zip(&runs[0])
+                .map(|(on, off)| on.envoy_cpu_us - off.envoy_cpu_us)
+                .collect(),
+        );
+        let mid = |v: &[f64]| v[v.len() / 2];
+        println!("{} runs per side in one Envoy; medians [min–max]\n", runs[0].len());
+        println!("| 1 KiB, 8 connections | Envoy CPU/req, capture off | capture 100% + access log | added (paired) | errors |");
+        println!("|---|---|---|---|---|");
+        let (off, on) = (cpu(0), cpu(1));
+        println!(
+            "| same process | {:.1} µs [{:.1}–{:.1}] | {:.1} µs [{:.1}–{:.1}] | {:+.1} µs [{:+.1} to {:+.1}] | {} |",
+            mid(&off),
+            off[0],
+            off[off.len() - 1],
+            mid(&on),
+            on[0],
+            on[on.len() - 1],
+            mid(&added),
+            added[0],
+            added[added.len() - 1],
+            runs.iter().flatten().any(|r| r.errors)
+        );
+        let captured = envoy.stat("wasmcustom.kvroute.capture.lines");
+        drop(envoy);
+        let lines = std::fs::read_to_string(&log).map(|t| t.lines().count()).unwrap_or(0);
+        println!("\ncapture.lines {captured}, lines in the access log file {lines}");
         let _ = std::fs::remove_dir_all(&dir);
         Ok(())
     }
