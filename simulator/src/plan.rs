@@ -23,7 +23,7 @@ use std::sync::Mutex;
 
 use serde::Serialize;
 
-use crate::matrix::perturbed;
+use crate::matrix::{median, perturbed};
 use crate::policies::PolicyName;
 use crate::profile::{Gpu, Profile};
 use crate::replay::{run_until, ReplaySetup};
@@ -176,15 +176,6 @@ fn busy_s(r: &RunReport) -> f64 {
     let first = r.records.iter().map(|x| x.arrival_ms).fold(f64::MAX, f64::min);
     let last = r.records.iter().map(|x| x.finish_ms).fold(0.0, f64::max);
     ((last - first) / 1000.0).max(0.0)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
 }
 
 /// One policy on one GPU type: the search's outcome and every size it evaluated.
