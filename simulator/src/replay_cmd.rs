@@ -1,0 +1,202 @@
+//! The `replay` subcommand: policies compared on a workload in virtual time (see
+//! `kvroute_sim::replay`).
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use kvroute_core::Config;
+use kvroute_sim::policies::PolicyName;
+use kvroute_sim::replay::{self, ReplaySetup};
+use kvroute_sim::report::{self, RunReport};
+
+use crate::{FleetArgs, TopologyArgs, WorkloadArgs};
+
+#[derive(Args)]
+pub struct ReplayArgs {
+    #[command(flatten)]
+    workload: WorkloadArgs,
+    #[command(flatten)]
+    fleet: FleetArgs,
+    #[command(flatten)]
+    topology: TopologyArgs,
+    /// Policies to compare, comma-separated.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "round-robin,least-request,kvroute"
+    )]
+    policy: Vec<PolicyName>,
+    /// kvroute's JSON config (the filter's plugin configuration); defaults otherwise.
+    #[arg(long)]
+    router_config: Option<PathBuf>,
+    #[arg(long, default_value_t = 200.0)]
+    scrape_interval_ms: f64,
+    /// One server slows down mid-run: `SERVER:FACTOR@SECONDS`, e.g. `0:3@60` (server 0's
+    /// steps take 3× as long from 60 s on).
+    #[arg(long)]
+    slow: Option<String>,
+    /// Write the runs as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write an SVG plot (TTFT CDF per policy, per-server load).
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// Also report the cold start (requests arriving in the first S seconds, while the
+    /// caches fill) and the steady state (the rest) apart.
+    #[arg(long)]
+    cold_s: Option<f64>,
+    /// Runs per policy: the workload as given plus perturbed copies (jittered arrivals,
+    /// router seed + k, as in `matrix`); the tables show medians.
+    #[arg(long, default_value_t = 1)]
+    replicas: u64,
+}
+
+pub fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
+    let (name, requests) = a.workload.load()?;
+    anyhow::ensure!(!requests.is_empty(), "the workload has no requests");
+    let router_config = match &a.router_config {
+        Some(p) => Config::from_json(&std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))?)?,
+        None => Config::from_json(b"")?,
+    };
+    anyhow::ensure!(a.scrape_interval_ms > 0.0, "--scrape-interval-ms must be positive");
+    anyhow::ensure!(a.replicas >= 1, "--replicas must be at least 1");
+    let (profile, servers, mixed) = a.fleet.fleet()?;
+    let setup = ReplaySetup {
+        profile,
+        servers,
+        mixed,
+        slowdown: a.slow.as_deref().map(parse_slowdown).transpose()?,
+        scrape_interval_ms: a.scrape_interval_ms,
+        seed: a.workload.seed,
+        router_config,
+        topology: a.topology.topology()?,
+    };
+    let span_s = requests.iter().map(|r| r.arrival_ms).fold(0.0, f64::max) / 1000.0;
+    if setup.mixed.is_empty() {
+        eprintln!(
+            "{name}: {} requests over {span_s:.0} s on {} × {} on {:?} (TP{}), {} KV blocks each",
+            requests.len(),
+            setup.servers,
+            setup.profile.model,
+            setup.profile.gpu,
+            setup.profile.tp,
+            setup.profile.num_gpu_blocks
+        );
+    } else {
+        eprintln!(
+            "{name}: {} requests over {span_s:.0} s on a mixed fleet of {} servers ({})",
+            requests.len(),
+            setup.servers,
+            a.fleet.fleet.as_deref().unwrap_or("")
+        );
+    }
+    let mut runs: Vec<RunReport> = Vec::new();
+    for policy in &a.policy {
+        let bar = ProgressBar::new(requests.len() as u64);
+        bar.set_style(
+            ProgressStyle::with_template("{prefix:>18} [{bar:30}] {pos}/{len} {elapsed}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        bar.set_prefix(policy.to_string());
+        let started = Instant::now();
+        let mut run = replay::run(&setup, *policy, &requests, &|n| bar.set_position(n));
+        run.sim_wall_s = (started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0;
+        bar.finish_and_clear();
+        let simulated_s = requests.iter().map(|r| r.arrival_ms).fold(0.0, f64::max) / 1000.0;
+        eprintln!(
+            "{policy}: {:.2} s wall, {:.0}× faster than real time",
+            run.sim_wall_s,
+            simulated_s / run.sim_wall_s.max(1e-9)
+        );
+        if let Some(slow) = setup.slowdown {
+            let at = slow.at_ms;
+            let shares: Vec<String> = [
+                (-10_000.0, 0.0),
+                (0.0, 1000.0),
+                (1000.0, 2000.0),
+                (2000.0, 5000.0),
+                (5000.0, 15_000.0),
+            ]
+            .iter()
+            .map(|(a, b)| format!("{:.1}%", 100.0 * run.share_between(slow.server, at + a, at + b)))
+            .collect();
+            eprintln!(
+                "{policy}: server {} (slowed {}× at {:.0} s) share: 10 s before {}, first second after {}, 1–2 s {}, 2–5 s {}, 5–15 s {}",
+                slow.server,
+                slow.factor,
+                at / 1000.0,
+                shares[0],
+                shares[1],
+                shares[2],
+                shares[3],
+                shares[4]
+            );
+        }
+        runs.push(run);
+    }
+    let extra = kvroute_sim::matrix::replica_runs(&setup, &a.policy, &requests, 1, a.replicas);
+    let replicas: Vec<Vec<RunReport>> = runs
+        .iter()
+        .zip(extra)
+        .map(|(r0, rest)| std::iter::once(r0.clone()).chain(rest).collect())
+        .collect();
+    let medians = |f: &dyn Fn(&RunReport) -> RunReport| -> Vec<RunReport> {
+        replicas
+            .iter()
+            .map(|rs| RunReport::median_of(&rs.iter().map(f).collect::<Vec<_>>()))
+            .collect()
+    };
+    if a.replicas > 1 {
+        runs = medians(&|r| r.clone());
+        println!(
+            "medians of {} replicas (the workload and {} perturbed copies):",
+            a.replicas,
+            a.replicas - 1
+        );
+    }
+    print!("{}", report::table(&runs));
+    let mut phases = serde_json::Value::Null;
+    if let Some(cold_s) = a.cold_s {
+        anyhow::ensure!(cold_s > 0.0, "--cold-s must be positive");
+        let cut = cold_s * 1000.0;
+        let cold = medians(&|r| r.phase(f64::MIN, cut));
+        let steady = medians(&|r| r.phase(cut, f64::MAX));
+        println!("cold start: requests arriving in the first {cold_s} s (evictions in that time)");
+        print!("{}", report::table(&cold));
+        println!("steady state: requests arriving after {cold_s} s (evictions from then on)");
+        print!("{}", report::table(&steady));
+        phases = serde_json::json!({ "cold_s": cold_s, "cold": cold, "steady": steady });
+    }
+    if let Some(path) = &a.json {
+        let mut doc = serde_json::json!({ "workload": name, "runs": runs, "phases": phases });
+        if a.replicas > 1 {
+            doc["replicas"] = serde_json::json!(a.replicas);
+            doc["replica_runs"] = serde_json::json!(replicas);
+        }
+        std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    if let Some(path) = &a.plot {
+        std::fs::write(path, report::svg(&format!("{name}: {} servers", setup.servers), &runs))
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// `SERVER:FACTOR@SECONDS`.
+fn parse_slowdown(spec: &str) -> anyhow::Result<replay::Slowdown> {
+    let bad = || anyhow::anyhow!("--slow {spec:?}: expected SERVER:FACTOR@SECONDS, e.g. 0:3@60");
+    let (server, rest) = spec.split_once(':').ok_or_else(bad)?;
+    let (factor, at) = rest.split_once('@').ok_or_else(bad)?;
+    let slowdown = replay::Slowdown {
+        server: server.trim().parse().map_err(|_| bad())?,
+        factor: factor.trim().parse().map_err(|_| bad())?,
+        at_ms: at.trim().parse::<f64>().map_err(|_| bad())? * 1000.0,
+    };
+    anyhow::ensure!(slowdown.factor >= 1.0, "--slow {spec:?}: the factor must be at least 1");
+    Ok(slowdown)
+}
