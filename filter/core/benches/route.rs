@@ -145,8 +145,8 @@ fn bench_hostile(c: &mut Criterion) {
     group.finish();
 }
 
-/// Traffic capture's share of a request: the sampling check, the ids (one SHA-256 compression
-/// per 256-byte block) and the JSON line, for a 1 KiB and an 8k-token prompt.
+/// Traffic capture's share of a request: the sampling check, the ids (one SipHash-2-4 per
+/// 256-byte block) and the JSON line, for a 1 KiB and an 8k-token prompt.
 fn bench_capture(c: &mut Criterion) {
     use kvroute_core::capture::{CaptureLine, Capturer};
     let mut raw = RawConfig::default();
