@@ -114,6 +114,7 @@ impl Http {
         req.ttft_objective_ms = self.ttft_objective_ms;
         // Every request that reaches a decision is traffic to capture, whatever the decision
         // (shed, left to Envoy, routed): a replay sizes the fleet for all of it.
+        let t0 = capture_clock();
         let sample_key = now.0 ^ req.prompt_tokens.0.rotate_left(32);
         if let Some(c) = shared.capture.as_ref().filter(|c| c.sampled(&req.blocks, sample_key)) {
             self.capture = Some(Box::new(Captured {
@@ -123,6 +124,7 @@ impl Http {
                 prompt_estimate: req.prompt_tokens.0,
                 max_tokens: req.max_tokens,
             }));
+            shared.stats.capture_ns[0].add(capture_clock().saturating_sub(t0));
         }
         // A stream without `include_usage` never reports cached tokens: copying its chunks
         // into the VM (one host call each) would buy nothing.
@@ -303,6 +305,7 @@ impl Http {
     /// Hands the finished capture line to Envoy (filter state `wasm.<capture.property>`,
     /// written by an access log after this `on_log`).
     fn write_capture(&mut self, shared: &Shared, server: Option<&str>, cached: Option<u64>) {
+        let t0 = capture_clock();
         let (Some(c), Some(capturer)) = (self.capture.take(), shared.capture.as_ref()) else {
             return;
         };
@@ -319,10 +322,23 @@ impl Http {
             cached_tokens: cached,
             status: self.status,
         };
-        match host::set_property(capturer.property(), line.to_json().as_bytes()) {
+        let json = line.to_json();
+        let t1 = capture_clock();
+        match host::set_property(capturer.property(), json.as_bytes()) {
             Ok(()) => shared.stats.captured.inc(),
             Err(_) => shared.stats.capture_failed.inc(),
         }
+        shared.stats.capture_ns[1].add(t1.saturating_sub(t0));
+        shared.stats.capture_ns[2].add(capture_clock().saturating_sub(t1));
+    }
+}
+
+/// The host clock in ns in `capture-timing` builds; 0 (no host call) otherwise.
+fn capture_clock() -> u64 {
+    if cfg!(feature = "capture-timing") {
+        host::now_nanos()
+    } else {
+        0
     }
 }
 

@@ -76,6 +76,9 @@ pub struct RequestStats {
     pub unknown_model: Metric,
     pub lease_taken: Metric,
     pub captured: Metric,
+    /// `capture-timing` builds only: ns spent on the request's part of a line, on the line
+    /// itself, and in the host call that hands it to Envoy.
+    pub capture_ns: [Metric; 3],
     pub tier_spilled: Metric,
     pub tier_unmet: Metric,
     pub capture_failed: Metric,
@@ -115,6 +118,11 @@ impl RequestStats {
             unknown_model: c("decision.unknown_model"),
             lease_taken: c("lease.taken"),
             captured: c("capture.lines"),
+            capture_ns: if cfg!(feature = "capture-timing") {
+                ["request", "line", "set_property"].map(|n| c(&format!("capture.ns_{n}")))
+            } else {
+                [Metric::default(); 3]
+            },
             tier_spilled: c("tiers.spilled"),
             tier_unmet: c("tiers.objective_unmet"),
             capture_failed: c("capture.failed"),
