@@ -41,17 +41,12 @@ impl Router {
     /// The caller sent `request_id` per `decision` (to its best endpoint first).
     pub fn on_routed(&mut self, request_id: u64, req: &RouteRequest, decision: &Decision, now: Millis) {
         let Some(best) = decision.best() else { return };
-        let uncached = decision
-            .breakdown
-            .iter()
-            .find(|s| s.endpoint == *best)
-            .map_or(req.prompt_tokens, |s| s.uncached_tokens);
+        let score = decision.breakdown.iter().find(|s| s.endpoint == *best);
+        let uncached = score.map_or(req.prompt_tokens, |s| s.uncached_tokens);
         let key = request_key(self.origin, request_id);
         if self.place(key, best, &req.blocks, req.prompt_tokens, uncached, now) {
-            if let (Some(r), Some(s)) = (
-                self.inflight.get_mut(&key),
-                decision.breakdown.iter().find(|s| s.endpoint == *best),
-            ) {
+            // Only tiers read the learned ratio of observed to predicted TTFT.
+            if let (true, Some(r), Some(s)) = (self.config.tiers().on(), self.inflight.get_mut(&key), score) {
                 r.predicted_ttft_ms = s.ttft_ms;
             }
             self.stats.routed += 1;
@@ -195,7 +190,8 @@ impl Router {
     /// prefill is done.
     pub fn on_first_token(&mut self, request_id: u64, now: Millis) {
         let key = request_key(self.origin, request_id);
-        if let Some(r) = self.inflight.get(&key).filter(|r| r.prefilling) {
+        let learn = self.config.tiers().on();
+        if let Some(r) = self.inflight.get(&key).filter(|r| learn && r.prefilling) {
             let observed = now.since(r.routed_at) as f64;
             if let Some(e) = self.table.get_mut(&r.endpoint) {
                 e.ttft_bias.observe(r.predicted_ttft_ms, observed, now);
