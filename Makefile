@@ -7,7 +7,7 @@ WASM_BINDGEN_VERSION := $(shell sed -n '/^name = "wasm-bindgen"$$/{n;s/^version 
 CARGO_BIN := $(or $(CARGO_HOME),$(HOME)/.cargo)/bin
 export PATH := $(CARGO_BIN):$(PATH)
 
-.PHONY: all setup setup-rust setup-wasm-bindgen setup-envoy setup-clients build build-wasm build-wasm-empty build-wasm-test-panic build-wasm-capture-timing test test-native test-wasm test-e2e test-clients \
+.PHONY: all setup setup-rust setup-wasm-bindgen setup-envoy setup-clients build build-wasm build-wasm-empty build-wasm-test-panic build-wasm-self-timing test test-native test-wasm test-e2e test-clients \
 	validate-envoy check-targets check-core-deps lint bench bench-overhead bench-live bench-capture setup-smg fuzz soak run fmt \
 	setup-prometheus test-rules test-observability test-manifests setup-vllm-router test-vllm-router test-openai-types setup-aiperf test-bench-tool
 
@@ -86,10 +86,10 @@ build-wasm-test-panic: setup-rust
 	cp target/test-panic/wasm32-wasip1/release/kvroute_filter.wasm dist/kvroute-test-panic.wasm
 
 # A benchmark-only build whose capture times itself (never shipped): filter-overhead capture-pair.
-build-wasm-capture-timing: setup-rust
-	$(CARGO) build -p kvroute-filter --target wasm32-wasip1 --release --features capture-timing --target-dir target/capture-timing
+build-wasm-self-timing: setup-rust
+	$(CARGO) build -p kvroute-filter --target wasm32-wasip1 --release --features self-timing --target-dir target/self-timing
 	@mkdir -p dist
-	cp target/capture-timing/wasm32-wasip1/release/kvroute_filter.wasm dist/kvroute-capture-timing.wasm
+	cp target/self-timing/wasm32-wasip1/release/kvroute_filter.wasm dist/kvroute-self-timing.wasm
 
 # The overhead benchmark's floor: an empty Rust proxy-wasm filter (never shipped).
 build-wasm-empty: setup-rust
@@ -184,7 +184,7 @@ bench:
 
 ## bench-overhead: kvroute's cost in real Envoy: added latency (1/32 KiB), wrk throughput
 ## ratio and latency (1/32/256 KiB, 1/8/32 connections), Envoy RSS, polling CPU (4, 64, 256 servers; pool learned from Envoy vs static)
-bench-overhead: setup-envoy build-wasm build-wasm-empty build-wasm-capture-timing
+bench-overhead: setup-envoy build-wasm build-wasm-empty build-wasm-self-timing
 	@command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk; }
 	KVROUTE_ENVOY=$(CURDIR)/$(ENVOY) $(CARGO) run --release -p kvroute-wasm-tests --bin filter-overhead -- all
 

@@ -114,7 +114,7 @@ impl Http {
         req.ttft_objective_ms = self.ttft_objective_ms;
         // Every request that reaches a decision is traffic to capture, whatever the decision
         // (shed, left to Envoy, routed): a replay sizes the fleet for all of it.
-        let t0 = capture_clock();
+        let t0 = crate::stats::self_clock();
         let sample_key = now.0 ^ req.prompt_tokens.0.rotate_left(32);
         if let Some(c) = shared.capture.as_ref().filter(|c| c.sampled(&req.blocks, sample_key)) {
             self.capture = Some(Box::new(Captured {
@@ -124,7 +124,7 @@ impl Http {
                 prompt_estimate: req.prompt_tokens.0,
                 max_tokens: req.max_tokens,
             }));
-            shared.stats.capture_ns[0].add(capture_clock().saturating_sub(t0));
+            shared.stats.capture_ns[0].add(crate::stats::self_clock().saturating_sub(t0));
         }
         // A stream without `include_usage` never reports cached tokens: copying its chunks
         // into the VM (one host call each) would buy nothing.
@@ -172,7 +172,7 @@ impl Http {
         }
         let request_id = shared.next_request_id();
         router.on_routed(request_id, &req, &decision, now);
-        shared.peers.after_route(&mut router, now);
+        shared.peers.after_route(&mut router, &shared.stats, now);
         let best = decision.best().map(|e| e.to_string()).unwrap_or_default();
         shared.stats.chosen(&best);
         let predicted = u64::from(decision.matched_blocks) * (router.config().hashing().block_bytes as u64 / 4);
@@ -305,7 +305,7 @@ impl Http {
     /// Hands the finished capture line to Envoy (filter state `wasm.<capture.property>`,
     /// written by an access log after this `on_log`).
     fn write_capture(&mut self, shared: &Shared, server: Option<&str>, cached: Option<u64>) {
-        let t0 = capture_clock();
+        let t0 = crate::stats::self_clock();
         let (Some(c), Some(capturer)) = (self.capture.take(), shared.capture.as_ref()) else {
             return;
         };
@@ -323,22 +323,13 @@ impl Http {
             status: self.status,
         };
         let json = line.to_json();
-        let t1 = capture_clock();
+        let t1 = crate::stats::self_clock();
         match host::set_property(capturer.property(), json.as_bytes()) {
             Ok(()) => shared.stats.captured.inc(),
             Err(_) => shared.stats.capture_failed.inc(),
         }
         shared.stats.capture_ns[1].add(t1.saturating_sub(t0));
-        shared.stats.capture_ns[2].add(capture_clock().saturating_sub(t1));
-    }
-}
-
-/// The host clock in ns in `capture-timing` builds; 0 (no host call) otherwise.
-fn capture_clock() -> u64 {
-    if cfg!(feature = "capture-timing") {
-        host::now_nanos()
-    } else {
-        0
+        shared.stats.capture_ns[2].add(crate::stats::self_clock().saturating_sub(t1));
     }
 }
 

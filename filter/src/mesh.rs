@@ -7,10 +7,15 @@
 //!   number `n` (compare-and-swap on `kvroute.mesh.head`) and writes segment `n`: its events
 //!   since its last tick. Shared data has no delete; the key space is bounded by `SLOTS`.
 //! - A reader reads `kvroute.mesh.head` (one host call) and, when it moved, the segments it
-//!   has not seen, once each: every event is copied to every worker exactly once, and an
-//!   idle gateway costs one host call per worker tick. A placement reaches every worker
-//!   within two ticks. The request path makes no host call for sharing: events wait in the
-//!   router's outbox until the tick.
+//!   has not seen, once each, skipping its own (it remembers their numbers): every event is
+//!   copied to every other worker exactly once, and an idle gateway costs one host call per
+//!   worker tick. A placement reaches every worker within two ticks, or at once with
+//!   `share.on_request` (`peers`).
+//! - Host calls are what sharing costs (each one crosses the VM boundary and takes Envoy's
+//!   shared-data lock; applying an event is cheaper than reading it): a writer that read the
+//!   head and everything up to it reserves the next number with one compare-and-swap from
+//!   that read (two host calls otherwise), so with `share.on_request` a decision costs the
+//!   head read, the peers' new segments, that swap and the write.
 //! - A segment reserved but not written yet (its writer is between the two calls) is waited
 //!   for, up to `UNWRITTEN_WAIT_MS`, then skipped; a reader lapped by `SLOTS` segments skips
 //!   what was overwritten. Both count as lost events (`mesh.events_lost`).
@@ -27,7 +32,7 @@
 //! on the request path), and every worker keeps a copy of the prefix index, so the configured
 //! index budget is split between the workers (`Router::set_index_budget`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use kvroute_core::{BlockHash, EndpointId, Millis, PeerEvent, Tokens};
 use prost::Message;
@@ -190,6 +195,11 @@ pub struct Cursor {
     next: Option<u64>,
     /// Since when the segment `next` was found reserved but not written.
     unwritten_since: Option<u64>,
+    /// Segments this worker wrote that the cursor has not passed yet: skipped, not read.
+    own: VecDeque<u64>,
+    /// The head as the last read found it, with its CAS, when the cursor had read up to it:
+    /// the next publish reserves `head + 1` with one host call while nobody moved it.
+    head_cas: Option<(u64, u32)>,
 }
 
 impl Cursor {
@@ -197,7 +207,7 @@ impl Cursor {
     /// (overwritten before this reader came, or reserved and never written).
     pub fn read_new(&mut self, now: Millis) -> (Vec<Segment>, u64) {
         let (mut out, mut lost) = (Vec::new(), 0);
-        let head = read_u64(HEAD_KEY).unwrap_or(0);
+        let (head, cas) = read_u64_cas(HEAD_KEY);
         // First call: start after what is already there (older events are history).
         let mut next = *self.next.get_or_insert(head + 1);
         if head + 1 > next + SLOTS {
@@ -207,6 +217,10 @@ impl Cursor {
         }
         let last = head.min(next + MAX_READ_PER_TICK - 1);
         while next <= last {
+            if skip_own(&mut self.own, next) {
+                next += 1;
+                continue;
+            }
             match read_segment(next) {
                 Some(segment) => {
                     lost += segment.number - next;
@@ -226,8 +240,39 @@ impl Cursor {
             }
         }
         self.next = Some(next);
+        self.head_cas = cas.filter(|_| next == head + 1).map(|c| (head, c));
         (out, lost)
     }
+
+    /// Reserves the next segment number for this worker's own segment: one compare-and-swap
+    /// from the head the last read saw when nobody moved it since, else the full increment.
+    fn reserve(&mut self) -> Option<u64> {
+        let number = match self.head_cas.take() {
+            Some((head, cas)) => match host::set_shared_data_cas(HEAD_KEY, &(head + 1).to_le_bytes(), Some(cas)) {
+                Ok(()) => Some(head + 1),
+                Err(Status::CasMismatch) => increment(HEAD_KEY),
+                Err(_) => None,
+            },
+            None => increment(HEAD_KEY),
+        }?;
+        if self.own.len() as u64 >= SLOTS {
+            self.own.pop_front();
+        }
+        self.own.push_back(number);
+        Some(number)
+    }
+}
+
+/// Whether segment `next` is this worker's own (forgetting its own numbers the reader passed).
+fn skip_own(own: &mut VecDeque<u64>, next: u64) -> bool {
+    while own.front().is_some_and(|n| *n < next) {
+        own.pop_front();
+    }
+    if own.front() == Some(&next) {
+        own.pop_front();
+        return true;
+    }
+    false
 }
 
 /// Segment `number`, or a later one that overwrote its slot; `None` when it is reserved
@@ -261,7 +306,7 @@ impl Mesh {
         if events.is_empty() && now.0.saturating_sub(self.last_write_ms) < HEARTBEAT_MS {
             return;
         }
-        let Some(number) = increment(HEAD_KEY) else { return };
+        let Some(number) = self.cursor.reserve() else { return };
         let segment = Segment {
             number,
             origin: self.origin,
@@ -338,6 +383,14 @@ impl Mesh {
         (peer.nonce, peer.heard_ms, peer.gone) = (segment.nonce, now.0, false);
         rx.events
             .extend(segment.events.into_iter().filter_map(WireEvent::into_event));
+    }
+}
+
+/// A counter's value (0 when absent) and its CAS.
+fn read_u64_cas(key: &str) -> (u64, Option<u32>) {
+    match host::shared_data_cas(key) {
+        Ok((bytes, cas)) => (bytes.and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes), cas),
+        Err(_) => (0, None),
     }
 }
 
@@ -456,6 +509,17 @@ mod tests {
         m.apply(other, Millis(10), &mut rx);
         assert!(rx.origin_taken, "another VM writes under origin 1");
         assert_eq!(rx.events.len(), 2);
+    }
+
+    #[test]
+    fn a_reader_skips_its_own_segments_and_only_those() {
+        let mut own: VecDeque<u64> = [3, 5, 6].into();
+        let read: Vec<u64> = (1..=8).filter(|n| !skip_own(&mut own, *n)).collect();
+        assert_eq!(read, vec![1, 2, 4, 7, 8]);
+        assert!(own.is_empty());
+        let mut own: VecDeque<u64> = [2, 9].into();
+        assert!(!skip_own(&mut own, 4), "a lapped reader drops the numbers it passed");
+        assert_eq!(own, VecDeque::from([9]));
     }
 
     #[test]

@@ -20,7 +20,7 @@ use proxy_wasm::types::LogLevel;
 
 use crate::host;
 use crate::mesh::Mesh;
-use crate::stats::RequestStats;
+use crate::stats::{self_clock, RequestStats};
 
 const IDLE_AFTER_MS: u64 = 1000;
 /// A peer's request still in flight after this long lost its completion on the way (it is
@@ -36,7 +36,27 @@ pub struct Peers {
     on_request: bool,
     idle: Cell<bool>,
     last_activity: Cell<u64>,
+    /// When this worker last read its peers' segments.
+    last_pull: Cell<u64>,
     members: Cell<u64>,
+}
+
+thread_local! {
+    /// Set by the scraping service's root. Envoy also runs the HTTP filter's root context on
+    /// its main thread (thread-local plugins exist on every thread), in the VM the service
+    /// shares when both have the same `vm_id` and code: that root never sees a request, so it
+    /// must not be a mesh member reading every segment (it was: a third of the applied
+    /// events at 2 workers).
+    static SERVICE_IN_THIS_VM: Cell<bool> = const { Cell::new(false) };
+}
+
+/// The scraping service started in this VM (so this VM lives on Envoy's main thread).
+pub fn service_started_here() {
+    SERVICE_IN_THIS_VM.with(|s| s.set(true));
+}
+
+fn on_main_thread() -> bool {
+    SERVICE_IN_THIS_VM.with(Cell::get)
 }
 
 impl Peers {
@@ -46,8 +66,9 @@ impl Peers {
         let config: &Config = router.config();
         let share = config.share().clone();
         let scrape_interval_ms = config.scrape().interval_ms;
-        let mesh = share.workers.then(Mesh::join).flatten();
+        let mesh = (share.workers && !on_main_thread()).then(Mesh::join).flatten();
         match &mesh {
+            None if share.workers && on_main_thread() => {}
             Some(m) => router.share_with_peers(m.origin()),
             None if share.workers => host::log(
                 LogLevel::Warn,
@@ -66,7 +87,24 @@ impl Peers {
             on_request: share.on_request,
             idle: Cell::new(false),
             last_activity: Cell::new(0),
+            last_pull: Cell::new(0),
             members: Cell::new(0),
+        }
+    }
+
+    /// Leaves the mesh when this root turns out to sit on Envoy's main thread (see
+    /// `on_main_thread`), in case it joined before the scraping service started there.
+    fn leave_if_main_thread(&self) {
+        if !on_main_thread() {
+            return;
+        }
+        if let Ok(mut mesh) = self.mesh.try_borrow_mut() {
+            if mesh.take().is_some() {
+                host::log(
+                    LogLevel::Info,
+                    "the filter's root on the main thread routes nothing: it left the shared view",
+                );
+            }
         }
     }
 
@@ -76,7 +114,19 @@ impl Peers {
     }
 
     pub fn on_tick(&self, router: &mut Router, stats: &RequestStats, now: Millis) {
-        if self.exchange(router, stats, now) {
+        self.leave_if_main_thread();
+        let t0 = self_clock();
+        // With `share.on_request`, a worker under traffic already read the log within the
+        // tick: the tick then only publishes what completions and first tokens left.
+        let pulled_lately = self.on_request && now.0.saturating_sub(self.last_pull.get()) < self.tick_ms;
+        let moved = if pulled_lately {
+            self.push(router, now);
+            true
+        } else {
+            self.exchange(router, stats, now)
+        };
+        stats.share_ns[2].add(self_clock().saturating_sub(t0));
+        if moved {
             self.last_activity.set(now.0);
             // Peers are busy again: read at the fast tick, not 256 segments per 50 ms.
             if self.idle.get() && host::set_tick_period_ms(self.tick_ms).is_ok() {
@@ -95,13 +145,16 @@ impl Peers {
     /// worker whose tick slowed down catches up and speeds it up again.
     pub fn before_route(&self, router: &mut Router, stats: &RequestStats, now: Millis) {
         let idle = self.idle.get();
+        let t0 = self_clock();
         if self.on_request || idle {
             self.pull(router, stats, now);
         }
         if !idle {
+            stats.share_ns[0].add(self_clock().saturating_sub(t0));
             return;
         }
         self.push(router, now);
+        stats.share_ns[0].add(self_clock().saturating_sub(t0));
         self.last_activity.set(now.0);
         if host::set_tick_period_ms(self.tick_ms).is_ok() {
             self.idle.set(false);
@@ -109,9 +162,11 @@ impl Peers {
     }
 
     /// After a request was routed: with `share.on_request`, publish the placement at once.
-    pub fn after_route(&self, router: &mut Router, now: Millis) {
+    pub fn after_route(&self, router: &mut Router, stats: &RequestStats, now: Millis) {
         if self.on_request {
+            let t0 = self_clock();
             self.push(router, now);
+            stats.share_ns[1].add(self_clock().saturating_sub(t0));
         }
     }
 
@@ -139,14 +194,17 @@ impl Peers {
             return false;
         };
         let Some(mesh) = guard.as_mut() else { return false };
+        self.last_pull.set(now.0);
         let rx = mesh.receive(now, router.config().share().peer_timeout_ms);
         // A known origin now written by a new VM: what the old one had in flight goes first.
         for origin in &rx.replaced {
             router.forget_peer(*origin);
         }
+        let t0 = self_clock();
         for event in &rx.events {
             router.on_peer_event(event, now);
         }
+        stats.share_ns[3].add(self_clock().saturating_sub(t0));
         if let Some(origin) = rx.new_origin {
             host::log(
                 LogLevel::Warn,

@@ -76,9 +76,13 @@ pub struct RequestStats {
     pub unknown_model: Metric,
     pub lease_taken: Metric,
     pub captured: Metric,
-    /// `capture-timing` builds only: ns spent on the request's part of a line, on the line
+    /// `self-timing` builds only: ns spent on the request's part of a line, on the line
     /// itself, and in the host call that hands it to Envoy.
     pub capture_ns: [Metric; 3],
+    /// `self-timing` builds only: ns the worker mesh took before scoring (applying peers'
+    /// events), after routing (publishing the placement) and on the tick, and of all that,
+    /// the time spent applying peers' events to the router.
+    pub share_ns: [Metric; 4],
     pub tier_spilled: Metric,
     pub tier_unmet: Metric,
     pub capture_failed: Metric,
@@ -118,10 +122,15 @@ impl RequestStats {
             unknown_model: c("decision.unknown_model"),
             lease_taken: c("lease.taken"),
             captured: c("capture.lines"),
-            capture_ns: if cfg!(feature = "capture-timing") {
+            capture_ns: if cfg!(feature = "self-timing") {
                 ["request", "line", "set_property"].map(|n| c(&format!("capture.ns_{n}")))
             } else {
                 [Metric::default(); 3]
+            },
+            share_ns: if cfg!(feature = "self-timing") {
+                ["before_route", "after_route", "tick", "apply"].map(|n| c(&format!("mesh.ns_{n}")))
+            } else {
+                [Metric::default(); 4]
             },
             tier_spilled: c("tiers.spilled"),
             tier_unmet: c("tiers.objective_unmet"),
@@ -206,4 +215,14 @@ fn safe_name(endpoint: &str) -> String {
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
         .collect()
+}
+
+/// The host clock in ns in `self-timing` builds (benchmark-only: the filter times its own
+/// work); 0, and no host call, otherwise.
+pub fn self_clock() -> u64 {
+    if cfg!(feature = "self-timing") {
+        crate::host::now_nanos()
+    } else {
+        0
+    }
 }

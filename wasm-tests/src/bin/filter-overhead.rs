@@ -47,6 +47,7 @@ fn main() -> Result<(), String> {
         "presence" => native::presence(),
         "hostile" => native::hostile(),
         "sharing" => native::sharing(),
+        "sharing-timed" => native::sharing_timed(args.get(1).and_then(|a| a.parse().ok()).unwrap_or(3)),
         "capture" => native::capture(args.get(1).and_then(|a| a.parse().ok()).unwrap_or(3)),
         "capture-pair" => native::capture_pair(args.get(1).and_then(|a| a.parse().ok()).unwrap_or(10)),
         "all" => native::latency(2000)
@@ -54,11 +55,12 @@ fn main() -> Result<(), String> {
             .and_then(|_| native::presence())
             .and_then(|_| native::hostile())
             .and_then(|_| native::sharing())
+            .and_then(|_| native::sharing_timed(3))
             .and_then(|_| native::capture(3))
             .and_then(|_| native::capture_pair(10))
             .and_then(|_| native::scrape_cost(200)),
         other => Err(format!(
-            "unknown measurement {other:?}: all | latency [N] | wrk | scrape | presence | hostile | sharing | capture [N] | capture-pair [N]"
+            "unknown measurement {other:?}: all | latency [N] | wrk | scrape | presence | hostile | sharing | sharing-timed [N] | capture [N] | capture-pair [N]"
         )),
     }
 }
@@ -516,6 +518,74 @@ mod native {
         Ok(())
     }
 
+    /// `sharing-timed`: the worker mesh's own work, timed inside the VMs by the host clock
+    /// (the `self-timing` build: `mesh.ns_*` counters, summed over every worker), per request
+    /// routed: applying peers' events before scoring, publishing the placement after, and the
+    /// tick's exchange. Host calls are inside the spans; each span also holds two clock reads.
+    /// wrk 1 KiB, 8 connections, 4 s after 2 s of warm-up, `rounds` fresh Envoys per worker
+    /// count. The Envoy-wide differential (`sharing`) moves by ±20 µs a request between
+    /// Envoys on a shared VM; this does not.
+    pub fn sharing_timed(rounds: usize) -> Result<(), String> {
+        if !repo_root().join("dist/kvroute-self-timing.wasm").exists() {
+            return Err("no dist/kvroute-self-timing.wasm: run `make build-wasm-self-timing`".into());
+        }
+        let servers = fleet(4)?;
+        let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
+        let dir = std::env::temp_dir().join(format!("kvroute-sharing-timed-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let script = post_script(&dir, 1024)?;
+        let parts = ["before_route", "after_route", "tick", "apply"];
+        println!("| workers | before scoring | after routing | tick | sharing in all, per request | of which applying peers' events | req/s | events applied per request |");
+        println!("|---|---|---|---|---|---|---|---|");
+        for workers in [2u32, 8] {
+            let mut per_req: Vec<[f64; 5]> = Vec::new();
+            let (mut rps, mut applied) = (Vec::new(), Vec::new());
+            for _ in 0..rounds.max(1) {
+                let edit = |t: String| t.replace("dist/kvroute.wasm", "dist/kvroute-self-timing.wasm");
+                let envoy = Envoy::start_workers("bench-overhead.yaml", &ports, workers, edit)?;
+                std::thread::sleep(Duration::from_millis(600));
+                wrk_path(&envoy, envoy.port, "/v1/chat/completions", &script, 8, 2)?;
+                let read = |envoy: &Envoy| {
+                    let ns = parts.map(|p| envoy.stat(&format!("wasmcustom.kvroute.mesh.ns_{p}")) as f64);
+                    let routed = ["prefix_hit", "cold"]
+                        .map(|d| envoy.stat(&format!("wasmcustom.kvroute.decision.{d}")))
+                        .iter()
+                        .sum::<u64>() as f64;
+                    (ns, routed, envoy.stat("wasmcustom.kvroute.mesh.events_applied") as f64)
+                };
+                let (ns0, routed0, applied0) = read(&envoy);
+                let run = wrk_path(&envoy, envoy.port, "/v1/chat/completions", &script, 8, 4)?;
+                let (ns1, routed1, applied1) = read(&envoy);
+                let n = (routed1 - routed0).max(1.0);
+                let us = [0, 1, 2, 3].map(|i| (ns1[i] - ns0[i]) / n / 1000.0);
+                per_req.push([us[0], us[1], us[2], us[0] + us[1] + us[2], us[3]]);
+                rps.push(run.rps);
+                applied.push((applied1 - applied0) / n);
+            }
+            let median = |mut v: Vec<f64>| {
+                v.sort_by(f64::total_cmp);
+                v[v.len() / 2]
+            };
+            let col = |i: usize| median(per_req.iter().map(|r| r[i]).collect());
+            let totals: Vec<f64> = per_req.iter().map(|r| r[3]).collect();
+            let (lo, hi) = totals
+                .iter()
+                .fold((f64::MAX, f64::MIN), |(a, b), t| (a.min(*t), b.max(*t)));
+            println!(
+                "| {workers} | {:.2} µs | {:.2} µs | {:.2} µs | {:.2} µs [{lo:.2}–{hi:.2}] | {:.2} µs | {:.0} | {:.2} |",
+                col(0),
+                col(1),
+                col(2),
+                col(3),
+                col(4),
+                median(rps),
+                median(applied)
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        Ok(())
+    }
+
     /// `capture`: what traffic capture costs. Envoy CPU per request on the kvroute listener
     /// (1 KiB, 8 connections, wrk 4 s after 2 s of warm-up, a fresh Envoy each run, `rounds` times in the order
     /// off / filter only / with the access log, then back), capture sampling every request:
@@ -630,20 +700,20 @@ mod native {
             )
             .replacen("name: kvroute\n", "name: kvroute_capture\n", 1)
             .replacen("vm_id: kvroute\n", "vm_id: kvroute_capture\n", 1)
-            .replacen("dist/kvroute.wasm", "dist/kvroute-capture-timing.wasm", 1)
+            .replacen("dist/kvroute.wasm", "dist/kvroute-self-timing.wasm", 1)
             .replacen("value: *kvroute_config", &format!("value: '{json}'"), 1);
         format!("{}{}{}", &text[..e0], capture, &text[e1..])
     }
 
     /// `capture-pair`: capture's cost in one Envoy, one VM per side: the kvroute listener
-    /// without capture and a second kvroute listener (its own VM, the `capture-timing` build,
+    /// without capture and a second kvroute listener (its own VM, the `self-timing` build,
     /// which also reports the time its capture code takes) capturing every request through
     /// the shipped access log, wrk 4 s on each in turn (A B B A, `rounds` times,
     /// after 4 s of warm-up on each), 1 KiB, 8 connections. No fresh process per run: the
     /// fresh-Envoy runs of `capture` move by ±20 µs a request from one Envoy to the next.
     pub fn capture_pair(rounds: usize) -> Result<(), String> {
-        if !repo_root().join("dist/kvroute-capture-timing.wasm").exists() {
-            return Err("no dist/kvroute-capture-timing.wasm: run `make build-wasm-capture-timing`".into());
+        if !repo_root().join("dist/kvroute-self-timing.wasm").exists() {
+            return Err("no dist/kvroute-self-timing.wasm: run `make build-wasm-self-timing`".into());
         }
         let servers = fleet(4)?;
         let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
