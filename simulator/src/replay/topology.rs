@@ -7,8 +7,10 @@
 //!   spreads them across a replica's workers. The replay's workloads carry no connection or
 //!   session, so each request picks a replica and then a worker at random (seeded): the
 //!   least favourable spread for affinity, since nothing keeps related requests together.
-//! - Scrapes: each replica scrapes on its own (phases spread over the interval); each worker
-//!   applies its replica's snapshot at its own tick after it was taken.
+//! - Scrapes: each replica scrapes on its own (phases spread over the interval; within 5 ms
+//!   of each other when replicas exchange placements, which makes the filter align scrapes
+//!   on the clock); each worker applies its replica's snapshot at its own tick after it was
+//!   taken.
 //! - Sharing: with `share_workers`, the workers of one replica exchange peer events
 //!   (`kvroute_core::peer`) as the filter does: a worker flushes its events at its next tick,
 //!   and a peer applies them at its first tick after that.
@@ -18,6 +20,9 @@
 //!   applies them at its next tick. Nothing else crosses: each replica keeps its own scrapes.
 
 use kvroute_core::{Config, PeerEvent};
+
+/// How far apart replicas that align their scrapes on the clock still take them.
+const ALIGNED_SPREAD_MS: f64 = 5.0;
 
 use crate::policies::{Policy, PolicyName, Rng};
 
@@ -74,9 +79,18 @@ impl Topology {
         router / self.workers.max(1)
     }
 
-    /// When gateway `g` takes its first scrape: replicas are not in step.
+    /// When gateway `g` takes its first scrape. Isolated replicas are not in step (phases
+    /// spread over the interval); replicas that exchange placements scrape on the clock's
+    /// multiples of the interval, as the filter does with `share.replicas`, so their phases
+    /// differ only by clock skew and the 5 ms tick that notices the boundary
+    /// (`ALIGNED_SPREAD_MS`, spread evenly).
     pub fn scrape_phase_ms(&self, g: usize, interval_ms: f64) -> f64 {
-        interval_ms * g as f64 / self.gateways.max(1) as f64
+        let spread = if self.share_gateways {
+            ALIGNED_SPREAD_MS.min(interval_ms)
+        } else {
+            interval_ms
+        };
+        spread * g as f64 / self.gateways.max(1) as f64
     }
 
     /// The first tick of `router` at or after `t`: ticks of one gateway's workers are spread
