@@ -11,7 +11,8 @@
 //! After `IDLE_AFTER_MS` with nothing published or received it slows its tick to
 //! `IDLE_TICK_MS`, so an idle gateway does not wake every worker 500 times a second; the
 //! first request it then routes catches up inline (one exchange) before it is scored, and
-//! the fast tick resumes.
+//! the fast tick resumes. With `share.replicas`, a worker also tells the scraping service
+//! of each placement through a shared queue, so it leaves for the other replicas at once.
 
 use std::cell::{Cell, RefCell};
 
@@ -20,6 +21,7 @@ use proxy_wasm::types::LogLevel;
 
 use crate::host;
 use crate::mesh::Mesh;
+use crate::replicas::FORWARD_QUEUE;
 use crate::stats::{self_clock, RequestStats};
 
 const IDLE_AFTER_MS: u64 = 1000;
@@ -39,6 +41,40 @@ pub struct Peers {
     /// When this worker last read its peers' segments.
     last_pull: Cell<u64>,
     members: Cell<u64>,
+    /// With `share.replicas`: this VM group's id and the scraping service's queue
+    /// (`replicas::FORWARD_QUEUE`), once resolved, told of each placement.
+    replicas: Option<ForwardNotice>,
+}
+
+struct ForwardNotice {
+    vm_id: String,
+    queue: Cell<Option<u32>>,
+    /// When to try resolving the queue again (the service may register it after this VM starts).
+    retry_at: Cell<u64>,
+}
+
+impl ForwardNotice {
+    /// Tells the scraping service that a placement waits to be forwarded.
+    fn notify(&self, now: Millis) {
+        let queue = match self.queue.get() {
+            Some(q) => q,
+            None if now.0 >= self.retry_at.get() => {
+                self.retry_at.set(now.0 + 1000);
+                match host::resolve_shared_queue(&self.vm_id, FORWARD_QUEUE) {
+                    Ok(Some(q)) => {
+                        self.queue.set(Some(q));
+                        q
+                    }
+                    _ => return,
+                }
+            }
+            None => return,
+        };
+        if host::enqueue_shared_queue(queue, b"p").is_err() {
+            // The service went away (reload): resolve again later.
+            self.queue.set(None);
+        }
+    }
 }
 
 thread_local! {
@@ -89,6 +125,11 @@ impl Peers {
             last_activity: Cell::new(0),
             last_pull: Cell::new(0),
             members: Cell::new(0),
+            replicas: share.replicas.is_some().then(|| ForwardNotice {
+                vm_id: host::property_string(&["plugin_vm_id"]).unwrap_or_default(),
+                queue: Cell::new(None),
+                retry_at: Cell::new(0),
+            }),
         }
     }
 
@@ -168,6 +209,15 @@ impl Peers {
             self.push(router, now);
             stats.share_ns[1].add(self_clock().saturating_sub(t0));
         }
+        if let Some(notice) = self.replicas.as_ref().filter(|_| self.joined()) {
+            // Without `on_request` the placement reaches the log at the next tick; the
+            // service then finds it at its next batch instead.
+            notice.notify(now);
+        }
+    }
+
+    fn joined(&self) -> bool {
+        self.mesh.try_borrow().is_ok_and(|m| m.is_some())
     }
 
     /// Publishes this worker's changes and applies its peers'. Returns whether anything moved.

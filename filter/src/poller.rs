@@ -64,6 +64,10 @@ pub struct Poller {
     /// Forwards this process's placements to the other gateway replicas, when configured.
     forwarder: Option<(Forwarder, u64)>,
     last_scrape: Millis,
+    /// When the last batch left for the other replicas.
+    last_forward: Millis,
+    /// A worker placed a request in a ms that already had a batch: it leaves at the next tick.
+    placement_pending: bool,
     last_poll: Option<Millis>,
     /// When `/clusters` was last read successfully.
     last_full: Option<Millis>,
@@ -115,6 +119,8 @@ impl Poller {
             stats: ScrapeStats::define(),
             forwarder,
             last_scrape: Millis(0),
+            last_forward: Millis(0),
+            placement_pending: false,
             last_poll: None,
             last_full: None,
             signature: None,
@@ -137,7 +143,7 @@ impl Poller {
     }
 
     pub fn on_tick(&mut self, now: Millis) {
-        self.forward(now);
+        self.forward_if_due(now);
         self.poll(now);
         let interval = self.config.scrape_interval_ms(self.fleet.len());
         let aligned = self.forwarder.is_some();
@@ -281,6 +287,35 @@ impl Poller {
         }
     }
 
+    /// A worker placed a request (`replicas::FORWARD_QUEUE`): forward now, or at the next
+    /// 1 ms tick when a batch already left this ms.
+    pub fn on_placement(&mut self, now: Millis) {
+        if self.forwarder.is_none() {
+            return;
+        }
+        if now > self.last_forward {
+            self.forward(now);
+        } else if !self.placement_pending {
+            self.placement_pending = true;
+            let _ = host::set_tick_period_ms(1);
+        }
+    }
+
+    /// Forwards a pending placement, or whatever accumulated once `interval_ms` passed since
+    /// the last batch.
+    fn forward_if_due(&mut self, now: Millis) {
+        let Some(interval) = self.config.share().replicas.as_ref().map(|r| r.interval_ms) else {
+            return;
+        };
+        if self.placement_pending {
+            self.placement_pending = false;
+            let _ = host::set_tick_period_ms(Poller::tick_ms(&self.config));
+            self.forward(now);
+        } else if now.since(self.last_forward) >= interval {
+            self.forward(now);
+        }
+    }
+
     /// POSTs this process's new placements to every replica listed (each drops its own).
     fn forward(&mut self, now: Millis) {
         let Some((forwarder, nonce)) = self.forwarder.as_mut() else {
@@ -292,6 +327,7 @@ impl Poller {
         let Some(body) = forwarder.collect(*nonce, now) else {
             return;
         };
+        self.last_forward = now;
         for peer in &replicas.peers {
             match host::dispatch_post(
                 &replicas.cluster,

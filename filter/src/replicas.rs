@@ -5,8 +5,8 @@
 //!
 //! The protocol, and why: the scraping service (main thread, one per process) reads the
 //! process's log like a worker does (`Forwarder`, which takes no origin and applies nothing)
-//! and every `share.replicas.interval_ms` POSTs what its own workers wrote since the last
-//! batch — not what came from other replicas, so nothing echoes — to every replica listed
+//! and POSTs what its own workers wrote since the last batch — not what came from other
+//! replicas, so nothing echoes — to every replica listed
 //! in `share.replicas.peers`, through the `share.replicas.cluster` cluster (an
 //! `override_host` cluster, so the destination header picks each replica). A replica's
 //! kvroute filter answers `share.replicas.path` itself (204), after checking the shared
@@ -14,8 +14,20 @@
 //! log under a remote origin with the request keys re-stamped (`take_forwarded`). No new
 //! service, no extra hop on the request path.
 //!
-//! Cost: one POST of the batch per replica per interval (empty batches only as a 1 s
-//! heartbeat); each forwarded event is applied by every worker of every replica. A replica
+//! When: a worker that routed a request enqueues one byte on the service's shared queue
+//! (`FORWARD_QUEUE`), and the service forwards at once unless it forwarded within the last
+//! ms (then at its next 1 ms tick); first tokens and completions wait for the next placement
+//! or for `share.replicas.interval_ms` after the last batch. Why: what a replica decides
+//! before the others' placements arrive is what separates R replicas from one router, and
+//! it grows with the delay (replay, 8 replicas, TTFT p95 on the matrix's shared-prefix /
+//! multi-turn / rag at 80% load: +2% / +7% / +1% over one router with placements sent at
+//! once and a 0.25 ms hop, against +59% / +39% / +55% when everything waited for a 5 ms
+//! interval; BENCHMARKS.md). At most one batch per ms keeps the POST rate bounded under load.
+//! Without a scraping service (lease mode) there is no queue: batches leave every interval.
+//!
+//! Cost: one POST of the batch per replica per batch (at most 1,000 a second while
+//! placements keep coming; empty batches only as a 1 s heartbeat), one enqueue per routed
+//! request on the worker; each forwarded event is applied by every worker of every replica. A replica
 //! that is down makes its POSTs fail (`replicas.forward_failure`; nothing is retried or
 //! queued) and its workers' load is released on the others after `share.peer_timeout_ms`
 //! without a heartbeat. Its placements already taken stay: the servers still hold them.
@@ -37,6 +49,9 @@ pub struct Forward {
 }
 
 const REPLICA_KEY: &str = "kvroute.mesh.replica";
+/// The scraping service's shared queue: a worker that placed a request says so, and the
+/// service forwards at once instead of at its next interval.
+pub const FORWARD_QUEUE: &str = "kvroute.replicas.placed";
 /// A batch bigger than this is refused (400): a sender never has more to say in one
 /// interval, and writing it would lap every reader of this process's log.
 const MAX_SEGMENTS_PER_BATCH: usize = 256;

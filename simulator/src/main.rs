@@ -316,6 +316,10 @@ pub struct TopologyArgs {
     /// With --share-gateways: ms from a replica's flush until the other replicas have its events.
     #[arg(long, default_value_t = 20.0)]
     gateway_delay_ms: f64,
+    /// With --share-gateways: model the filter's forwarding (placements leave at once, at most
+    /// one batch per ms; other events every this many ms) with --gateway-delay-ms as the hop.
+    #[arg(long, default_value_t = 0.0)]
+    gateway_interval_ms: f64,
 }
 
 impl TopologyArgs {
@@ -326,6 +330,10 @@ impl TopologyArgs {
         );
         anyhow::ensure!(self.tick_ms > 0.0, "--tick-ms must be positive");
         anyhow::ensure!(self.gateway_delay_ms >= 0.0, "--gateway-delay-ms must not be negative");
+        anyhow::ensure!(
+            self.gateway_interval_ms >= 0.0,
+            "--gateway-interval-ms must not be negative"
+        );
         Ok(Topology {
             gateways: self.gateways,
             workers: self.workers,
@@ -333,6 +341,7 @@ impl TopologyArgs {
             tick_ms: self.tick_ms,
             share_gateways: self.share_gateways,
             gateway_delay_ms: self.gateway_delay_ms,
+            gateway_interval_ms: self.gateway_interval_ms,
         })
     }
 }

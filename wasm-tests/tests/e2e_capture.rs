@@ -96,8 +96,7 @@ fn a_captured_run_replays_to_the_live_hit_rate_and_ttft() {
             workers: 2,
             share_workers: true,
             tick_ms: 2.0,
-            share_gateways: false,
-            gateway_delay_ms: 0.0,
+            ..Topology::default()
         },
     };
     let replayed = replay::run(&setup, PolicyName::Kvroute, &captured, &|_| {});

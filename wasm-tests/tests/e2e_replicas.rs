@@ -28,7 +28,7 @@ fn long_prompt(tag: &str) -> String {
 
 /// envoy.yaml with the replicas' cluster (envoy/fragments/replicas-cluster.yaml) naming
 /// `peers`, and kvroute told to exchange with them (or not).
-fn replica_config(text: String, peers: [u16; 2], share: bool) -> String {
+fn replica_config_every(text: String, peers: [u16; 2], share: bool, interval_ms: u64) -> String {
     let fragment = std::fs::read_to_string(repo_root().join("envoy/fragments/replicas-cluster.yaml")).unwrap();
     let cluster: String = fragment
         .lines()
@@ -39,7 +39,7 @@ fn replica_config(text: String, peers: [u16; 2], share: bool) -> String {
         .replace("port_value: 10200", &format!("port_value: {}", peers[1]));
     let plugin = if share {
         format!(
-            r#""policy": "cost", "debug_headers": true, "share": {{"replicas": {{"peers": ["127.0.0.1:{}", "127.0.0.1:{}"], "secret": "{SECRET}", "interval_ms": 5}}}},"#,
+            r#""policy": "cost", "debug_headers": true, "share": {{"replicas": {{"peers": ["127.0.0.1:{}", "127.0.0.1:{}"], "secret": "{SECRET}", "interval_ms": {interval_ms}}}}},"#,
             peers[0], peers[1]
         )
     } else {
@@ -56,12 +56,16 @@ struct Pair {
 }
 
 fn pair(share: bool) -> Pair {
+    pair_every(share, 5)
+}
+
+fn pair_every(share: bool, interval_ms: u64) -> Pair {
     let servers: Vec<FakeVllm> = (0..4).map(|_| FakeVllm::start(Load::idle()).unwrap()).collect();
     let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
     let peers = [free_port(), free_port()];
     let start = |listen: u16| {
         Envoy::start_listening("envoy.yaml", &ports, 2, Some(listen), |t| {
-            replica_config(t, peers, share)
+            replica_config_every(t, peers, share, interval_ms)
         })
         .unwrap()
     };
@@ -89,11 +93,15 @@ fn chat(envoy: &Envoy, body: &str) -> (String, String) {
 /// Per pair: (server of the first request, sent to replica A; server and kvroute's reason
 /// of its sibling, sent to replica B 200 ms later).
 fn across(p: &Pair, pairs: usize) -> Vec<(String, String, String)> {
+    across_after(p, pairs, 200)
+}
+
+fn across_after(p: &Pair, pairs: usize, gap_ms: u64) -> Vec<(String, String, String)> {
     (0..pairs)
         .map(|i| {
             let system = long_prompt(&format!("replica-pair-{i}"));
             let (first, _) = chat(&p.a, &chat_body(&system, "first"));
-            thread::sleep(Duration::from_millis(200));
+            thread::sleep(Duration::from_millis(gap_ms));
             let (second, reason) = chat(&p.b, &chat_body(&system, "second"));
             (first, second, reason)
         })
@@ -112,6 +120,18 @@ fn a_replica_finds_the_prefix_another_replica_placed() {
     }
     assert!(p.b.stat("wasmcustom.kvroute.replicas.events_taken") >= 12);
     assert_eq!(p.a.stat("wasmcustom.kvroute.replicas.forward_failure"), failed_at_start);
+}
+
+#[test]
+fn a_placement_leaves_for_the_other_replica_at_once() {
+    // Batches every second: only the workers' notice to the scraping service gets a placement
+    // to B within the 30 ms before its sibling arrives there.
+    let p = pair_every(true, 1000);
+    let pairs = across_after(&p, 6, 30);
+    for (i, (first, second, reason)) in pairs.iter().enumerate() {
+        assert_eq!(reason, "prefix_hit", "pair {i}: {pairs:?}\n{}", p.b.log_text());
+        assert_eq!(first, second, "pair {i}: {pairs:?}");
+    }
 }
 
 #[test]

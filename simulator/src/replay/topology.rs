@@ -36,9 +36,19 @@ pub struct Topology {
     pub tick_ms: f64,
     /// Replicas exchange peer events too (a modelled cross-replica protocol).
     pub share_gateways: bool,
-    /// How long a flushed event takes to reach another replica.
+    /// How long a flushed event takes to reach another replica (with `gateway_interval_ms`,
+    /// the network hop only).
     pub gateway_delay_ms: f64,
+    /// 0: every flush leaves for the other replicas at once (`gateway_delay_ms` holds all the
+    /// delay). Otherwise the filter's forwarding: a batch holding a placement leaves at once
+    /// (the workers wake the scraping service through a shared queue) unless the replica sent
+    /// within the last ms (then 1 ms after its last send); other batches leave this long
+    /// after the replica's last send.
+    pub gateway_interval_ms: f64,
 }
+
+/// A replica sends at most one batch per this many ms.
+const MIN_FORWARD_GAP_MS: f64 = 1.0;
 
 impl Default for Topology {
     fn default() -> Self {
@@ -49,6 +59,7 @@ impl Default for Topology {
             tick_ms: 10.0,
             share_gateways: false,
             gateway_delay_ms: 0.0,
+            gateway_interval_ms: 0.0,
         }
     }
 }
@@ -64,7 +75,15 @@ impl std::fmt::Display for Topology {
             write!(f, ", workers {how} at a {} ms tick", self.tick_ms)?;
         }
         if self.gateways > 1 && self.share_gateways {
-            write!(f, ", replicas shared after {} ms", self.gateway_delay_ms)?;
+            if self.gateway_interval_ms > 0.0 {
+                write!(
+                    f,
+                    ", replicas shared: placements at once, the rest every {} ms, {} ms hop",
+                    self.gateway_interval_ms, self.gateway_delay_ms
+                )?;
+            } else {
+                write!(f, ", replicas shared after {} ms", self.gateway_delay_ms)?;
+            }
         }
         Ok(())
     }
@@ -139,6 +158,8 @@ pub struct Routers {
     pub all: Vec<Box<dyn Policy>>,
     owner: Vec<usize>,
     spread: Rng,
+    /// When each replica last forwarded a batch to the others.
+    last_forward: Vec<f64>,
 }
 
 impl Routers {
@@ -170,6 +191,7 @@ impl Routers {
             all,
             owner: vec![0; requests],
             spread: Rng::new(seed ^ 0x7070),
+            last_forward: vec![f64::NEG_INFINITY; topology.gateways.max(1)],
         }
     }
 
@@ -193,12 +215,32 @@ impl Routers {
         if events.is_empty() {
             return (events, Vec::new());
         }
-        let to = self
-            .topology
-            .peers(router)
-            .map(|peer| (peer, self.topology.peer_delivery_ms(router, peer, now)))
-            .collect();
+        let to = self.arrivals(router, now, &events);
         (events, to)
+    }
+
+    /// When each peer of `router` has `events`, flushed at `now`.
+    fn arrivals(&mut self, router: usize, now: f64, events: &[PeerEvent]) -> Vec<(usize, f64)> {
+        let t = self.topology;
+        let g = t.gateway_of(router);
+        let leaves = (t.gateway_interval_ms > 0.0 && t.share_gateways).then(|| {
+            let flushed = t.next_tick_ms(router, now);
+            let placement = events.iter().any(|e| matches!(e, PeerEvent::Routed { .. }));
+            let gap = if placement {
+                MIN_FORWARD_GAP_MS
+            } else {
+                t.gateway_interval_ms
+            };
+            let at = flushed.max(self.last_forward[g] + gap);
+            self.last_forward[g] = at;
+            at
+        });
+        t.peers(router)
+            .map(|peer| match leaves {
+                Some(at) if t.gateway_of(peer) != g => (peer, t.next_tick_ms(peer, at + t.gateway_delay_ms + 1e-6)),
+                _ => (peer, t.peer_delivery_ms(router, peer, now)),
+            })
+            .collect()
     }
 }
 
@@ -238,6 +280,37 @@ mod tests {
         };
         assert_eq!(replicas.peers(5).count(), 7, "every other router");
         assert_ne!(replicas.origin(1), replicas.origin(5), "origins unique across replicas");
+        let leading = Topology {
+            gateway_interval_ms: 5.0,
+            gateway_delay_ms: 0.25,
+            tick_ms: 0.01,
+            ..replicas
+        };
+        let mut routers = Routers::new(
+            leading,
+            PolicyName::Kvroute,
+            4,
+            1000,
+            0,
+            &Config::from_json(b"{}").unwrap(),
+            8,
+        );
+        let routed = PeerEvent::Routed {
+            key: 1,
+            endpoint: kvroute_core::EndpointId::new("10.0.0.1:8000"),
+            blocks: vec![],
+            prompt_tokens: kvroute_core::Tokens(10),
+            uncached: kvroute_core::Tokens(10),
+            at: kvroute_core::Millis(0),
+        };
+        let first_token = PeerEvent::FirstToken { key: 1 };
+        let remote = |to: &[(usize, f64)]| to.iter().find(|(r, _)| *r == 5).map(|(_, at)| *at).unwrap();
+        let at = remote(&routers.arrivals(0, 100.0, std::slice::from_ref(&routed)));
+        assert!((100.25..100.3).contains(&at), "a placement leaves at once: {at}");
+        let at = remote(&routers.arrivals(1, 100.5, &[routed]));
+        assert!((101.25..101.3).contains(&at), "at most one batch a ms: {at}");
+        let at = remote(&routers.arrivals(2, 102.0, &[first_token]));
+        assert!((106.25..106.3).contains(&at), "the rest waits for the interval: {at}");
         let near = replicas.peer_delivery_ms(0, 1, 0.0);
         let far = replicas.peer_delivery_ms(0, 5, 0.0);
         assert!((21.25..=31.25).contains(&far), "a flush, 20 ms, a tick: {far}");
