@@ -51,11 +51,32 @@ struct ForwardNotice {
     queue: Cell<Option<u32>>,
     /// When to try resolving the queue again (the service may register it after this VM starts).
     retry_at: Cell<u64>,
+    /// The ms of this worker's last notice: one a ms is enough (the service sends at most one
+    /// batch a ms); a placement later in the same ms is noticed at the next tick or request.
+    noticed_ms: Cell<u64>,
+    pending: Cell<bool>,
 }
 
 impl ForwardNotice {
-    /// Tells the scraping service that a placement waits to be forwarded.
+    /// A placement waits to be forwarded: tells the scraping service, once a ms.
+    fn placed(&self, now: Millis) {
+        if now.0 == self.noticed_ms.get() {
+            self.pending.set(true);
+        } else {
+            self.notify(now);
+        }
+    }
+
+    /// On the tick: a placement not noticed yet is noticed now.
+    fn flush(&self, now: Millis) {
+        if self.pending.get() && now.0 != self.noticed_ms.get() {
+            self.notify(now);
+        }
+    }
+
     fn notify(&self, now: Millis) {
+        self.pending.set(false);
+        self.noticed_ms.set(now.0);
         let queue = match self.queue.get() {
             Some(q) => q,
             None if now.0 >= self.retry_at.get() => {
@@ -125,10 +146,12 @@ impl Peers {
             last_activity: Cell::new(0),
             last_pull: Cell::new(0),
             members: Cell::new(0),
-            replicas: share.replicas.is_some().then(|| ForwardNotice {
+            replicas: share.replicas.as_ref().filter(|r| r.at_once).map(|_| ForwardNotice {
                 vm_id: host::property_string(&["plugin_vm_id"]).unwrap_or_default(),
                 queue: Cell::new(None),
                 retry_at: Cell::new(0),
+                noticed_ms: Cell::new(0),
+                pending: Cell::new(false),
             }),
         }
     }
@@ -156,6 +179,9 @@ impl Peers {
 
     pub fn on_tick(&self, router: &mut Router, stats: &RequestStats, now: Millis) {
         self.leave_if_main_thread();
+        if let Some(notice) = self.replicas.as_ref() {
+            notice.flush(now);
+        }
         let t0 = self_clock();
         // With `share.on_request`, a worker under traffic already read the log within the
         // tick: the tick then only publishes what completions and first tokens left.
@@ -212,7 +238,7 @@ impl Peers {
         if let Some(notice) = self.replicas.as_ref().filter(|_| self.joined()) {
             // Without `on_request` the placement reaches the log at the next tick; the
             // service then finds it at its next batch instead.
-            notice.notify(now);
+            notice.placed(now);
         }
     }
 

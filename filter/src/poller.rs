@@ -339,6 +339,7 @@ impl Poller {
             ) {
                 Ok(token) => {
                     self.calls.insert(token, Call::Forward);
+                    self.stats.forwarded.inc();
                 }
                 Err(status) => {
                     self.stats.forward_failure.inc();

@@ -185,6 +185,8 @@ impl RequestStats {
 #[derive(Debug, Default)]
 pub struct ScrapeStats {
     pub forward_failure: Metric,
+    /// Batches POSTed to other replicas (each peer counts once).
+    pub forwarded: Metric,
     pub success: Metric,
     pub failure: Metric,
     pub healthy_endpoints: Metric,
@@ -198,6 +200,7 @@ impl ScrapeStats {
     pub fn define() -> ScrapeStats {
         ScrapeStats {
             forward_failure: Metric::define(MetricType::Counter, "kvroute.replicas.forward_failure"),
+            forwarded: Metric::define(MetricType::Counter, "kvroute.replicas.batches_sent"),
             success: Metric::define(MetricType::Counter, "kvroute.scrape.success"),
             failure: Metric::define(MetricType::Counter, "kvroute.scrape.failure"),
             healthy_endpoints: Metric::define(MetricType::Gauge, "kvroute.scrape.healthy_endpoints"),

@@ -47,6 +47,7 @@ fn main() -> Result<(), String> {
         "presence" => native::presence(),
         "hostile" => native::hostile(),
         "sharing" => native::sharing(),
+        "replicas" => native::replicas_cost(args.get(1).and_then(|a| a.parse().ok()).unwrap_or(3)),
         "sharing-timed" => native::sharing_timed(args.get(1).and_then(|a| a.parse().ok()).unwrap_or(3)),
         "capture" => native::capture(args.get(1).and_then(|a| a.parse().ok()).unwrap_or(3)),
         "capture-pair" => native::capture_pair(args.get(1).and_then(|a| a.parse().ok()).unwrap_or(10)),
@@ -56,11 +57,12 @@ fn main() -> Result<(), String> {
             .and_then(|_| native::hostile())
             .and_then(|_| native::sharing())
             .and_then(|_| native::sharing_timed(3))
+            .and_then(|_| native::replicas_cost(3))
             .and_then(|_| native::capture(3))
             .and_then(|_| native::capture_pair(10))
             .and_then(|_| native::scrape_cost(200)),
         other => Err(format!(
-            "unknown measurement {other:?}: all | latency [N] | wrk | scrape | presence | hostile | sharing | sharing-timed [N] | capture [N] | capture-pair [N]"
+            "unknown measurement {other:?}: all | latency [N] | wrk | scrape | presence | hostile | sharing | sharing-timed [N] | replicas [N] | capture [N] | capture-pair [N]"
         )),
     }
 }
@@ -580,6 +582,90 @@ mod native {
                 col(4),
                 median(rps),
                 median(applied)
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        Ok(())
+    }
+
+    /// `replicas`: what exchanging with gateway replicas costs the sender and the receiver.
+    /// One Envoy listed as its own only replica (`share.replicas.peers` = its kvroute
+    /// listener): every batch it forwards goes out through the replicas' cluster and comes
+    /// back to its own filter, which answers it — one peer's send and receive in one process
+    /// (its own batches are recognised and dropped, so nothing is applied twice). Envoy CPU
+    /// per request on the kvroute listener, wrk 1 KiB, 8 connections, 2 workers, 4 s after 2 s
+    /// of warm-up, a fresh Envoy per run, `rounds` × (off, every 5 ms, at once, at once,
+    /// every 5 ms, off); batches POSTed a second.
+    pub fn replicas_cost(rounds: usize) -> Result<(), String> {
+        let servers = fleet(4)?;
+        let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
+        let dir = std::env::temp_dir().join(format!("kvroute-replicas-cost-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let script = post_script(&dir, 1024)?;
+        let fragment = std::fs::read_to_string(repo_root().join("envoy/fragments/replicas-cluster.yaml"))
+            .map_err(|e| e.to_string())?;
+        let mut runs: [Vec<WrkResult>; 3] = [Vec::new(), Vec::new(), Vec::new()];
+        let mut batches: [Vec<f64>; 3] = [Vec::new(), Vec::new(), Vec::new()];
+        for side in [0usize, 1, 2, 2, 1, 0].repeat(rounds.max(1)) {
+            let listen = kvroute_wasm_tests::envoy::free_port();
+            let cluster: String = fragment
+                .lines()
+                .filter(|l| !l.starts_with('#') && !l.contains("port_value: 10200"))
+                .collect::<Vec<_>>()
+                .join("\n")
+                .replace("port_value: 10100", &format!("port_value: {listen}"));
+            let edit = move |t: String| {
+                if side == 0 {
+                    return t;
+                }
+                let share = format!(
+                    r#""policy": "cost", "share": {{"replicas": {{"peers": ["127.0.0.1:{listen}"], "secret": "bench-replicas-secret-0123", "at_once": {}}}}},"#,
+                    side == 2
+                );
+                t.replacen("\"policy\": \"cost\",", &share, 1).replacen(
+                    "  clusters:\n",
+                    &format!("  clusters:\n{cluster}\n"),
+                    1,
+                )
+            };
+            let envoy = Envoy::start_listening("bench-overhead.yaml", &ports, 2, Some(listen), edit)?;
+            std::thread::sleep(Duration::from_millis(600));
+            wrk_path(&envoy, envoy.port, "/v1/chat/completions", &script, 8, 2)?;
+            let sent0 = envoy.stat("wasmcustom.kvroute.replicas.batches_sent");
+            runs[side].push(wrk_path(&envoy, envoy.port, "/v1/chat/completions", &script, 8, 4)?);
+            batches[side].push(
+                envoy
+                    .stat("wasmcustom.kvroute.replicas.batches_sent")
+                    .saturating_sub(sent0) as f64
+                    / 4.0,
+            );
+        }
+        let sorted = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v
+        };
+        let mid = |v: &[f64]| v[v.len() / 2];
+        let cpu = [0, 1, 2].map(|i| sorted(runs[i].iter().map(|r| r.envoy_cpu_us).collect()));
+        println!("{} runs per side; medians [min–max]\n", cpu[0].len());
+        println!("| 1 KiB, 8 connections, 2 workers | Envoy CPU/req | added | batches a second | req/s |");
+        println!("|---|---|---|---|---|");
+        for (i, label) in [
+            "no replicas",
+            "one replica (itself), every 5 ms",
+            "one replica (itself), at once",
+        ]
+        .iter()
+        .enumerate()
+        {
+            let c = &cpu[i];
+            println!(
+                "| {label} | {:.1} µs [{:.1}–{:.1}] | {:+.1} µs | {:.0} | {:.0} |",
+                mid(c),
+                c[0],
+                c[c.len() - 1],
+                mid(c) - mid(&cpu[0]),
+                mid(&sorted(batches[i].clone())),
+                mid(&sorted(runs[i].iter().map(|r| r.rps).collect()))
             );
         }
         let _ = std::fs::remove_dir_all(&dir);
