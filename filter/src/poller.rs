@@ -95,6 +95,7 @@ impl Poller {
                 .map(|id| Host {
                     id: id.clone(),
                     envoy: EnvoyHealth::Serve,
+                    priority: 0,
                 })
                 .collect();
             fleet.on_hosts(&hosts);

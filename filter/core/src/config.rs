@@ -114,6 +114,9 @@ impl Default for RawDiscovery {
 pub struct RawTiers {
     /// Each server's tier (`ip:port` → 0, 1, …); servers not listed are in tier 0.
     pub endpoints: std::collections::BTreeMap<String, u32>,
+    /// Each server's tier is its priority in Envoy's pool cluster (EDS `priority`, as the
+    /// admin `/clusters` view reports it), instead of `endpoints`.
+    pub from_priority: bool,
     /// The TTFT objective of a request without the header, in ms.
     pub ttft_objective_ms: f64,
     /// A request's own objective in ms (a positive number; others are ignored).
@@ -124,6 +127,7 @@ impl Default for RawTiers {
     fn default() -> Self {
         Self {
             endpoints: std::collections::BTreeMap::new(),
+            from_priority: false,
             ttft_objective_ms: 1000.0,
             objective_header: "x-kvroute-ttft-objective-ms".into(),
         }
@@ -132,10 +136,14 @@ impl Default for RawTiers {
 
 impl RawTiers {
     pub fn on(&self) -> bool {
-        !self.endpoints.is_empty()
+        !self.endpoints.is_empty() || self.from_priority
     }
 
-    pub fn tier_of(&self, id: &EndpointId) -> u32 {
+    /// The tier of server `id`, whose priority in Envoy's pool cluster is `priority`.
+    pub fn tier_of(&self, id: &EndpointId, priority: u32) -> u32 {
+        if self.from_priority {
+            return priority;
+        }
         self.endpoints.get(id.as_str()).copied().unwrap_or(0)
     }
 }

@@ -100,6 +100,8 @@ struct HostStatus {
     address: Option<Address>,
     #[serde(default)]
     health_status: HealthStatus,
+    #[serde(default)]
+    priority: u32,
 }
 
 #[derive(Deserialize)]
@@ -172,6 +174,7 @@ pub fn parse_clusters(body: &[u8], cluster: &str) -> Result<Vec<Host>, Discovery
             Some(Host {
                 id: EndpointId::new(id),
                 envoy: h.health_status.envoy_health(),
+                priority: h.priority,
             })
         })
         .collect())
@@ -203,7 +206,7 @@ mod tests {
 
     const ANSWER: &str = r#"{"cluster_statuses":[{"name":"vllm_pool","added_via_api":true,"host_statuses":[
       {"address":{"socket_address":{"address":"10.0.0.1","port_value":8000}},"stats":[{"name":"cx_total"}],
-       "health_status":{"eds_health_status":"HEALTHY"},"weight":1,"locality":{}},
+       "health_status":{"eds_health_status":"HEALTHY"},"weight":1,"locality":{},"priority":2},
       {"address":{"socket_address":{"address":"10.0.0.2","port_value":8000}},
        "health_status":{"failed_active_health_check":true,"eds_health_status":"HEALTHY"}},
       {"address":{"socket_address":{"address":"10.0.0.3","port_value":8000}},
@@ -234,6 +237,8 @@ mod tests {
                 ("[fd00::7]:8000", EnvoyHealth::Serve),
             ]
         );
+        let priorities: Vec<u32> = hosts.iter().map(|h| h.priority).collect();
+        assert_eq!(priorities, vec![2, 0, 0, 0, 0, 0, 0], "EDS priority, 0 when absent");
     }
 
     #[test]

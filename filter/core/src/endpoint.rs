@@ -34,6 +34,8 @@ pub struct Endpoint {
     pub reports_cached: bool,
     /// What Envoy says of it (always `Serve` for a static pool).
     pub envoy: EnvoyHealth,
+    /// Its priority in Envoy's pool cluster (0 for a static pool).
+    pub priority: u32,
     /// The model ids its `/v1/models` lists, once read.
     pub models: Option<Vec<String>>,
     /// Its prefill rate as this router learned it (see `speed`).
@@ -56,6 +58,7 @@ impl Endpoint {
             pending_prefill_tokens: Tokens(0),
             reports_cached: false,
             envoy: EnvoyHealth::Serve,
+            priority: 0,
             models: None,
             speed: Speed::default(),
             ttft_bias: TtftBias::default(),

@@ -47,6 +47,8 @@ impl EnvoyHealth {
 pub struct Host {
     pub id: EndpointId,
     pub envoy: EnvoyHealth,
+    /// Its priority in the cluster (EDS `priority`; 0 the highest and Envoy's default).
+    pub priority: u32,
 }
 
 /// One member of the published fleet state.
@@ -54,6 +56,8 @@ pub struct Host {
 pub struct Member {
     pub id: EndpointId,
     pub envoy: EnvoyHealth,
+    /// Its priority in Envoy's pool cluster (`tiers.from_priority`).
+    pub priority: u32,
     /// The scrape verdict: false once `unhealthy_after_failures` scrapes failed in a row
     /// (never scraped yet counts as true).
     pub scrape_healthy: bool,
@@ -137,6 +141,7 @@ impl Fleet {
             match old.next_if(|r| r.member.id == host.id) {
                 Some(mut row) => {
                     row.member.envoy = host.envoy;
+                    row.member.priority = host.priority;
                     self.rows.push(row);
                 }
                 None => {
@@ -145,6 +150,7 @@ impl Fleet {
                         member: Member {
                             id: host.id.clone(),
                             envoy: host.envoy,
+                            priority: host.priority,
                             scrape_healthy: true,
                             scraped_at: None,
                             metrics: None,
@@ -246,6 +252,7 @@ mod tests {
         Host {
             id: EndpointId::new(id),
             envoy,
+            priority: 0,
         }
     }
 

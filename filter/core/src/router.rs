@@ -430,7 +430,7 @@ impl Router {
             return None;
         }
         let objective = req.ttft_objective_ms.unwrap_or(tiers.ttft_objective_ms);
-        let tier_of = |i: &usize| tiers.tier_of(&cands[*i].endpoint.id);
+        let tier_of = |i: &usize| tiers.tier_of(&cands[*i].endpoint.id, cands[*i].endpoint.priority);
         let cheapest = order.iter().map(tier_of).min()?;
         // Predictions are scaled by how far off they have been on each server.
         let meets = |i: &&usize| terms[**i].ttft_ms * cands[**i].endpoint.ttft_bias.factor(now) <= objective;

@@ -318,6 +318,18 @@ pub(super) fn validate_tiers(raw: &RawConfig) -> Result<(), ConfigError> {
             "needs \"policy\": \"cost\": tiers compare each server's predicted time to first token with the objective",
         ));
     }
+    if t.from_priority && !t.endpoints.is_empty() {
+        return Err(reject(
+            "tiers.from_priority",
+            "give the tiers either as tiers.endpoints or as the pool cluster's priorities, not both",
+        ));
+    }
+    if t.from_priority && !raw.endpoints.is_empty() {
+        return Err(reject(
+            "tiers.from_priority",
+            "needs the pool learned from Envoy (no static \"endpoints\" list): priorities come from its /clusters view",
+        ));
+    }
     if let Some((id, tier)) = t.endpoints.iter().find(|(_, tier)| **tier > 15) {
         return Err(reject("tiers.endpoints", format!("{id}: tier {tier} must be 0-15")));
     }

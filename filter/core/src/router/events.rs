@@ -370,6 +370,7 @@ impl Router {
             if let Some(e) = self.table.get_mut(&m.id) {
                 e.health.set_active(m.scrape_healthy);
                 e.envoy = m.envoy;
+                e.priority = m.priority;
                 if e.models != m.models {
                     e.models.clone_from(&m.models);
                 }

@@ -751,7 +751,11 @@ mod fleet {
         states
             .iter()
             .enumerate()
-            .map(|(i, s)| Host { id: ep(i), envoy: *s })
+            .map(|(i, s)| Host {
+                id: ep(i),
+                envoy: *s,
+                priority: 0,
+            })
             .collect()
     }
 
@@ -992,6 +996,58 @@ fn tiers_fill_the_cheap_tier_first_and_spill_only_when_it_would_miss() {
         d.endpoints
     );
     assert_eq!(d.tier.map(|t| (t.tier, t.spilled, t.met)), Some((0, false, false)));
+}
+
+/// A pool learned from Envoy whose servers 2-3 sit at priority 1, tiers from priorities.
+fn tiered_by_priority(objective_ms: f64, loads: &[VllmMetrics]) -> Router {
+    let mut raw = RawConfig::default();
+    raw.tiers.from_priority = true;
+    raw.tiers.ttft_objective_ms = objective_ms;
+    let mut r = Router::new(Config::try_from(raw).unwrap());
+    let members = loads
+        .iter()
+        .enumerate()
+        .map(|(i, m)| crate::fleet::Member {
+            id: ep(i),
+            envoy: EnvoyHealth::Serve,
+            priority: u32::from(i >= 2),
+            scrape_healthy: true,
+            scraped_at: Some(T0),
+            metrics: Some(m.clone()),
+            models: None,
+        })
+        .collect();
+    r.on_fleet(&crate::FleetState {
+        version: 1,
+        published_at: T0,
+        members,
+    });
+    r
+}
+
+#[test]
+fn tiers_can_be_the_pool_clusters_priorities() {
+    let busy = [load(8, 0, 0.3), load(8, 0, 0.3), load(0, 0, 0.0), load(0, 0, 0.0)];
+    let d = tiered_by_priority(1000.0, &busy).route(&req(1, 32), T0);
+    assert!([ep(0), ep(1)].contains(d.best().unwrap()), "{:?}", d.endpoints);
+    assert_eq!(d.tier.map(|t| (t.tier, t.spilled)), Some((0, false)));
+    let swamped = [load(60, 40, 0.7), load(60, 40, 0.7), load(0, 0, 0.0), load(0, 0, 0.0)];
+    let d = tiered_by_priority(500.0, &swamped).route(&req(2, 32), T0);
+    assert!([ep(2), ep(3)].contains(d.best().unwrap()), "{:?}", d.endpoints);
+    assert_eq!(d.tier.map(|t| (t.tier, t.spilled, t.met)), Some((1, true, true)));
+}
+
+#[test]
+fn tiers_from_priorities_need_a_discovered_pool_and_no_map() {
+    let mut raw = RawConfig::default();
+    raw.tiers.from_priority = true;
+    raw.tiers.endpoints.insert("10.0.0.1:8000".into(), 1);
+    assert_eq!(Config::try_from(raw.clone()).unwrap_err().field, "tiers.from_priority");
+    raw.tiers.endpoints.clear();
+    raw.endpoints = vec!["10.0.0.1:8000".into()];
+    assert_eq!(Config::try_from(raw.clone()).unwrap_err().field, "tiers.from_priority");
+    raw.endpoints.clear();
+    assert!(Config::try_from(raw).is_ok());
 }
 
 #[test]
