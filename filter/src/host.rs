@@ -151,26 +151,3 @@ pub fn increment_metric(id: u32, by: i64) -> HostResult<()> {
 pub fn record_metric(id: u32, value: u64) -> HostResult<()> {
     hostcalls::record_metric(id, value)
 }
-
-/// Registers this VM's shared queue `name` (its `on_queue_ready` runs on this VM's thread).
-pub fn register_shared_queue(name: &str) -> HostResult<u32> {
-    hostcalls::register_shared_queue(name)
-}
-
-/// The queue `name` that a VM of `vm_id` registered, if any yet.
-pub fn resolve_shared_queue(vm_id: &str, name: &str) -> HostResult<Option<u32>> {
-    hostcalls::resolve_shared_queue(vm_id, name)
-}
-
-pub fn enqueue_shared_queue(queue: u32, value: &[u8]) -> HostResult<()> {
-    hostcalls::enqueue_shared_queue(queue, Some(value))
-}
-
-/// Drains a queue this VM registered; returns how many messages it held.
-pub fn drain_shared_queue(queue: u32) -> usize {
-    let mut n = 0;
-    while let Ok(Some(_)) = hostcalls::dequeue_shared_queue(queue) {
-        n += 1;
-    }
-    n
-}

@@ -48,18 +48,9 @@ enum Root {
 struct Service {
     poller: Poller,
     lease: Option<Lease>,
-    /// With `share.replicas`: the queue through which workers say they placed a request, so
-    /// the placement leaves for the other replicas at once (`replicas`).
-    forward_queue: Option<u32>,
 }
 
 impl Service {
-    fn on_queue_ready(&mut self, queue: u32) {
-        if self.forward_queue == Some(queue) && host::drain_shared_queue(queue) > 0 {
-            self.poller.on_placement(host::now());
-        }
-    }
-
     fn on_tick(&mut self) {
         let now = host::now();
         if let Some(lease) = self.lease.as_mut() {
@@ -105,15 +96,9 @@ impl RootContext for Root {
             if let Some(lease) = lease.as_mut() {
                 lease.on_tick(host::now());
             }
-            let forward_queue = config
-                .share()
-                .replicas
-                .as_ref()
-                .and_then(|_| host::register_shared_queue(replicas::FORWARD_QUEUE).ok());
             Root::Service(Box::new(Service {
                 poller: Poller::new(config),
                 lease,
-                forward_queue,
             }))
         } else {
             Root::Worker(Box::new(Worker::new(config)))
@@ -126,12 +111,6 @@ impl RootContext for Root {
             Root::Service(s) => s.on_tick(),
             Root::Worker(w) => w.on_tick(),
             Root::Unconfigured => {}
-        }
-    }
-
-    fn on_queue_ready(&mut self, queue_id: u32) {
-        if let Root::Service(s) = self {
-            s.on_queue_ready(queue_id);
         }
     }
 

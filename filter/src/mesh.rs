@@ -131,6 +131,14 @@ impl From<&PeerEvent> for WireEvent {
     }
 }
 
+impl Segment {
+    /// Whether it carries a placement (a request routed), not only first tokens and
+    /// completions.
+    pub fn holds_placement(&self) -> bool {
+        self.events.iter().any(|e| e.kind == ROUTED)
+    }
+}
+
 impl WireEvent {
     fn into_event(self) -> Option<PeerEvent> {
         let key = self.key;

@@ -11,8 +11,7 @@
 //! After `IDLE_AFTER_MS` with nothing published or received it slows its tick to
 //! `IDLE_TICK_MS`, so an idle gateway does not wake every worker 500 times a second; the
 //! first request it then routes catches up inline (one exchange) before it is scored, and
-//! the fast tick resumes. With `share.replicas`, a worker also tells the scraping service
-//! of each placement through a shared queue, so it leaves for the other replicas at once.
+//! the fast tick resumes.
 
 use std::cell::{Cell, RefCell};
 
@@ -21,7 +20,6 @@ use proxy_wasm::types::LogLevel;
 
 use crate::host;
 use crate::mesh::Mesh;
-use crate::replicas::FORWARD_QUEUE;
 use crate::stats::{self_clock, RequestStats};
 
 const IDLE_AFTER_MS: u64 = 1000;
@@ -41,61 +39,6 @@ pub struct Peers {
     /// When this worker last read its peers' segments.
     last_pull: Cell<u64>,
     members: Cell<u64>,
-    /// With `share.replicas`: this VM group's id and the scraping service's queue
-    /// (`replicas::FORWARD_QUEUE`), once resolved, told of each placement.
-    replicas: Option<ForwardNotice>,
-}
-
-struct ForwardNotice {
-    vm_id: String,
-    queue: Cell<Option<u32>>,
-    /// When to try resolving the queue again (the service may register it after this VM starts).
-    retry_at: Cell<u64>,
-    /// The ms of this worker's last notice: one a ms is enough (the service sends at most one
-    /// batch a ms); a placement later in the same ms is noticed at the next tick or request.
-    noticed_ms: Cell<u64>,
-    pending: Cell<bool>,
-}
-
-impl ForwardNotice {
-    /// A placement waits to be forwarded: tells the scraping service, once a ms.
-    fn placed(&self, now: Millis) {
-        if now.0 == self.noticed_ms.get() {
-            self.pending.set(true);
-        } else {
-            self.notify(now);
-        }
-    }
-
-    /// On the tick: a placement not noticed yet is noticed now.
-    fn flush(&self, now: Millis) {
-        if self.pending.get() && now.0 != self.noticed_ms.get() {
-            self.notify(now);
-        }
-    }
-
-    fn notify(&self, now: Millis) {
-        self.pending.set(false);
-        self.noticed_ms.set(now.0);
-        let queue = match self.queue.get() {
-            Some(q) => q,
-            None if now.0 >= self.retry_at.get() => {
-                self.retry_at.set(now.0 + 1000);
-                match host::resolve_shared_queue(&self.vm_id, FORWARD_QUEUE) {
-                    Ok(Some(q)) => {
-                        self.queue.set(Some(q));
-                        q
-                    }
-                    _ => return,
-                }
-            }
-            None => return,
-        };
-        if host::enqueue_shared_queue(queue, b"p").is_err() {
-            // The service went away (reload): resolve again later.
-            self.queue.set(None);
-        }
-    }
 }
 
 thread_local! {
@@ -146,13 +89,6 @@ impl Peers {
             last_activity: Cell::new(0),
             last_pull: Cell::new(0),
             members: Cell::new(0),
-            replicas: share.replicas.as_ref().filter(|r| r.at_once).map(|_| ForwardNotice {
-                vm_id: host::property_string(&["plugin_vm_id"]).unwrap_or_default(),
-                queue: Cell::new(None),
-                retry_at: Cell::new(0),
-                noticed_ms: Cell::new(0),
-                pending: Cell::new(false),
-            }),
         }
     }
 
@@ -179,9 +115,6 @@ impl Peers {
 
     pub fn on_tick(&self, router: &mut Router, stats: &RequestStats, now: Millis) {
         self.leave_if_main_thread();
-        if let Some(notice) = self.replicas.as_ref() {
-            notice.flush(now);
-        }
         let t0 = self_clock();
         // With `share.on_request`, a worker under traffic already read the log within the
         // tick: the tick then only publishes what completions and first tokens left.
@@ -235,15 +168,6 @@ impl Peers {
             self.push(router, now);
             stats.share_ns[1].add(self_clock().saturating_sub(t0));
         }
-        if let Some(notice) = self.replicas.as_ref().filter(|_| self.joined()) {
-            // Without `on_request` the placement reaches the log at the next tick; the
-            // service then finds it at its next batch instead.
-            notice.placed(now);
-        }
-    }
-
-    fn joined(&self) -> bool {
-        self.mesh.try_borrow().is_ok_and(|m| m.is_some())
     }
 
     /// Publishes this worker's changes and applies its peers'. Returns whether anything moved.

@@ -10,8 +10,9 @@
 //! completes (or at the next round if some answer never came) it publishes the
 //! [`FleetState`] into shared data, postcard-encoded, with its version under a separate key
 //! so workers decode only what changed. With `share.replicas`, it also forwards this
-//! process's placements to the other gateway replicas (`replicas::Forwarder`), and
-//! scrapes on the clock's multiples of the interval (see `scrape_due`).
+//! process's placements to the other gateway replicas (`replicas::Forwarder`), reading the
+//! process's log every ms for them, and scrapes on the clock's multiples of the interval
+//! (see `scrape_due`).
 
 use std::collections::BTreeMap;
 
@@ -64,10 +65,6 @@ pub struct Poller {
     /// Forwards this process's placements to the other gateway replicas, when configured.
     forwarder: Option<(Forwarder, u64)>,
     last_scrape: Millis,
-    /// When the last batch left for the other replicas.
-    last_forward: Millis,
-    /// A worker placed a request in a ms that already had a batch: it leaves at the next tick.
-    placement_pending: bool,
     last_poll: Option<Millis>,
     /// When `/clusters` was last read successfully.
     last_full: Option<Millis>,
@@ -120,8 +117,6 @@ impl Poller {
             stats: ScrapeStats::define(),
             forwarder,
             last_scrape: Millis(0),
-            last_forward: Millis(0),
-            placement_pending: false,
             last_poll: None,
             last_full: None,
             signature: None,
@@ -138,13 +133,14 @@ impl Poller {
             ms = ms.min(config.discovery().interval_ms);
         }
         if let Some(r) = config.share().replicas.as_ref() {
-            ms = ms.min(r.interval_ms);
+            // With `at_once`, a placement leaves at the first tick that finds it in the log.
+            ms = ms.min(if r.at_once { 1 } else { r.interval_ms });
         }
         ms
     }
 
     pub fn on_tick(&mut self, now: Millis) {
-        self.forward_if_due(now);
+        self.forward(now);
         self.poll(now);
         let interval = self.config.scrape_interval_ms(self.fleet.len());
         let aligned = self.forwarder.is_some();
@@ -288,35 +284,6 @@ impl Poller {
         }
     }
 
-    /// A worker placed a request (`replicas::FORWARD_QUEUE`): forward now, or at the next
-    /// 1 ms tick when a batch already left this ms.
-    pub fn on_placement(&mut self, now: Millis) {
-        if self.forwarder.is_none() {
-            return;
-        }
-        if now > self.last_forward {
-            self.forward(now);
-        } else if !self.placement_pending {
-            self.placement_pending = true;
-            let _ = host::set_tick_period_ms(1);
-        }
-    }
-
-    /// Forwards a pending placement, or whatever accumulated once `interval_ms` passed since
-    /// the last batch.
-    fn forward_if_due(&mut self, now: Millis) {
-        let Some(interval) = self.config.share().replicas.as_ref().map(|r| r.interval_ms) else {
-            return;
-        };
-        if self.placement_pending {
-            self.placement_pending = false;
-            let _ = host::set_tick_period_ms(Poller::tick_ms(&self.config));
-            self.forward(now);
-        } else if now.since(self.last_forward) >= interval {
-            self.forward(now);
-        }
-    }
-
     /// POSTs this process's new placements to every replica listed (each drops its own).
     fn forward(&mut self, now: Millis) {
         let Some((forwarder, nonce)) = self.forwarder.as_mut() else {
@@ -325,10 +292,9 @@ impl Poller {
         let Some(replicas) = self.config.share().replicas.clone() else {
             return;
         };
-        let Some(body) = forwarder.collect(*nonce, now) else {
+        let Some(body) = forwarder.collect(*nonce, now, replicas.at_once, replicas.interval_ms) else {
             return;
         };
-        self.last_forward = now;
         for peer in &replicas.peers {
             match host::dispatch_post(
                 &replicas.cluster,

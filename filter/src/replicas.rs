@@ -14,20 +14,22 @@
 //! log under a remote origin with the request keys re-stamped (`take_forwarded`). No new
 //! service, no extra hop on the request path.
 //!
-//! When: a worker that routed a request enqueues one byte on the service's shared queue
-//! (`FORWARD_QUEUE`), and the service forwards at once unless it forwarded within the last
-//! ms (then at its next 1 ms tick); first tokens and completions wait for the next placement
-//! or for `share.replicas.interval_ms` after the last batch. Why: what a replica decides
-//! before the others' placements arrive is what separates R replicas from one router, and
-//! it grows with the delay (replay, 8 replicas, TTFT p95 on the matrix's shared-prefix /
-//! multi-turn / rag at 80% load: +2% / +7% / +1% over one router with placements sent at
-//! once and a 0.25 ms hop, against +59% / +39% / +55% when everything waited for a 5 ms
-//! interval; BENCHMARKS.md). At most one batch per ms keeps the POST rate bounded under load.
-//! Without a scraping service (lease mode) there is no queue: batches leave every interval.
+//! When: with `share.replicas.at_once` (the default) the service reads the log every ms
+//! (one host call when nothing is new) and sends a batch at the first tick that finds a
+//! placement in it; first tokens and completions ride along or leave `interval_ms` after
+//! the last batch. Why: what a replica decides before the others' placements arrive is
+//! what separates R replicas from one router, and it grows with the delay (replay, 8
+//! replicas × 16 workers, TTFT p95 on the matrix's workloads at 80% load within 10% of one
+//! router when placements leave within the ms, +39% to +59% on three of five workloads
+//! when everything waited for a 5 ms batch; BENCHMARKS.md). Why polling, not a wake-up:
+//! a proxy-wasm shared queue would let a worker wake the service at once, but its callback
+//! is posted across threads, and one of the two Envoys of a live run died in a host call at
+//! shutdown (SIGTERM) while that design was on; HTTP calls made only from the service's own
+//! timer are what every earlier run did. One batch a ms at most bounds the POST rate.
 //!
 //! Cost: one POST of the batch per replica per batch (at most 1,000 a second while
-//! placements keep coming; empty batches only as a 1 s heartbeat), one enqueue per routed
-//! request on the worker; each forwarded event is applied by every worker of every replica. A replica
+//! placements keep coming; empty batches only as a 1 s heartbeat), a 1 ms tick on the main
+//! thread; each forwarded event is applied by every worker of every replica. A replica
 //! that is down makes its POSTs fail (`replicas.forward_failure`; nothing is retried or
 //! queued) and its workers' load is released on the others after `share.peer_timeout_ms`
 //! without a heartbeat. Its placements already taken stay: the servers still hold them.
@@ -49,9 +51,6 @@ pub struct Forward {
 }
 
 const REPLICA_KEY: &str = "kvroute.mesh.replica";
-/// The scraping service's shared queue: a worker that placed a request says so, and the
-/// service forwards at once instead of at its next interval.
-pub const FORWARD_QUEUE: &str = "kvroute.replicas.placed";
 /// A batch bigger than this is refused (400): a sender never has more to say in one
 /// interval, and writing it would lap every reader of this process's log.
 const MAX_SEGMENTS_PER_BATCH: usize = 256;
@@ -88,26 +87,36 @@ pub fn remote_origin(replica: u64, origin: u32) -> u32 {
 pub struct Forwarder {
     cursor: Cursor,
     last_sent_ms: u64,
+    /// This process's own segments read but not sent yet.
+    pending: Vec<Segment>,
 }
 
 impl Forwarder {
-    /// The body to POST to the other replicas: this process's own workers' segments since
-    /// the last call (not those that came from other replicas), or `None` when there is
-    /// nothing new and no heartbeat is due.
-    pub fn collect(&mut self, replica: u64, now: Millis) -> Option<Vec<u8>> {
+    /// The body to POST to the other replicas, when one is due: this process's own
+    /// workers' segments since the last batch (not those that came from other replicas).
+    /// Due at once when `at_once` and one of them holds a placement, else `interval_ms`
+    /// after the last batch; an empty batch after `HEARTBEAT_MS` of nothing.
+    pub fn collect(&mut self, replica: u64, now: Millis, at_once: bool, interval_ms: u64) -> Option<Vec<u8>> {
         let (segments, _) = self.cursor.read_new(now);
-        let local: Vec<Segment> = segments
-            .into_iter()
-            .filter(|s| s.origin != 0 && s.origin <= MAX_PEERS as u32)
-            .collect();
-        if local.is_empty() && now.0.saturating_sub(self.last_sent_ms) < HEARTBEAT_MS {
+        self.pending.extend(
+            segments
+                .into_iter()
+                .filter(|s| s.origin != 0 && s.origin <= MAX_PEERS as u32),
+        );
+        let since = now.0.saturating_sub(self.last_sent_ms);
+        let placement = at_once && self.pending.iter().any(Segment::holds_placement);
+        let due = placement
+            || self.pending.len() >= MAX_SEGMENTS_PER_BATCH
+            || (!self.pending.is_empty() && since >= interval_ms)
+            || since >= HEARTBEAT_MS;
+        if !due {
             return None;
         }
         self.last_sent_ms = now.0;
         Some(
             Forward {
                 replica,
-                segments: local,
+                segments: std::mem::take(&mut self.pending),
             }
             .encode_to_vec(),
         )

@@ -40,15 +40,15 @@ pub struct Topology {
     /// the network hop only).
     pub gateway_delay_ms: f64,
     /// 0: every flush leaves for the other replicas at once (`gateway_delay_ms` holds all the
-    /// delay). Otherwise the filter's forwarding: a batch holding a placement leaves at once
-    /// (the workers wake the scraping service through a shared queue) unless the replica sent
-    /// within the last ms (then 1 ms after its last send); other batches leave this long
-    /// after the replica's last send.
+    /// delay). Otherwise the filter's forwarding (`share.replicas.at_once`): the replica's
+    /// scraping service reads the log every `SERVICE_TICK_MS` and sends a batch at the first
+    /// tick that finds a placement; other events leave this long after its last batch (at a
+    /// tick too).
     pub gateway_interval_ms: f64,
 }
 
-/// A replica sends at most one batch per this many ms.
-const MIN_FORWARD_GAP_MS: f64 = 1.0;
+/// The scraping service's tick with `share.replicas.at_once`: batches leave on it.
+const SERVICE_TICK_MS: f64 = 1.0;
 
 impl Default for Topology {
     fn default() -> Self {
@@ -226,13 +226,15 @@ impl Routers {
         let leaves = (t.gateway_interval_ms > 0.0 && t.share_gateways).then(|| {
             let flushed = t.next_tick_ms(router, now);
             let placement = events.iter().any(|e| matches!(e, PeerEvent::Routed { .. }));
-            let gap = if placement {
-                MIN_FORWARD_GAP_MS
+            let earliest = if placement {
+                flushed
             } else {
-                t.gateway_interval_ms
+                flushed.max(self.last_forward[g] + t.gateway_interval_ms)
             };
-            let at = flushed.max(self.last_forward[g] + gap);
-            self.last_forward[g] = at;
+            // The service's ticks, each replica on its own phase.
+            let phase = SERVICE_TICK_MS * g as f64 / t.gateways.max(1) as f64;
+            let at = phase + ((earliest - phase) / SERVICE_TICK_MS).ceil() * SERVICE_TICK_MS;
+            self.last_forward[g] = self.last_forward[g].max(at);
             at
         });
         t.peers(router)
@@ -305,11 +307,14 @@ mod tests {
         };
         let first_token = PeerEvent::FirstToken { key: 1 };
         let remote = |to: &[(usize, f64)]| to.iter().find(|(r, _)| *r == 5).map(|(_, at)| *at).unwrap();
-        let at = remote(&routers.arrivals(0, 100.0, std::slice::from_ref(&routed)));
-        assert!((100.25..100.3).contains(&at), "a placement leaves at once: {at}");
+        let at = remote(&routers.arrivals(0, 99.6, std::slice::from_ref(&routed)));
+        assert!(
+            (100.25..100.3).contains(&at),
+            "a placement leaves at the service's next ms tick: {at}"
+        );
         let at = remote(&routers.arrivals(1, 100.5, &[routed]));
-        assert!((101.25..101.3).contains(&at), "at most one batch a ms: {at}");
-        let at = remote(&routers.arrivals(2, 102.0, &[first_token]));
+        assert!((101.25..101.3).contains(&at), "the next one at the tick after: {at}");
+        let at = remote(&routers.arrivals(2, 101.2, &[first_token]));
         assert!((106.25..106.3).contains(&at), "the rest waits for the interval: {at}");
         let near = replicas.peer_delivery_ms(0, 1, 0.0);
         let far = replicas.peer_delivery_ms(0, 5, 0.0);
