@@ -19,7 +19,7 @@
 //! placement in it; first tokens and completions ride along or leave `interval_ms` after
 //! the last batch. Why: what a replica decides before the others' placements arrive is
 //! what separates R replicas from one router, and it grows with the delay (replay, 8
-//! replicas × 16 workers, TTFT p95 on the matrix's workloads at 80% load within 10% of one
+//! replicas × 16 workers, TTFT p95 on the matrix's workloads at 80% load −4% to +11% of one
 //! router when placements leave within the ms, +39% to +59% on three of five workloads
 //! when everything waited for a 5 ms batch; BENCHMARKS.md). Why polling, not a wake-up:
 //! a proxy-wasm shared queue would let a worker wake the service at once, but its callback
