@@ -34,6 +34,8 @@ pub struct Peers {
     tick_ms: u64,
     /// `share.on_request`: also exchange around each routing decision.
     on_request: bool,
+    /// `share.hits_on_tick`: after a decision, publish at once only news.
+    hits_on_tick: bool,
     idle: Cell<bool>,
     last_activity: Cell<u64>,
     /// When this worker last read its peers' segments.
@@ -85,6 +87,7 @@ impl Peers {
             mesh: RefCell::new(mesh),
             tick_ms,
             on_request: share.on_request,
+            hits_on_tick: share.hits_on_tick,
             idle: Cell::new(false),
             last_activity: Cell::new(0),
             last_pull: Cell::new(0),
@@ -163,7 +166,7 @@ impl Peers {
 
     /// After a request was routed: with `share.on_request`, publish the placement at once.
     pub fn after_route(&self, router: &mut Router, stats: &RequestStats, now: Millis) {
-        if self.on_request {
+        if self.on_request && (!self.hits_on_tick || router.peer_news_waiting()) {
             let t0 = self_clock();
             self.push(router, now);
             stats.share_ns[1].add(self_clock().saturating_sub(t0));

@@ -320,6 +320,10 @@ pub struct TopologyArgs {
     /// one batch per ms; other events every this many ms) with --gateway-delay-ms as the hop.
     #[arg(long, default_value_t = 0.0)]
     gateway_interval_ms: f64,
+    /// Experiment: workers send at once only placements that are news; the rest every this
+    /// many ms (0: everything at the tick).
+    #[arg(long, default_value_t = 0.0)]
+    news_flush_ms: f64,
 }
 
 impl TopologyArgs {
@@ -342,6 +346,7 @@ impl TopologyArgs {
             share_gateways: self.share_gateways,
             gateway_delay_ms: self.gateway_delay_ms,
             gateway_interval_ms: self.gateway_interval_ms,
+            news_flush_ms: self.news_flush_ms,
         })
     }
 }

@@ -252,6 +252,9 @@ pub struct RawShare {
     pub peer_timeout_ms: u64,
     /// Also exchange around each routing decision (not only on the tick).
     pub on_request: bool,
+    /// With `on_request`: a decision publishes at once only a placement that is news (a
+    /// cold or moved prefix); prefix hits wait for the tick (`PeerEvent::is_news`).
+    pub hits_on_tick: bool,
     /// Gateway replicas (other Envoy processes) to exchange the same events with; off when
     /// absent.
     pub replicas: Option<RawReplicas>,
@@ -417,6 +420,10 @@ impl Default for RawShare {
             tick_ms: 2,
             peer_timeout_ms: 5000,
             on_request: true,
+            // Replay, 16 workers, 15 runs: TTFT p95 58 / 29 / 123 ms on shared-prefix /
+            // multi-turn / rag at 80% against 58 / 28 / 122 publishing every decision, while
+            // workers read a segment per tick instead of one per peer decision.
+            hits_on_tick: true,
             replicas: None,
         }
     }

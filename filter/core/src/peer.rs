@@ -61,6 +61,14 @@ impl PeerEvent {
             PeerEvent::Routed { key, .. } | PeerEvent::FirstToken { key } | PeerEvent::Completed { key, .. } => *key,
         }
     }
+
+    /// A placement the peers cannot guess: most of its prompt was not cached where it went
+    /// (a cold prefix, or one moved to a server without it). Its siblings, arriving on other
+    /// workers within milliseconds, need it at once; a prefix hit only adds load where the
+    /// peers already send that prefix, and can wait for the next tick (`share.hits_on_tick`).
+    pub fn is_news(&self) -> bool {
+        matches!(self, PeerEvent::Routed { prompt_tokens, uncached, .. } if uncached.0.saturating_mul(2) >= prompt_tokens.0)
+    }
 }
 
 #[cfg(test)]

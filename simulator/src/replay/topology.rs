@@ -45,6 +45,10 @@ pub struct Topology {
     /// tick that finds a placement; other events leave this long after its last batch (at a
     /// tick too).
     pub gateway_interval_ms: f64,
+    /// 0: a worker's events leave at its next tick. Otherwise only a batch holding a
+    /// placement that is news (most of its prompt uncached where it went) leaves then; the
+    /// rest leave on this slower grid (an experiment: fewer segments for the workers to read).
+    pub news_flush_ms: f64,
 }
 
 /// The scraping service's tick with `share.replicas.at_once`: batches leave on it.
@@ -60,6 +64,7 @@ impl Default for Topology {
             share_gateways: false,
             gateway_delay_ms: 0.0,
             gateway_interval_ms: 0.0,
+            news_flush_ms: 0.0,
         }
     }
 }
@@ -237,9 +242,18 @@ impl Routers {
             self.last_forward[g] = self.last_forward[g].max(at);
             at
         });
+        let news = events.iter().any(PeerEvent::is_news);
+        let held = (t.news_flush_ms > 0.0 && !news).then(|| {
+            let w = router % t.workers.max(1);
+            let phase = t.news_flush_ms * (w as f64 + 0.5) / t.workers.max(1) as f64;
+            phase + ((now - phase) / t.news_flush_ms).ceil().max(0.0) * t.news_flush_ms
+        });
         t.peers(router)
-            .map(|peer| match leaves {
-                Some(at) if t.gateway_of(peer) != g => (peer, t.next_tick_ms(peer, at + t.gateway_delay_ms + 1e-6)),
+            .map(|peer| match (leaves, held) {
+                (Some(at), _) if t.gateway_of(peer) != g => {
+                    (peer, t.next_tick_ms(peer, at + t.gateway_delay_ms + 1e-6))
+                }
+                (_, Some(at)) if t.gateway_of(peer) == g => (peer, t.next_tick_ms(peer, at + 1e-6)),
                 _ => (peer, t.peer_delivery_ms(router, peer, now)),
             })
             .collect()

@@ -48,7 +48,10 @@ fn main() -> Result<(), String> {
         "hostile" => native::hostile(),
         "sharing" => native::sharing(),
         "replicas" => native::replicas_cost(args.get(1).and_then(|a| a.parse().ok()).unwrap_or(3)),
-        "sharing-timed" => native::sharing_timed(args.get(1).and_then(|a| a.parse().ok()).unwrap_or(3)),
+        "sharing-timed" => native::sharing_timed(
+            args.get(1).and_then(|a| a.parse().ok()).unwrap_or(3),
+            args.get(2).map(String::as_str) != Some("every-decision"),
+        ),
         "capture" => native::capture(args.get(1).and_then(|a| a.parse().ok()).unwrap_or(3)),
         "capture-pair" => native::capture_pair(args.get(1).and_then(|a| a.parse().ok()).unwrap_or(10)),
         "all" => native::latency(2000)
@@ -56,13 +59,13 @@ fn main() -> Result<(), String> {
             .and_then(|_| native::presence())
             .and_then(|_| native::hostile())
             .and_then(|_| native::sharing())
-            .and_then(|_| native::sharing_timed(3))
+            .and_then(|_| native::sharing_timed(3, true))
             .and_then(|_| native::replicas_cost(3))
             .and_then(|_| native::capture(3))
             .and_then(|_| native::capture_pair(10))
             .and_then(|_| native::scrape_cost(200)),
         other => Err(format!(
-            "unknown measurement {other:?}: all | latency [N] | wrk | scrape | presence | hostile | sharing | sharing-timed [N] | replicas [N] | capture [N] | capture-pair [N]"
+            "unknown measurement {other:?}: all | latency [N] | wrk | scrape | presence | hostile | sharing | sharing-timed [N [every-decision]] | replicas [N] | capture [N] | capture-pair [N]"
         )),
     }
 }
@@ -525,9 +528,10 @@ mod native {
     /// routed: applying peers' events before scoring, publishing the placement after, and the
     /// tick's exchange. Host calls are inside the spans; each span also holds two clock reads.
     /// wrk 1 KiB, 8 connections, 4 s after 2 s of warm-up, `rounds` fresh Envoys per worker
-    /// count. The Envoy-wide differential (`sharing`) moves by ±20 µs a request between
+    /// count; `every-decision` sets `share.hits_on_tick` off. The Envoy-wide differential
+    /// (`sharing`) moves by ±20 µs a request between
     /// Envoys on a shared VM; this does not.
-    pub fn sharing_timed(rounds: usize) -> Result<(), String> {
+    pub fn sharing_timed(rounds: usize, hits_on_tick: bool) -> Result<(), String> {
         if !repo_root().join("dist/kvroute-self-timing.wasm").exists() {
             return Err("no dist/kvroute-self-timing.wasm: run `make build-wasm-self-timing`".into());
         }
@@ -543,7 +547,17 @@ mod native {
             let mut per_req: Vec<[f64; 5]> = Vec::new();
             let (mut rps, mut applied) = (Vec::new(), Vec::new());
             for _ in 0..rounds.max(1) {
-                let edit = |t: String| t.replace("dist/kvroute.wasm", "dist/kvroute-self-timing.wasm");
+                let edit = |t: String| {
+                    let t = t.replace("dist/kvroute.wasm", "dist/kvroute-self-timing.wasm");
+                    if hits_on_tick {
+                        t
+                    } else {
+                        t.replace(
+                            "\"policy\": \"cost\",",
+                            "\"policy\": \"cost\", \"share\": {\"hits_on_tick\": false},",
+                        )
+                    }
+                };
                 let envoy = Envoy::start_workers("bench-overhead.yaml", &ports, workers, edit)?;
                 std::thread::sleep(Duration::from_millis(600));
                 wrk_path(&envoy, envoy.port, "/v1/chat/completions", &script, 8, 2)?;

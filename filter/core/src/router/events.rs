@@ -27,6 +27,12 @@ impl Router {
         self.outbox.get_or_insert_with(Vec::new);
     }
 
+    /// Whether the changes waiting for the peers include a placement that is news
+    /// (`PeerEvent::is_news`).
+    pub fn peer_news_waiting(&self) -> bool {
+        self.outbox.as_ref().is_some_and(|o| o.iter().any(PeerEvent::is_news))
+    }
+
     /// The changes made since the last call, oldest first, for the peers.
     pub fn take_peer_events(&mut self) -> Vec<PeerEvent> {
         self.outbox.as_mut().map(std::mem::take).unwrap_or_default()
