@@ -91,6 +91,17 @@ mod native {
         sorted[i].as_secs_f64() * 1e6
     }
 
+    /// What most measurements start from: four idle fake servers, their ports, a scratch
+    /// directory named after the measurement, and a wrk script POSTing 1 KiB bodies there.
+    fn one_kib_bench(name: &str) -> Result<(Vec<FakeVllm>, Vec<u16>, std::path::PathBuf, String), String> {
+        let servers = fleet(4)?;
+        let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
+        let dir = std::env::temp_dir().join(format!("kvroute-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let script = post_script(&dir, 1024)?;
+        Ok((servers, ports, dir, script))
+    }
+
     fn fleet(n: usize) -> Result<Vec<FakeVllm>, String> {
         (0..n)
             .map(|_| FakeVllm::start(Load::idle()).map_err(|e| e.to_string()))
@@ -469,11 +480,7 @@ mod native {
     /// at 2 and 8 workers; then at 32 workers, Envoy's resident memory after traffic and its
     /// CPU while idle, sharing and not.
     pub fn sharing() -> Result<(), String> {
-        let servers = fleet(4)?;
-        let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
-        let dir = std::env::temp_dir().join(format!("kvroute-sharing-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-        let script = post_script(&dir, 1024)?;
+        let (_servers, ports, dir, script) = one_kib_bench("sharing")?;
         println!("| workers | Envoy CPU/req: sharing at each request + tick | tick only | not sharing | added (each request) | added (tick only) | req/s each request / tick only / not sharing |");
         println!("|---|---|---|---|---|---|---|");
         let order = [Sharing::OnRequest, Sharing::TickOnly, Sharing::Off];
@@ -535,11 +542,7 @@ mod native {
         if !repo_root().join("dist/kvroute-self-timing.wasm").exists() {
             return Err("no dist/kvroute-self-timing.wasm: run `make build-wasm-self-timing`".into());
         }
-        let servers = fleet(4)?;
-        let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
-        let dir = std::env::temp_dir().join(format!("kvroute-sharing-timed-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-        let script = post_script(&dir, 1024)?;
+        let (_servers, ports, dir, script) = one_kib_bench("sharing-timed")?;
         let parts = ["before_route", "after_route", "tick", "apply"];
         println!("| workers | before scoring | after routing | tick | sharing in all, per request | of which applying peers' events | req/s | events applied per request |");
         println!("|---|---|---|---|---|---|---|---|");
@@ -611,11 +614,7 @@ mod native {
     /// of warm-up, a fresh Envoy per run, `rounds` × (off, every 5 ms, at once, at once,
     /// every 5 ms, off); batches POSTed a second.
     pub fn replicas_cost(rounds: usize) -> Result<(), String> {
-        let servers = fleet(4)?;
-        let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
-        let dir = std::env::temp_dir().join(format!("kvroute-replicas-cost-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-        let script = post_script(&dir, 1024)?;
+        let (_servers, ports, dir, script) = one_kib_bench("replicas-cost")?;
         let fragment = std::fs::read_to_string(repo_root().join("envoy/fragments/replicas-cluster.yaml"))
             .map_err(|e| e.to_string())?;
         let mut runs: [Vec<WrkResult>; 3] = [Vec::new(), Vec::new(), Vec::new()];
@@ -692,11 +691,7 @@ mod native {
     /// the filter's part (ids, the line, one host call) alone, then with the shipped access
     /// log writing it. Medians and ranges: one run moves by more than the effect.
     pub fn capture(rounds: usize) -> Result<(), String> {
-        let servers = fleet(4)?;
-        let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
-        let dir = std::env::temp_dir().join(format!("kvroute-capture-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-        let script = post_script(&dir, 1024)?;
+        let (_servers, ports, dir, script) = one_kib_bench("capture")?;
         let log = dir.join("capture.jsonl");
         let after = "\"policy\": \"cost\"";
         let on = "\"sample\": 1.0, \"salt\": \"bench-capture-salt-0123\"";
@@ -815,11 +810,7 @@ mod native {
         if !repo_root().join("dist/kvroute-self-timing.wasm").exists() {
             return Err("no dist/kvroute-self-timing.wasm: run `make build-wasm-self-timing`".into());
         }
-        let servers = fleet(4)?;
-        let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
-        let dir = std::env::temp_dir().join(format!("kvroute-capture-pair-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-        let script = post_script(&dir, 1024)?;
+        let (_servers, ports, dir, script) = one_kib_bench("capture-pair")?;
         let log = dir.join("capture.jsonl");
         let envoy = Envoy::start("bench-overhead.yaml", &ports, |t| capture_listener(t, &log))?;
         std::thread::sleep(Duration::from_millis(1500));
