@@ -85,7 +85,7 @@ impl RootContext for Root {
         let root_id = host::property_string(&["plugin_root_id"]).unwrap_or_default();
         *self = if root_id == SCRAPER_ROOT_ID {
             peers::service_started_here();
-            if host::set_tick_period_ms(Poller::tick_ms(&config)).is_err() {
+            if host::set_tick_period_ms(Poller::service_tick_ms(&config)).is_err() {
                 host::log(
                     LogLevel::Error,
                     "could not set the poller's tick; nothing will be scraped",

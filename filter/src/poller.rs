@@ -133,10 +133,21 @@ impl Poller {
             ms = ms.min(config.discovery().interval_ms);
         }
         if let Some(r) = config.share().replicas.as_ref() {
-            // With `at_once`, a placement leaves at the first tick that finds it in the log.
-            ms = ms.min(if r.at_once { 1 } else { r.interval_ms });
+            ms = ms.min(r.interval_ms);
         }
         ms
+    }
+
+    /// The scraping service's tick: with `share.replicas.at_once` a placement leaves at the
+    /// first tick that finds it in the log, so every ms (a worker holding the lease keeps
+    /// its own tick and forwards on it: workers are not woken every ms for this).
+    pub fn service_tick_ms(config: &Config) -> u64 {
+        let at_once = config.share().replicas.as_ref().is_some_and(|r| r.at_once);
+        if at_once {
+            1
+        } else {
+            Poller::tick_ms(config)
+        }
     }
 
     pub fn on_tick(&mut self, now: Millis) {

@@ -113,10 +113,12 @@ impl Forwarder {
             return None;
         }
         self.last_sent_ms = now.0;
+        // No batch above what a receiver takes; the rest leaves at the next tick.
+        let n = self.pending.len().min(MAX_SEGMENTS_PER_BATCH);
         Some(
             Forward {
                 replica,
-                segments: std::mem::take(&mut self.pending),
+                segments: self.pending.drain(..n).collect(),
             }
             .encode_to_vec(),
         )

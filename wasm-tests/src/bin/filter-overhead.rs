@@ -481,7 +481,7 @@ mod native {
     /// CPU while idle, sharing and not.
     pub fn sharing() -> Result<(), String> {
         let (_servers, ports, dir, script) = one_kib_bench("sharing")?;
-        println!("| workers | Envoy CPU/req: sharing at each request + tick | tick only | not sharing | added (each request) | added (tick only) | req/s each request / tick only / not sharing |");
+        println!("| workers | Envoy CPU/req: sharing, defaults (`on_request`, hits on the tick) | tick only | not sharing | added (defaults) | added (tick only) | req/s defaults / tick only / not sharing |");
         println!("|---|---|---|---|---|---|---|");
         let order = [Sharing::OnRequest, Sharing::TickOnly, Sharing::Off];
         for workers in [2u32, 8] {

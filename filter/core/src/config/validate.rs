@@ -314,7 +314,11 @@ pub(super) fn validate_tiers(raw: &RawConfig) -> Result<(), ConfigError> {
     }
     if raw.policy != super::PolicyKind::Cost {
         return Err(reject(
-            "tiers.endpoints",
+            if t.from_priority {
+                "tiers.from_priority"
+            } else {
+                "tiers.endpoints"
+            },
             "needs \"policy\": \"cost\": tiers compare each server's predicted time to first token with the objective",
         ));
     }

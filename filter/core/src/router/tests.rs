@@ -1047,7 +1047,9 @@ fn tiers_from_priorities_need_a_discovered_pool_and_no_map() {
     raw.endpoints = vec!["10.0.0.1:8000".into()];
     assert_eq!(Config::try_from(raw.clone()).unwrap_err().field, "tiers.from_priority");
     raw.endpoints.clear();
-    assert!(Config::try_from(raw).is_ok());
+    assert!(Config::try_from(raw.clone()).is_ok());
+    raw.policy = PolicyKind::Weighted;
+    assert_eq!(Config::try_from(raw).unwrap_err().field, "tiers.from_priority");
 }
 
 #[test]
