@@ -237,6 +237,28 @@ pub struct RawOverload {
     pub queue_limit: u64,
     pub kv_limit: f64,
     pub retry_after_s: u64,
+    /// Holding requests at the gateway while every server is full (see `hold`).
+    pub hold: RawHold,
+}
+
+/// `overload.hold`: while every candidate is full, a request that may not be shed waits in
+/// the worker that received it (fair across tenants, weighted by priority) and is routed at
+/// the first tick that finds room, up to `max_wait_ms`; then 429 with `Retry-After`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawHold {
+    /// The longest a request waits for room; 0 turns holding off (every request is routed
+    /// at once, to the least bad server when all are full).
+    pub max_wait_ms: u64,
+    /// A server is full for a new request when the work queued ahead of it would take this
+    /// long (`policy::queue_wait_ms`: what its last scrape saw waiting, what this gateway
+    /// sent since and its own requests still without a first token, at the server's own
+    /// prefill rate), or at `overload.kv_limit`.
+    pub wait_limit_ms: u64,
+    /// Requests one Envoy worker holds at most.
+    pub max_requests: usize,
+    /// One priority band up gets this many times the dispatches of the band below.
+    pub priority_weight: f64,
 }
 
 /// How the routers of one Envoy process (one per worker thread) share one view.
@@ -409,6 +431,18 @@ impl Default for RawOverload {
             queue_limit: 128,
             kv_limit: 0.95,
             retry_after_s: 1,
+            hold: RawHold::default(),
+        }
+    }
+}
+
+impl Default for RawHold {
+    fn default() -> Self {
+        Self {
+            max_wait_ms: 0,
+            wait_limit_ms: 500,
+            max_requests: 1024,
+            priority_weight: 4.0,
         }
     }
 }

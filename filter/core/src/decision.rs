@@ -15,6 +15,9 @@ pub enum Outcome {
     Fallback(FallbackReason),
     /// Every endpoint is overloaded and the request is sheddable: answer 429.
     Shed { retry_after_s: u64 },
+    /// Every endpoint is full (`overload.hold`) and the request may wait: the caller holds
+    /// it and routes it again when a tick finds room.
+    Hold,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,6 +40,7 @@ impl Outcome {
             Outcome::Fallback(FallbackReason::NoEndpoints) => "fallback_no_endpoints",
             Outcome::Fallback(FallbackReason::UnknownModel) => "fallback_unknown_model",
             Outcome::Shed { .. } => "shed",
+            Outcome::Hold => "held",
         }
     }
 }

@@ -20,6 +20,7 @@ pub mod endpoint;
 pub mod fleet;
 pub mod hashing;
 pub mod health;
+pub mod hold;
 pub mod index;
 pub mod metrics;
 pub mod peer;

@@ -126,6 +126,15 @@ pub fn predicted_ttft(config: &Config, c: &Candidate, ctx: &ScoreContext) -> Ter
     }
 }
 
+/// How long work already queued at a candidate delays a new request's prefill (ms): the
+/// queued prefill at the server's rate, the decode steps it shares, KV pressure. What
+/// `predicted_ttft` charges beyond the request's own prefill.
+pub fn queue_wait_ms(config: &Config, c: &Candidate, ctx: &ScoreContext) -> f64 {
+    let t = predicted_ttft(config, c, ctx);
+    let own_ms = c.uncached.0 as f64 * 1000.0 / server_rate(config, c, ctx);
+    (t.ttft_ms - own_ms).max(0.0)
+}
+
 /// The median of the candidates' learned prefill rates (none when learning is off or no
 /// rate is established).
 pub fn typical_rate(config: &Config, cands: &[Candidate], now: Millis) -> Option<f64> {

@@ -300,6 +300,15 @@ impl Router {
             now,
             typical_rate: policy::typical_rate(&self.config, &just_cands, now),
         };
+        if let Some(outcome) = self.hold_or_shed(req, &just_cands, &ctx) {
+            return Decision {
+                endpoints: Vec::new(),
+                outcome,
+                matched_blocks: 0,
+                breakdown,
+                tier: None,
+            };
+        }
         let mut terms = policy::score(&self.config, &just_cands, &ctx);
         if self.config.policy() == PolicyKind::Cost {
             // A LoRA adapter not loaded on a server must be loaded before its prefill.
@@ -349,6 +358,30 @@ impl Router {
             breakdown,
             tier,
         }
+    }
+
+    /// With `overload.hold` on and every candidate full: hold the request, or shed it when
+    /// it is sheddable (low priority goes first).
+    fn hold_or_shed(&self, req: &RouteRequest, cands: &[Candidate], ctx: &ScoreContext) -> Option<Outcome> {
+        let overload = self.config.overload();
+        let hold = &overload.hold;
+        if hold.max_wait_ms == 0 {
+            return None;
+        }
+        let full = |c: &Candidate| {
+            c.metrics.kv_usage >= overload.kv_limit
+                || policy::queue_wait_ms(&self.config, c, ctx) >= hold.wait_limit_ms as f64
+        };
+        if !cands.iter().all(full) {
+            return None;
+        }
+        Some(if req.sheddable {
+            Outcome::Shed {
+                retry_after_s: overload.retry_after_s,
+            }
+        } else {
+            Outcome::Hold
+        })
     }
 
     fn filter(

@@ -175,3 +175,32 @@ fn capture_is_off_by_default_and_checked_when_on() {
     .unwrap();
     assert_eq!(ok.capture().block_bytes, 2048);
 }
+
+#[test]
+fn holding_settings_are_checked_only_when_holding_is_on() {
+    assert!(
+        parse(r#"{"overload": {"hold": {"max_requests": 0}}}"#).is_ok(),
+        "off: not checked"
+    );
+    for (json, field) in [
+        (
+            r#"{"overload": {"hold": {"max_wait_ms": 1000, "max_requests": 0}}}"#,
+            "overload.hold.max_requests",
+        ),
+        (
+            r#"{"overload": {"hold": {"max_wait_ms": 1000, "wait_limit_ms": 0}}}"#,
+            "overload.hold.wait_limit_ms",
+        ),
+        (
+            r#"{"overload": {"hold": {"max_wait_ms": 1000, "priority_weight": 0.5}}}"#,
+            "overload.hold.priority_weight",
+        ),
+        (
+            r#"{"overload": {"hold": {"max_wait_ms": 3600000}}}"#,
+            "overload.hold.max_wait_ms",
+        ),
+    ] {
+        assert_eq!(parse(json).unwrap_err().field, field, "{json}");
+    }
+    assert!(parse(r#"{"overload": {"hold": {"max_wait_ms": 2000, "wait_limit_ms": 300}}}"#).is_ok());
+}

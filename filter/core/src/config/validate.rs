@@ -186,6 +186,33 @@ pub(super) fn validate_scoring(raw: &RawConfig) -> Result<(), ConfigError> {
     if o.queue_limit == 0 {
         return Err(reject("overload.queue_limit", "must be at least 1"));
     }
+    let h = &o.hold;
+    if h.max_wait_ms > 0 {
+        if h.wait_limit_ms == 0 {
+            return Err(reject("overload.hold.wait_limit_ms", "must be at least 1"));
+        }
+        if h.max_requests == 0 {
+            return Err(reject(
+                "overload.hold.max_requests",
+                "must be at least 1 (or set overload.hold.max_wait_ms to 0 to turn holding off)",
+            ));
+        }
+        if !(h.priority_weight.is_finite() && h.priority_weight >= 1.0) {
+            return Err(reject(
+                "overload.hold.priority_weight",
+                format!("({}) must be at least 1", h.priority_weight),
+            ));
+        }
+        if h.max_wait_ms > 600_000 {
+            return Err(reject(
+                "overload.hold.max_wait_ms",
+                format!(
+                    "({}) must be at most 600000 (10 minutes): clients and Envoy's stream timeouts give up long before",
+                    h.max_wait_ms
+                ),
+            ));
+        }
+    }
     if raw.index.max_memory_bytes < 64 * 1024 {
         return Err(reject(
             "index.max_memory_bytes",

@@ -1067,3 +1067,68 @@ fn tiers_need_the_cost_policy_and_small_tier_numbers() {
     raw.tiers.ttft_objective_ms = 0.0;
     assert_eq!(Config::try_from(raw).unwrap_err().field, "tiers.ttft_objective_ms");
 }
+
+fn holding(loads: &[VllmMetrics]) -> Router {
+    let mut raw = RawConfig {
+        endpoints: (0..loads.len()).map(|i| format!("10.0.0.{i}:8000")).collect(),
+        ..RawConfig::default()
+    };
+    raw.overload.hold.max_wait_ms = 5_000;
+    raw.overload.hold.wait_limit_ms = 500;
+    let mut r = Router::new(Config::try_from(raw).unwrap());
+    for (i, m) in loads.iter().enumerate() {
+        r.on_metrics(&ep(i), m.clone(), T0);
+    }
+    r
+}
+
+#[test]
+fn with_holding_on_a_request_waits_while_every_server_is_full_and_low_priority_is_shed() {
+    let r = holding(&[load(200, 60, 0.9), load(200, 80, 0.9)]);
+    let d = r.route(&req(1, 8), T0);
+    assert_eq!(d.outcome, Outcome::Hold);
+    assert!(d.endpoints.is_empty(), "a held request goes nowhere yet");
+    let mut low = req(1, 8);
+    low.sheddable = true;
+    assert_eq!(r.route(&low, T0).outcome, Outcome::Shed { retry_after_s: 1 });
+}
+
+#[test]
+fn with_holding_on_one_server_with_room_takes_the_request() {
+    let r = holding(&[load(200, 60, 0.9), load(10, 0, 0.3)]);
+    let d = r.route(&req(1, 8), T0);
+    assert_eq!(d.best(), Some(&ep(1)));
+    let full_kv = holding(&[load(200, 60, 0.9), load(10, 0, 0.97)]);
+    assert_eq!(
+        full_kv.route(&req(1, 8), T0).outcome,
+        Outcome::Hold,
+        "KV past overload.kv_limit is full too"
+    );
+}
+
+#[test]
+fn requests_the_gateway_sends_fill_a_server_before_the_next_scrape() {
+    let mut r = holding(&[load(10, 0, 0.3)]);
+    let mut routed = 0;
+    for id in 0..200 {
+        let q = req(id + 100, 32);
+        let d = r.route(&q, T0);
+        if d.outcome == Outcome::Hold {
+            break;
+        }
+        r.on_routed(id, &q, &d, T0);
+        routed += 1;
+    }
+    assert!(
+        (2..200).contains(&routed),
+        "the server fills up from the gateway's own sends, without a new scrape: {routed}"
+    );
+    let mut off = RawConfig {
+        endpoints: vec!["10.0.0.0:8000".into()],
+        ..RawConfig::default()
+    };
+    off.overload.hold.max_wait_ms = 0;
+    let mut r = Router::new(Config::try_from(off).unwrap());
+    r.on_metrics(&ep(0), load(200, 60, 0.9), T0);
+    assert_ne!(r.route(&req(1, 8), T0).outcome, Outcome::Hold, "off by default");
+}

@@ -1,0 +1,200 @@
+//! Holding requests at the gateway while every server is full (`overload.hold`).
+//!
+//! A held request waits in one flow per (priority, tenant). Flows are served by start-time
+//! fair queueing (Goyal, Vin and Cheng, "Start-time Fair Queuing", SIGCOMM 1996): each
+//! request of a flow is stamped with a virtual start `max(V, finish of the flow's previous
+//! request)` and a finish `start + 1 / weight`; the next request out is the head with the
+//! smallest start tag, and `V` becomes that tag. A flow of weight `w` gets `w` times the
+//! dispatches of a flow of weight 1 while both wait, and a flow that was idle cannot bank
+//! credit (its first tag is `V`), so no tenant and no priority band starves: every waiting
+//! flow moves at a rate proportional to its weight. The weight of priority `p` is
+//! `priority_weight^p` (`p` clamped to `0..=MAX_PRIORITY`): one band up is worth
+//! `priority_weight` times the dispatches; tenants of one band share equally.
+//!
+//! The queue is bounded twice: by `max_requests` (an arrival finds it full: it displaces the
+//! newest request of the lowest priority held when that priority is lower than its own,
+//! otherwise it is refused) and by `max_wait_ms` (`expire`). Either way the caller answers
+//! 429 with `Retry-After`. What decides that a server has room is the router's
+//! (`Router::route` returns `Outcome::Hold` while none has); this file only orders.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use crate::types::Millis;
+
+/// Priorities above this weigh as this one (weights stay finite and ordered).
+pub const MAX_PRIORITY: i64 = 8;
+
+/// One held request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Held<T> {
+    pub item: T,
+    pub priority: i64,
+    pub since: Millis,
+    start: f64,
+}
+
+/// What became of an arrival offered to the queue.
+#[derive(Debug, PartialEq)]
+pub enum Admit<T> {
+    Held,
+    /// Held, and this lower-priority request left the queue to make room: answer it 429.
+    Displaced(Held<T>),
+    /// The queue is full of requests at least as important: answer the arrival 429.
+    Refused(T),
+}
+
+#[derive(Debug)]
+struct Flow<T> {
+    queue: VecDeque<Held<T>>,
+    /// Virtual finish of the flow's last stamped request.
+    finish: f64,
+}
+
+/// The held requests of one router, in fair order.
+#[derive(Debug)]
+pub struct HoldQueue<T> {
+    /// Keyed by (priority, tenant).
+    flows: BTreeMap<(i64, String), Flow<T>>,
+    /// Virtual time: the start tag of the last request out.
+    now_v: f64,
+    len: usize,
+    max_requests: usize,
+    priority_weight: f64,
+}
+
+impl<T> HoldQueue<T> {
+    pub fn new(max_requests: usize, priority_weight: f64) -> HoldQueue<T> {
+        HoldQueue {
+            flows: BTreeMap::new(),
+            now_v: 0.0,
+            len: 0,
+            max_requests: max_requests.max(1),
+            priority_weight: priority_weight.max(1.0),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn weight(&self, priority: i64) -> f64 {
+        self.priority_weight.powi(priority.clamp(0, MAX_PRIORITY) as i32)
+    }
+
+    /// Offers an arrival; see `Admit`.
+    pub fn push(&mut self, item: T, priority: i64, tenant: &str, since: Millis) -> Admit<T> {
+        let mut displaced = None;
+        if self.len >= self.max_requests {
+            match self.lowest_priority() {
+                Some(low) if low < priority => displaced = self.pop_newest_of(low),
+                _ => return Admit::Refused(item),
+            }
+        }
+        let step = 1.0 / self.weight(priority);
+        let now_v = self.now_v;
+        let flow = self.flows.entry((priority, tenant.to_string())).or_insert(Flow {
+            queue: VecDeque::new(),
+            finish: now_v,
+        });
+        let start = flow.finish.max(now_v);
+        flow.finish = start + step;
+        flow.queue.push_back(Held {
+            item,
+            priority,
+            since,
+            start,
+        });
+        self.len += 1;
+        match displaced {
+            Some(d) => Admit::Displaced(d),
+            None => Admit::Held,
+        }
+    }
+
+    /// The flow whose head goes out next: the smallest start tag, ties to the higher
+    /// priority, then the tenant's name (deterministic).
+    fn next_key(&self) -> Option<(i64, String)> {
+        self.flows
+            .iter()
+            .filter_map(|(k, f)| f.queue.front().map(|h| (h.start, k)))
+            .min_by(|(a, ka), (b, kb)| a.total_cmp(b).then(kb.0.cmp(&ka.0)).then(ka.1.cmp(&kb.1)))
+            .map(|(_, k)| k.clone())
+    }
+
+    /// The request that goes out next, without taking it.
+    pub fn peek(&self) -> Option<&Held<T>> {
+        let key = self.next_key()?;
+        self.flows.get(&key).and_then(|f| f.queue.front())
+    }
+
+    /// Takes the request that goes out next.
+    pub fn pop(&mut self) -> Option<Held<T>> {
+        let key = self.next_key()?;
+        let held = self.take_front(&key)?;
+        self.now_v = self.now_v.max(held.start);
+        Some(held)
+    }
+
+    fn take_front(&mut self, key: &(i64, String)) -> Option<Held<T>> {
+        let flow = self.flows.get_mut(key)?;
+        let held = flow.queue.pop_front()?;
+        self.len -= 1;
+        // An empty flow's finish tag still bounds its next start while it stays ahead of
+        // `now_v`; once `now_v` passes it, the entry carries nothing and goes.
+        if flow.queue.is_empty() && flow.finish <= self.now_v {
+            self.flows.remove(key);
+        }
+        Some(held)
+    }
+
+    fn lowest_priority(&self) -> Option<i64> {
+        self.flows
+            .iter()
+            .filter(|(_, f)| !f.queue.is_empty())
+            .map(|(k, _)| k.0)
+            .min()
+    }
+
+    /// The most recently held request of priority `priority` (of the tenant with the
+    /// longest queue there: the one taking most of the room).
+    fn pop_newest_of(&mut self, priority: i64) -> Option<Held<T>> {
+        let key = self
+            .flows
+            .iter()
+            .filter(|(k, f)| k.0 == priority && !f.queue.is_empty())
+            .max_by_key(|(_, f)| f.queue.len())
+            .map(|(k, _)| k.clone())?;
+        let flow = self.flows.get_mut(&key)?;
+        let held = flow.queue.pop_back()?;
+        // Its slot in the flow's schedule is given back.
+        flow.finish = held.start;
+        self.len -= 1;
+        Some(held)
+    }
+
+    /// Takes every request held `max_wait_ms` or longer at `now`.
+    pub fn expire(&mut self, now: Millis, max_wait_ms: u64) -> Vec<Held<T>> {
+        self.remove_where(|h| now.since(h.since) >= max_wait_ms)
+    }
+
+    /// Takes every request `gone` says left (a client that hung up while held).
+    pub fn remove_where(&mut self, mut gone: impl FnMut(&Held<T>) -> bool) -> Vec<Held<T>> {
+        let mut out = Vec::new();
+        for flow in self.flows.values_mut() {
+            let (keep, leave): (VecDeque<_>, VecDeque<_>) = flow.queue.drain(..).partition(|h| !gone(h));
+            flow.queue = keep;
+            out.extend(leave);
+        }
+        self.len -= out.len();
+        let now_v = self.now_v;
+        self.flows.retain(|_, f| !f.queue.is_empty() || f.finish > now_v);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,116 @@
+use super::*;
+
+fn drain<T: Clone>(q: &mut HoldQueue<T>, n: usize) -> Vec<T> {
+    (0..n).filter_map(|_| q.pop().map(|h| h.item)).collect()
+}
+
+#[test]
+fn one_flow_is_first_in_first_out() {
+    let mut q = HoldQueue::new(16, 4.0);
+    for i in 0..5 {
+        assert_eq!(q.push(i, 0, "a", Millis(i)), Admit::Held);
+    }
+    assert_eq!(q.len(), 5);
+    assert_eq!(drain(&mut q, 10), vec![0, 1, 2, 3, 4]);
+    assert!(q.is_empty());
+}
+
+#[test]
+fn a_heavy_tenant_does_not_delay_a_light_one_behind_its_backlog() {
+    let mut q = HoldQueue::new(1000, 4.0);
+    for i in 0..100 {
+        q.push(("heavy", i), 0, "heavy", Millis(0));
+    }
+    q.push(("light", 0), 0, "light", Millis(1));
+    q.push(("light", 1), 0, "light", Millis(1));
+    let first: Vec<_> = drain(&mut q, 4);
+    assert_eq!(
+        first.iter().filter(|(t, _)| *t == "light").count(),
+        2,
+        "the light tenant's two requests go out among the first four: {first:?}"
+    );
+}
+
+#[test]
+fn a_higher_band_gets_its_weight_in_dispatches_and_the_lower_band_still_moves() {
+    let mut q = HoldQueue::new(1000, 4.0);
+    for i in 0..200 {
+        q.push((1, i), 1, "t", Millis(0));
+        q.push((0, i), 0, "t", Millis(0));
+    }
+    let out = drain(&mut q, 100);
+    let high = out.iter().filter(|(p, _)| *p == 1).count();
+    let low = out.len() - high;
+    assert!((78..=82).contains(&high), "4:1 while both wait: {high} vs {low}");
+    assert!(low >= 18, "the low band is not starved: {low}");
+}
+
+#[test]
+fn an_idle_flow_banks_no_credit() {
+    let mut q = HoldQueue::new(1000, 4.0);
+    for i in 0..50 {
+        q.push(("busy", i), 0, "busy", Millis(0));
+    }
+    drain(&mut q, 40);
+    for i in 0..10 {
+        q.push(("late", i), 0, "late", Millis(5));
+    }
+    let out = drain(&mut q, 10);
+    let late = out.iter().filter(|(t, _)| *t == "late").count();
+    assert!(
+        (4..=6).contains(&late),
+        "a tenant that arrives later shares from then on, it does not take everything: {out:?}"
+    );
+}
+
+#[test]
+fn a_full_queue_displaces_the_newest_of_a_lower_priority_and_refuses_otherwise() {
+    let mut q = HoldQueue::new(3, 4.0);
+    q.push("low-old", 0, "a", Millis(0));
+    q.push("low-new", 0, "a", Millis(1));
+    q.push("high", 2, "b", Millis(2));
+    assert_eq!(q.push("low-refused", 0, "c", Millis(3)), Admit::Refused("low-refused"));
+    match q.push("higher", 1, "c", Millis(4)) {
+        Admit::Displaced(h) => assert_eq!(h.item, "low-new"),
+        other => panic!("expected a displacement, got {other:?}"),
+    }
+    assert_eq!(q.len(), 3);
+    let mut out = drain(&mut q, 3);
+    out.sort();
+    assert_eq!(out, vec!["high", "higher", "low-old"]);
+}
+
+#[test]
+fn requests_past_the_wait_bound_expire_and_the_rest_stay_in_order() {
+    let mut q = HoldQueue::new(16, 4.0);
+    q.push(0, 0, "a", Millis(100));
+    q.push(1, 0, "a", Millis(200));
+    q.push(2, 0, "b", Millis(300));
+    let gone: Vec<_> = q.expire(Millis(1200), 1000).into_iter().map(|h| h.item).collect();
+    assert_eq!(gone, vec![0, 1]);
+    assert_eq!(q.len(), 1);
+    assert_eq!(q.peek().map(|h| h.item), Some(2));
+    assert!(q.expire(Millis(1299), 1000).is_empty());
+}
+
+#[test]
+fn a_client_that_hangs_up_leaves_the_queue() {
+    let mut q = HoldQueue::new(16, 4.0);
+    for i in 0..4 {
+        q.push(i, 0, "a", Millis(0));
+    }
+    let gone = q.remove_where(|h| h.item == 2);
+    assert_eq!(gone.len(), 1);
+    assert_eq!(drain(&mut q, 10), vec![0, 1, 3]);
+}
+
+#[test]
+fn peek_names_what_pop_takes() {
+    let mut q = HoldQueue::new(16, 2.0);
+    q.push("a0", 0, "a", Millis(0));
+    q.push("b1", 1, "b", Millis(0));
+    q.push("a1", 0, "a", Millis(0));
+    while let Some(next) = q.peek().map(|h| h.item) {
+        assert_eq!(q.pop().map(|h| h.item), Some(next));
+    }
+}
