@@ -151,3 +151,14 @@ pub fn increment_metric(id: u32, by: i64) -> HostResult<()> {
 pub fn record_metric(id: u32, value: u64) -> HostResult<()> {
     hostcalls::record_metric(id, value)
 }
+
+/// Makes the following host calls act on stream `context_id` (a held request, from the
+/// worker's tick).
+pub fn set_effective_context(context_id: u32) -> HostResult<()> {
+    hostcalls::set_effective_context(context_id)
+}
+
+/// Resumes the effective stream's paused request.
+pub fn resume_http_request() -> HostResult<()> {
+    hostcalls::resume_http_request()
+}

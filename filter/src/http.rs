@@ -8,14 +8,13 @@
 use std::rc::Rc;
 
 use kvroute_core::capture::CaptureLine;
-use kvroute_core::config::ClusterShape;
-use kvroute_core::decision::FallbackReason;
 use kvroute_core::request::{parse, ApiKind};
 use kvroute_core::response::{cached_tokens, reports_usage, usage_tokens};
-use kvroute_core::{Completion, Outcome};
+use kvroute_core::{Completion, Millis, Outcome, RouteRequest};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, BufferType, LogLevel};
 
+use crate::hold::{Slot, Waiting};
 use crate::host;
 use crate::worker::Shared;
 use crate::DESTINATION_HEADER;
@@ -36,9 +35,13 @@ enum Phase {
 
 pub struct Http {
     shared: Option<Rc<Shared>>,
+    context_id: u32,
     phase: Phase,
     tenant: String,
-    sheddable: bool,
+    /// From the priority header (0 without one); negative: sheddable.
+    priority: i64,
+    /// Held while every server was full: what the tick did with it (see `hold`).
+    release: Option<Slot>,
     /// From `tiers.objective_header`, when positive.
     ttft_objective_ms: Option<f64>,
     chosen: Option<String>,
@@ -64,12 +67,14 @@ struct Captured {
 }
 
 impl Http {
-    pub fn new(shared: Option<Rc<Shared>>) -> Http {
+    pub fn new(shared: Option<Rc<Shared>>, context_id: u32) -> Http {
         Http {
             shared,
+            context_id,
             phase: Phase::PassThrough,
             tenant: String::new(),
-            sheddable: false,
+            priority: 0,
+            release: None,
             ttft_objective_ms: None,
             chosen: None,
             reason: "passthrough",
@@ -110,7 +115,7 @@ impl Http {
         let now = host::now();
         shared.catch_up(&mut router, now);
         shared.peers.before_route(&mut router, &shared.stats, now);
-        let mut req = router.request(&parsed, &self.tenant, self.sheddable);
+        let mut req = router.request(&parsed, &self.tenant, self.priority < 0);
         req.ttft_objective_ms = self.ttft_objective_ms;
         // Every request that reaches a decision is traffic to capture, whatever the decision
         // (shed, left to Envoy, routed): a replay sizes the fleet for all of it.
@@ -129,58 +134,98 @@ impl Http {
         // A stream without `include_usage` never reports cached tokens: copying its chunks
         // into the VM (one host call each) would buy nothing.
         self.read_usage = parsed.reports_usage;
-        let decision = router.route(&req, now);
-        if let Some(t) = decision.tier {
+        self.awaiting_first_chunk = parsed.stream;
+        // Behind requests already held here, a new one waits its turn (unless it may be
+        // shed: then it is, as the queue's lowest priority would be).
+        let decision = if shared.holding() && self.priority >= 0 {
+            None
+        } else {
+            Some(router.route(&req, now))
+        };
+        if let Some(t) = decision.as_ref().and_then(|d| d.tier) {
             shared.stats.tier_spilled.add(u64::from(t.spilled));
             shared.stats.tier_unmet.add(u64::from(!t.met));
         }
-        self.reason = decision.outcome.label();
-        match decision.outcome {
+        let outcome = decision.as_ref().map_or(Outcome::Hold, |d| d.outcome);
+        self.reason = outcome.label();
+        match outcome {
             Outcome::Shed { retry_after_s } => {
                 shared.stats.shed.inc();
-                let retry = retry_after_s.to_string();
-                let body = br#"{"error":{"message":"all inference servers are overloaded; retry later","type":"overloaded","code":429}}"#;
-                let headers = vec![("retry-after", retry.as_str()), ("content-type", "application/json")];
-                if host::send_local_response(429, headers, body).is_ok() {
+                if crate::hold::answer_429(retry_after_s) {
                     self.status = 429;
                     return Action::Pause;
                 }
                 return Action::Continue;
             }
-            Outcome::Fallback(reason) => {
-                shared.stats.fallback.inc();
-                if reason == FallbackReason::UnknownModel {
-                    shared.stats.unknown_model.inc();
-                }
+            Outcome::Hold => return self.hold(shared, req, now, router.config().overload().retry_after_s),
+            Outcome::Fallback(_) => {
+                shared.count_outcome(&outcome);
                 return Action::Continue;
             }
-            Outcome::PrefixHit => shared.stats.prefix_hit.inc(),
-            Outcome::Cold => shared.stats.cold.inc(),
+            Outcome::PrefixHit | Outcome::Cold => {}
         }
-        // ORIGINAL_DST reads one address; override_host walks the whole list on retries.
-        let value = match router.config().cluster_shape() {
-            ClusterShape::OriginalDst => decision.best().map(ToString::to_string),
-            ClusterShape::OverrideHost => decision.header_value(),
-        };
-        let Some(value) = value else {
+        let Some(decision) = decision else {
             return Action::Continue;
         };
-        if host::set_request_header(DESTINATION_HEADER, Some(&value)).is_err() {
-            shared.stats.skipped_error.inc();
+        let Some((request_id, best)) = shared.apply_decision(&mut router, &req, &decision, now) else {
             self.reason = "host_error";
             return Action::Continue;
-        }
-        let request_id = shared.next_request_id();
-        router.on_routed(request_id, &req, &decision, now);
-        shared.peers.after_route(&mut router, &shared.stats, now);
-        let best = decision.best().map(|e| e.to_string()).unwrap_or_default();
-        shared.stats.chosen(&best);
-        let predicted = u64::from(decision.matched_blocks) * (router.config().hashing().block_bytes as u64 / 4);
-        shared.count_tokens(req.prompt_tokens.0, predicted.min(req.prompt_tokens.0));
+        };
         self.chosen = Some(best);
-        self.awaiting_first_chunk = parsed.stream;
         self.phase = Phase::Routed { request_id };
         Action::Continue
+    }
+
+    /// Leaves the request paused in this worker's hold queue; 429 when the queue is full.
+    fn hold(&mut self, shared: &Shared, req: RouteRequest, now: Millis, retry_after_s: u64) -> Action {
+        let waiting = Waiting {
+            context_id: self.context_id,
+            req,
+            slot: Slot::default(),
+        };
+        match shared.hold(waiting, self.priority, &self.tenant, now, retry_after_s) {
+            Some(slot) => {
+                self.release = Some(slot);
+                Action::Pause
+            }
+            None => {
+                self.reason = "hold_full";
+                if crate::hold::answer_429(retry_after_s) {
+                    self.status = 429;
+                    return Action::Pause;
+                }
+                Action::Continue
+            }
+        }
+    }
+
+    /// Takes over what the tick did with this request while it was held.
+    fn adopt_release(&mut self) {
+        let Some(slot) = self.release.take() else { return };
+        let r = slot.borrow();
+        if let Some(reason) = r.reason {
+            self.reason = reason;
+        }
+        if let Some((request_id, chosen)) = &r.routed {
+            self.chosen = Some(chosen.clone());
+            self.phase = Phase::Routed {
+                request_id: *request_id,
+            };
+        }
+        if r.rejected {
+            self.status = 429;
+        }
+    }
+
+    /// The stream ends: a request still held leaves the queue at the next tick.
+    fn leave_hold(&mut self) {
+        if let Some(slot) = &self.release {
+            let mut r = slot.borrow_mut();
+            if r.routed.is_none() && !r.rejected {
+                r.gone = true;
+            }
+        }
+        self.adopt_release();
     }
 }
 
@@ -333,7 +378,12 @@ impl Http {
     }
 }
 
-impl Context for Http {}
+impl Context for Http {
+    fn on_done(&mut self) -> bool {
+        self.leave_hold();
+        true
+    }
+}
 
 impl HttpContext for Http {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
@@ -381,10 +431,10 @@ impl HttpContext for Http {
             return Action::Continue;
         }
         self.tenant = headers.get(config.tenant_header()).map(tenant_key).unwrap_or_default();
-        self.sheddable = headers
+        self.priority = headers
             .text(config.priority_header())
             .and_then(|v| v.trim().parse::<i64>().ok())
-            .is_some_and(|p| p < 0);
+            .unwrap_or(0);
         self.ttft_objective_ms = headers
             .text(&config.tiers().objective_header)
             .and_then(|v| v.trim().parse::<f64>().ok())
@@ -424,6 +474,7 @@ impl HttpContext for Http {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        self.adopt_release();
         // A whole response's headers come when generation ends: its prefill is long done.
         // A stream's may come before its first token (the server starts the response
         // first): that one waits for the first chunk.
@@ -466,6 +517,7 @@ impl HttpContext for Http {
     }
 
     fn on_log(&mut self) {
+        self.leave_hold();
         let Some(shared) = self.shared.clone() else { return };
         let routed = match self.phase {
             Phase::Routed { request_id } => Some(request_id),

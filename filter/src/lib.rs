@@ -6,6 +6,7 @@
 //! The service, when there is one, runs the `Poller` (discovery, scrapes, the published
 //! fleet state); without it one worker does, elected by a lease (`lease`).
 
+pub mod hold;
 pub mod host;
 pub mod http;
 pub mod lease;
@@ -114,13 +115,13 @@ impl RootContext for Root {
         }
     }
 
-    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         // Always a context: even an unconfigured filter must strip client routing headers.
         let shared = match self {
             Root::Worker(w) => Some(w.shared()),
             _ => None,
         };
-        Some(Box::new(Http::new(shared)))
+        Some(Box::new(Http::new(shared, context_id)))
     }
 
     fn get_type(&self) -> Option<ContextType> {

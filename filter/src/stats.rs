@@ -86,6 +86,16 @@ pub struct RequestStats {
     pub tier_spilled: Metric,
     pub tier_unmet: Metric,
     pub capture_failed: Metric,
+    /// `overload.hold`: requests held, routed after waiting, answered 429 after the wait
+    /// bound or because the queue was full, gone while held (client hung up), their total
+    /// wait, and how many wait now (summed over the workers).
+    pub hold_held: Metric,
+    pub hold_released: Metric,
+    pub hold_expired: Metric,
+    pub hold_refused: Metric,
+    pub hold_gone: Metric,
+    pub hold_wait_ms: Metric,
+    pub hold_waiting: Metric,
     per_endpoint: RefCell<BTreeMap<String, Metric>>,
     /// Each server's learned-rate gauge and the value it was last set to.
     speeds: RefCell<BTreeMap<String, (Metric, u64)>>,
@@ -135,6 +145,13 @@ impl RequestStats {
             tier_spilled: c("tiers.spilled"),
             tier_unmet: c("tiers.objective_unmet"),
             capture_failed: c("capture.failed"),
+            hold_held: c("hold.held"),
+            hold_released: c("hold.released"),
+            hold_expired: c("hold.expired"),
+            hold_refused: c("hold.refused"),
+            hold_gone: c("hold.gone"),
+            hold_wait_ms: c("hold.wait_ms"),
+            hold_waiting: g("hold.waiting"),
             per_endpoint: RefCell::new(BTreeMap::new()),
             speeds: RefCell::new(BTreeMap::new()),
         }

@@ -8,14 +8,21 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use kvroute_core::capture::Capturer;
-use kvroute_core::{Config, FleetState, Millis, Router};
+use kvroute_core::config::ClusterShape;
+use kvroute_core::hold::HoldQueue;
+use kvroute_core::{Config, Decision, FleetState, Millis, Outcome, RouteRequest, Router};
 use proxy_wasm::types::LogLevel;
 
+use crate::hold::Waiting;
 use crate::host;
 use crate::lease::Lease;
 use crate::peers::Peers;
 use crate::poller::{read_version, Poller, SNAPSHOT_KEY};
 use crate::stats::RequestStats;
+
+/// The slowest tick while holding is on: a held request waits at most this long past the
+/// moment the fleet state shows room.
+const HOLD_TICK_MS: u64 = 5;
 
 /// Gauges are refreshed at most this often (the tick can be much faster).
 const STATS_EVERY_MS: u64 = 100;
@@ -30,6 +37,10 @@ pub struct Shared {
     next_request: Cell<u64>,
     prompt_tokens: Cell<u64>,
     predicted_cached: Cell<u64>,
+    /// Requests held while every server is full (`overload.hold`, see `hold`), and the
+    /// count last added to the gateway-wide gauge.
+    pub held: RefCell<HoldQueue<Waiting>>,
+    pub reported_held: Cell<u64>,
     /// The fleet state version applied last, when it was published, and when it was
     /// last looked for.
     seen_version: Cell<u64>,
@@ -55,6 +66,53 @@ impl Shared {
             .set(self.predicted_cached.get().saturating_add(predicted_cached));
         self.stats.prompt_tokens.add(prompt);
         self.stats.predicted_cached_tokens.add(predicted_cached);
+    }
+
+    /// Counts a decision that sends nothing anywhere by itself (the header is set by
+    /// `apply_decision`).
+    pub fn count_outcome(&self, outcome: &Outcome) {
+        match outcome {
+            Outcome::PrefixHit => self.stats.prefix_hit.inc(),
+            Outcome::Cold => self.stats.cold.inc(),
+            Outcome::Fallback(reason) => {
+                self.stats.fallback.inc();
+                if *reason == kvroute_core::decision::FallbackReason::UnknownModel {
+                    self.stats.unknown_model.inc();
+                }
+            }
+            Outcome::Shed { .. } => self.stats.shed.inc(),
+            Outcome::Hold => {}
+        }
+    }
+
+    /// Sets the destination header of the current (or effective) stream for a routed
+    /// decision and records it: the router's request id and the chosen server, or `None`
+    /// when the header could not be set (Envoy then balances the request).
+    pub fn apply_decision(
+        &self,
+        router: &mut Router,
+        req: &RouteRequest,
+        decision: &Decision,
+        now: Millis,
+    ) -> Option<(u64, String)> {
+        self.count_outcome(&decision.outcome);
+        // ORIGINAL_DST reads one address; override_host walks the whole list on retries.
+        let value = match router.config().cluster_shape() {
+            ClusterShape::OriginalDst => decision.best().map(ToString::to_string),
+            ClusterShape::OverrideHost => decision.header_value(),
+        }?;
+        if host::set_request_header(crate::DESTINATION_HEADER, Some(&value)).is_err() {
+            self.stats.skipped_error.inc();
+            return None;
+        }
+        let request_id = self.next_request_id();
+        router.on_routed(request_id, req, decision, now);
+        self.peers.after_route(router, &self.stats, now);
+        let best = decision.best().map(|e| e.to_string()).unwrap_or_default();
+        self.stats.chosen(&best);
+        let predicted = u64::from(decision.matched_blocks) * (router.config().hashing().block_bytes as u64 / 4);
+        self.count_tokens(req.prompt_tokens.0, predicted.min(req.prompt_tokens.0));
+        Some((request_id, best))
     }
 
     /// Before routing: applies a new fleet state if the tick has stopped doing it.
@@ -106,7 +164,11 @@ impl Worker {
                 "cannot take part in the polling lease; this worker only reads the fleet state",
             );
         }
-        let tick = peers.tick_ms().min(Poller::tick_ms(&config));
+        let mut tick = peers.tick_ms().min(Poller::tick_ms(&config));
+        if config.overload().hold.max_wait_ms > 0 {
+            // Held requests wait for this tick to find room.
+            tick = tick.min(HOLD_TICK_MS);
+        }
         if host::set_tick_period_ms(tick).is_err() {
             host::log(
                 LogLevel::Error,
@@ -121,6 +183,11 @@ impl Worker {
             next_request: Cell::new(0),
             prompt_tokens: Cell::new(0),
             predicted_cached: Cell::new(0),
+            held: RefCell::new(HoldQueue::new(
+                config.overload().hold.max_requests,
+                config.overload().hold.priority_weight,
+            )),
+            reported_held: Cell::new(0),
             seen_version: Cell::new(0),
             published_at: Cell::new(Millis(0)),
             looked_at: Cell::new(Millis(0)),
@@ -176,6 +243,7 @@ impl Worker {
         if let Ok(mut router) = self.shared.router.try_borrow_mut() {
             self.shared.apply_fleet_state(&mut router, now);
             self.shared.peers.on_tick(&mut router, &self.shared.stats, now);
+            self.shared.release_held(&mut router, now);
         }
         if now.since(self.stats_at) >= STATS_EVERY_MS {
             self.stats_at = now;

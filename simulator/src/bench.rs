@@ -163,7 +163,7 @@ fn record(o: &Outcome, server: usize) -> Record {
         prompt_tokens: o.prompt_tokens,
         cached_tokens: o.cached_tokens,
         output_tokens: o.tokens,
-        reachable_tokens: 0,
+        ..Record::default()
     }
 }
 
@@ -316,7 +316,7 @@ mod tests {
             prompt_tokens: prompt,
             cached_tokens: cached,
             output_tokens: 4,
-            reachable_tokens: 0,
+            ..Record::default()
         }
     }
 

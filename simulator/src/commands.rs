@@ -62,6 +62,7 @@ pub fn matrix_cmd(a: &MatrixArgs) -> anyhow::Result<()> {
     };
     let (profile, servers, mixed) = a.fleet.fleet()?;
     let setup = ReplaySetup {
+        classes: None,
         profile,
         servers,
         mixed,

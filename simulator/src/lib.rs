@@ -11,6 +11,7 @@ pub mod bench;
 pub mod engine;
 pub mod kv;
 pub mod matrix;
+pub mod overload;
 pub mod plan;
 pub mod policies;
 pub mod profile;

@@ -123,6 +123,7 @@ pub fn replica_runs(
                 scope.spawn(move || {
                     let reqs = perturbed(requests, k);
                     let setup = ReplaySetup {
+                        classes: None,
                         seed: setup.seed.wrapping_add(k),
                         ..setup.clone()
                     };
@@ -144,6 +145,7 @@ pub fn replica_runs(
 /// capacity is the fleet's, so every topology is loaded at the same arrival rate.
 pub fn capacity(setup: &ReplaySetup, requests: &[SimRequest]) -> f64 {
     let setup = ReplaySetup {
+        classes: None,
         topology: Topology::default(),
         ..setup.clone()
     };
@@ -193,6 +195,7 @@ pub fn cells(
         let run_replica = |k: u64| {
             let reqs = perturbed(&base, k);
             let setup = ReplaySetup {
+                classes: None,
                 seed: setup.seed.wrapping_add(k),
                 ..setup.clone()
             };

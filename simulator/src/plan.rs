@@ -86,6 +86,7 @@ impl Planner<'_> {
     pub fn evaluate(&self, policy: PolicyName, profile: &Profile, servers: usize) -> Point {
         let replica = |k: u64| {
             let setup = ReplaySetup {
+                classes: None,
                 profile: profile.clone(),
                 servers,
                 mixed: Vec::new(),

@@ -101,6 +101,7 @@ pub fn plan_cmd(a: &PlanArgs) -> anyhow::Result<()> {
     anyhow::ensure!(jobs >= 1, "--jobs must be at least 1");
     let planner = Planner {
         base: ReplaySetup {
+            classes: None,
             profile: profiles[0].clone(),
             servers: 1,
             mixed: Vec::new(),

@@ -11,16 +11,18 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
+use kvroute_core::hold::{Admit, HoldQueue};
 use kvroute_core::request::{parse, ApiKind};
 use kvroute_core::{parse_metrics, Config, PeerEvent, VllmMetrics};
 
 use crate::engine::{Engine, Event};
-use crate::policies::{Incoming, PolicyName};
+use crate::policies::{Incoming, Pick, PolicyName};
 use crate::profile::{Profile, BLOCK_TOKENS};
-use crate::report::{Record, RunReport};
+use crate::report::{Record, Rejection, RunReport};
 use crate::tokens::engine_blocks;
 use crate::workload::SimRequest;
 
+pub use classes::Classes;
 use topology::Routers;
 pub use topology::Topology;
 
@@ -37,6 +39,9 @@ pub struct ReplaySetup {
     pub seed: u64,
     pub router_config: Config,
     pub topology: Topology,
+    /// Tenants and priority bands (overload runs); none: every request is priority 0 of
+    /// tenant 0.
+    pub classes: Option<Classes>,
 }
 
 /// From `at_ms` on, server `server`'s steps take `factor` times as long.
@@ -66,6 +71,8 @@ enum Kind {
     Peer(usize, usize),
     StepEnd(usize),
     Arrival(usize),
+    /// Router `r`'s tick while it holds requests (`overload.hold`).
+    Release(usize),
 }
 
 /// A gateway's latest scrape: when, and each server's parsed metrics and text.
@@ -142,6 +149,12 @@ pub fn run_until(
     let mut done = 0usize;
     let mut stopped = false;
     let mut eviction_marks = Vec::new();
+    let classes: Vec<(i64, u32)> = requests
+        .iter()
+        .enumerate()
+        .map(|(i, r)| setup.classes.as_ref().map_or((0, 0), |c| c.of(r, i, setup.seed)))
+        .collect();
+    let mut gate = Gate::new(&setup.router_config, topo.routers(), requests.len(), &classes);
     while let Some(Reverse((t_us, _, kind))) = q.heap.pop() {
         if stopped {
             break;
@@ -179,7 +192,7 @@ pub fn run_until(
                         q.push(topo.next_tick_ms(r, now), Kind::Snapshot(r));
                     }
                 }
-                if done < requests.len() {
+                if done + gate.rejected.len() < requests.len() {
                     q.push(now + setup.scrape_interval_ms, Kind::Scrape(g));
                 }
             }
@@ -190,41 +203,78 @@ pub fn run_until(
                 }
             }
             Kind::Arrival(i) => {
-                let body = chat_body(model, &requests[i]);
-                let parsed = match parse(ApiKind::Chat, body.as_bytes()) {
-                    Ok(p) => p,
-                    Err(err) => simulator_bug(&format!("request {i}'s body does not parse: {err}")),
-                };
-                let blocks = engine_blocks(&parsed.canonical, parsed.prompt_tokens.0);
+                let (body, parsed, blocks) = prepare(model, &requests[i], i);
                 reachable[i] = engines
                     .iter()
                     .map(|e| e.kv().cached_prefix(&blocks) as u64 * BLOCK_TOKENS)
                     .max()
                     .unwrap_or(0)
                     .min(parsed.prompt_tokens.0.saturating_sub(1));
-                let incoming = Incoming {
-                    id: i as u64,
-                    body: body.as_bytes(),
-                    canonical: &parsed.canonical,
-                    prompt_tokens: parsed.prompt_tokens.0,
-                    engine_blocks: &blocks,
-                };
                 let r = routers.assign(i);
-                let s = routers.all[r].pick(&incoming, &engines, now).min(setup.servers - 1);
-                mail.send(&mut q, &mut routers, r, now);
-                let spec = crate::engine::SeqSpec {
-                    id: i as u64,
-                    prompt_tokens: parsed.prompt_tokens.0,
-                    output_tokens: requests[i].output_tokens,
-                    block_hashes: blocks,
+                // Behind requests already held, an arrival waits its turn.
+                let sheddable = classes[i].0 < 0;
+                let pick = if gate.holds[r].is_empty() || sheddable {
+                    let incoming = Incoming {
+                        id: i as u64,
+                        body: body.as_bytes(),
+                        canonical: &parsed.canonical,
+                        prompt_tokens: parsed.prompt_tokens.0,
+                        engine_blocks: &blocks,
+                    };
+                    let pick = routers.all[r].admit(&incoming, &engines, now, sheddable);
+                    mail.send(&mut q, &mut routers, r, now);
+                    pick
+                } else {
+                    Pick::Hold
                 };
-                engines[s].add(spec, now);
-                if !busy[s] {
-                    if let Some(d) = engines[s].start_step() {
-                        busy[s] = true;
-                        q.push(now + d, Kind::StepEnd(s));
-                    }
+                match pick {
+                    Pick::Server(s) => start(
+                        &mut engines,
+                        &mut busy,
+                        &mut q,
+                        s.min(setup.servers - 1),
+                        i,
+                        &requests[i],
+                        &parsed,
+                        blocks,
+                        now,
+                    ),
+                    Pick::Shed => gate.reject(i, now, now),
+                    Pick::Hold => gate.hold(&mut q, r, i, now),
                 }
+            }
+            Kind::Release(r) => {
+                gate.due[r] = false;
+                for h in gate.holds[r].expire(kvroute_core::Millis(now as u64), gate.max_wait_ms) {
+                    gate.reject(h.item, h.since.0 as f64, now);
+                }
+                while let Some(i) = gate.holds[r].peek().map(|h| h.item) {
+                    let (body, parsed, blocks) = prepare(model, &requests[i], i);
+                    let incoming = Incoming {
+                        id: i as u64,
+                        body: body.as_bytes(),
+                        canonical: &parsed.canonical,
+                        prompt_tokens: parsed.prompt_tokens.0,
+                        engine_blocks: &blocks,
+                    };
+                    let pick = routers.all[r].admit(&incoming, &engines, now, false);
+                    mail.send(&mut q, &mut routers, r, now);
+                    let Pick::Server(s) = pick else { break };
+                    gate.holds[r].pop();
+                    gate.held_ms[i] = now - requests[i].arrival_ms;
+                    start(
+                        &mut engines,
+                        &mut busy,
+                        &mut q,
+                        s.min(setup.servers - 1),
+                        i,
+                        &requests[i],
+                        &parsed,
+                        blocks,
+                        now,
+                    );
+                }
+                gate.tick(&mut q, r, now);
             }
             Kind::StepEnd(s) => {
                 for ev in engines[s].finish_step(now) {
@@ -238,9 +288,18 @@ pub fn run_until(
                             let r = routers.owner(f.id as usize);
                             routers.all[r].on_finished(s, &f, now);
                             mail.send(&mut q, &mut routers, r, now);
+                            let id = f.id as usize;
+                            let base = Record::from_finished(&f, s);
+                            let held = gate.held_ms[id];
                             let record = Record {
-                                reachable_tokens: reachable[f.id as usize],
-                                ..Record::from_finished(&f, s)
+                                reachable_tokens: reachable[id],
+                                held_ms: held,
+                                arrival_ms: requests[id].arrival_ms.min(base.arrival_ms),
+                                ttft_ms: base.ttft_ms + held,
+                                e2e_ms: base.e2e_ms + held,
+                                priority: classes[id].0,
+                                tenant: classes[id].1,
+                                ..base
                             };
                             stopped |= stop(&record);
                             records[f.id as usize] = Some(record);
@@ -259,9 +318,113 @@ pub fn run_until(
         }
     }
     let mut report = RunReport::build(&policy.to_string(), requests.len(), records, &engines);
+    report.rejections = gate
+        .rejected
+        .iter()
+        .map(|(i, since, at)| Rejection {
+            arrival_ms: requests[*i].arrival_ms,
+            waited_ms: at - since,
+            priority: classes[*i].0,
+            tenant: classes[*i].1,
+        })
+        .collect();
     eviction_marks.push((f64::MAX, report.evictions));
     report.eviction_marks = eviction_marks;
     (report, stopped)
+}
+
+/// A request's body as a client sends it, parsed as the gateway parses it, and its blocks
+/// as the engines hash them.
+fn prepare(model: &str, req: &SimRequest, i: usize) -> (String, kvroute_core::ParsedRequest, Vec<u64>) {
+    let body = chat_body(model, req);
+    let parsed = match parse(ApiKind::Chat, body.as_bytes()) {
+        Ok(p) => p,
+        Err(err) => simulator_bug(&format!("request {i}'s body does not parse: {err}")),
+    };
+    let blocks = engine_blocks(&parsed.canonical, parsed.prompt_tokens.0);
+    (body, parsed, blocks)
+}
+
+/// Hands request `i` to server `s` and starts a step there if it was idle.
+#[allow(clippy::too_many_arguments)]
+fn start(
+    engines: &mut [Engine],
+    busy: &mut [bool],
+    q: &mut Queue,
+    s: usize,
+    i: usize,
+    req: &SimRequest,
+    parsed: &kvroute_core::ParsedRequest,
+    blocks: Vec<u64>,
+    now: f64,
+) {
+    let spec = crate::engine::SeqSpec {
+        id: i as u64,
+        prompt_tokens: parsed.prompt_tokens.0,
+        output_tokens: req.output_tokens,
+        block_hashes: blocks,
+    };
+    engines[s].add(spec, now);
+    if !busy[s] {
+        if let Some(d) = engines[s].start_step() {
+            busy[s] = true;
+            q.push(now + d, Kind::StepEnd(s));
+        }
+    }
+}
+
+/// The gateway's side of `overload.hold` in the replay: each router's held requests, woken
+/// by that router's tick (`share.tick_ms`, as the filter's worker tick) while any wait.
+struct Gate {
+    holds: Vec<HoldQueue<usize>>,
+    due: Vec<bool>,
+    held_ms: Vec<f64>,
+    /// `(request, held since, answered 429 at)`.
+    rejected: Vec<(usize, f64, f64)>,
+    max_wait_ms: u64,
+    tick_ms: f64,
+    tenants: Vec<String>,
+    priorities: Vec<i64>,
+}
+
+impl Gate {
+    fn new(config: &Config, routers: usize, requests: usize, classes: &[(i64, u32)]) -> Gate {
+        let hold = &config.overload().hold;
+        Gate {
+            holds: (0..routers)
+                .map(|_| HoldQueue::new(hold.max_requests, hold.priority_weight))
+                .collect(),
+            due: vec![false; routers],
+            held_ms: vec![0.0; requests],
+            rejected: Vec::new(),
+            max_wait_ms: hold.max_wait_ms,
+            tick_ms: config.share().tick_ms.max(1) as f64,
+            tenants: classes.iter().map(|c| c.1.to_string()).collect(),
+            priorities: classes.iter().map(|c| c.0).collect(),
+        }
+    }
+
+    fn hold(&mut self, q: &mut Queue, r: usize, i: usize, now: f64) {
+        let since = kvroute_core::Millis(now as u64);
+        match self.holds[r].push(i, self.priorities[i], &self.tenants[i], since) {
+            Admit::Held => {}
+            Admit::Displaced(h) => self.reject(h.item, h.since.0 as f64, now),
+            Admit::Refused(i) => self.reject(i, now, now),
+        }
+        self.tick(q, r, now);
+    }
+
+    fn reject(&mut self, i: usize, since: f64, now: f64) {
+        self.rejected.push((i, since, now));
+    }
+
+    /// Wakes router `r` at its next tick while it holds anything.
+    fn tick(&mut self, q: &mut Queue, r: usize, now: f64) {
+        if !self.holds[r].is_empty() && !self.due[r] {
+            self.due[r] = true;
+            q.push(now + self.tick_ms, Kind::Release(r));
+        }
+    }
 }
 
 /// Peer events in flight between routers: one copy each, read by all its recipients.
@@ -296,6 +459,7 @@ fn apply_snapshot(routers: &mut Routers, r: usize, (at, servers): &Scraped) {
     }
 }
 
+mod classes;
 mod topology;
 
 #[cfg(test)]

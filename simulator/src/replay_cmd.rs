@@ -9,7 +9,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use kvroute_core::Config;
 use kvroute_sim::policies::PolicyName;
-use kvroute_sim::replay::{self, ReplaySetup};
+use kvroute_sim::replay::{self, Classes, ReplaySetup};
 use kvroute_sim::report::{self, RunReport};
 
 use crate::{FleetArgs, TopologyArgs, WorkloadArgs};
@@ -53,6 +53,17 @@ pub struct ReplayArgs {
     /// router seed + k, as in `matrix`); the tables show medians.
     #[arg(long, default_value_t = 1)]
     replicas: u64,
+    /// Tenants' shares of the prefix families, e.g. `0.7,0.1,0.1,0.1` (a tenant owns whole
+    /// families); with `--priorities`, a per-class table follows (see `overload`).
+    #[arg(long)]
+    tenants: Option<String>,
+    /// Priority bands and their shares of the requests, `PRIORITY:SHARE,…`, e.g.
+    /// `1:0.2,0:0.7,-1:0.1` (negative: sheddable, as kvroute's priority header).
+    #[arg(long)]
+    priorities: Option<String>,
+    /// The TTFT objective that counts a completion as goodput in the per-class table.
+    #[arg(long, default_value_t = 2000.0)]
+    ttft_slo_ms: f64,
 }
 
 pub fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
@@ -74,6 +85,13 @@ pub fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
         seed: a.workload.seed,
         router_config,
         topology: a.topology.topology()?,
+        classes: match (&a.tenants, &a.priorities) {
+            (None, None) => None,
+            (t, p) => Some(Classes::parse(
+                t.as_deref().unwrap_or("1"),
+                p.as_deref().unwrap_or("0:1"),
+            )?),
+        },
     };
     let span_s = requests.iter().map(|r| r.arrival_ms).fold(0.0, f64::max) / 1000.0;
     if setup.mixed.is_empty() {
@@ -159,6 +177,20 @@ pub fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
         );
     }
     print!("{}", report::table(&runs));
+    if setup.classes.is_some() || runs.iter().any(|r| !r.rejections.is_empty()) {
+        let span_s = span_s.max(1e-3);
+        println!("by class (requests per second of the {span_s:.0} s arrival span):");
+        print!("{}", kvroute_sim::overload::table(&runs, a.ttft_slo_ms, span_s));
+        for r in &runs {
+            println!(
+                "{}: goodput {:.2} req/s (TTFT ≤ {} ms), 429: {}",
+                r.policy,
+                kvroute_sim::overload::goodput(r, a.ttft_slo_ms, span_s),
+                a.ttft_slo_ms,
+                r.rejections.len()
+            );
+        }
+    }
     let mut phases = serde_json::Value::Null;
     if let Some(cold_s) = a.cold_s {
         anyhow::ensure!(cold_s > 0.0, "--cold-s must be positive");

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::engine::{Engine, Finished};
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Record {
     pub server: usize,
     pub arrival_ms: f64,
@@ -22,6 +22,21 @@ pub struct Record {
     /// The longest prefix of its prompt any server had cached when it arrived (replay
     /// only; 0 in live runs): the reuse a router could reach.
     pub reachable_tokens: u64,
+    /// Replay: how long the gateway held it before routing it (`overload.hold`); its
+    /// TTFT and end-to-end time include the wait.
+    pub held_ms: f64,
+    /// Replay with `--classes`: its priority band and tenant.
+    pub priority: i64,
+    pub tenant: u32,
+}
+
+/// Replay: a request the gateway answered 429 (shed at once, or held and then refused).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Rejection {
+    pub arrival_ms: f64,
+    pub waited_ms: f64,
+    pub priority: i64,
+    pub tenant: u32,
 }
 
 impl Record {
@@ -36,7 +51,7 @@ impl Record {
             prompt_tokens: f.prompt_tokens,
             cached_tokens: f.cached_tokens,
             output_tokens: f.output_tokens,
-            reachable_tokens: 0,
+            ..Record::default()
         }
     }
 }
@@ -117,6 +132,9 @@ pub struct RunReport {
     /// Each completed request (not in the JSON).
     #[serde(skip)]
     pub records: Vec<Record>,
+    /// Requests the gateway answered 429 (replay with `overload.hold`; not in the JSON).
+    #[serde(skip)]
+    pub rejections: Vec<Rejection>,
     /// Replay: the fleet's evictions so far at each scrape tick, `(ms, count)`, so a phase
     /// of the run can report its own (not in the JSON).
     #[serde(skip)]
@@ -275,6 +293,7 @@ impl RunReport {
             sim_wall_s: 0.0,
             ttft_cdf_ms,
             records: done.to_vec(),
+            rejections: Vec::new(),
             eviction_marks: Vec::new(),
         }
     }
@@ -502,7 +521,7 @@ mod steady_tests {
             prompt_tokens: 10,
             cached_tokens: 0,
             output_tokens,
-            reachable_tokens: 0,
+            ..Record::default()
         }
     }
 

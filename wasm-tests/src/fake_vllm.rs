@@ -47,6 +47,8 @@ struct State {
     /// Inference answers 500 when true (Envoy's outlier detection ejects it).
     failing: AtomicBool,
     alive: AtomicBool,
+    /// Inference answers wait this long first (a server busy with prefill).
+    delay_ms: AtomicU64,
     inference: AtomicU64,
     scrapes: AtomicU64,
     streams: Mutex<Vec<TcpStream>>,
@@ -77,6 +79,7 @@ impl FakeVllm {
             healthy: AtomicBool::new(true),
             failing: AtomicBool::new(false),
             alive: AtomicBool::new(true),
+            delay_ms: AtomicU64::new(0),
             inference: AtomicU64::new(0),
             scrapes: AtomicU64::new(0),
             streams: Mutex::new(Vec::new()),
@@ -102,6 +105,10 @@ impl FakeVllm {
     }
     pub fn set_failing(&self, failing: bool) {
         self.state.failing.store(failing, Ordering::SeqCst);
+    }
+    /// Inference answers come this long after the request (0: at once).
+    pub fn set_delay_ms(&self, ms: u64) {
+        self.state.delay_ms.store(ms, Ordering::SeqCst);
     }
     pub fn inference_requests(&self) -> u64 {
         self.state.inference.load(Ordering::SeqCst)
@@ -211,6 +218,10 @@ fn serve(stream: TcpStream, state: Arc<State>, port: u16) {
             }
             ("POST", "/v1/chat/completions") | ("POST", "/v1/completions") => {
                 state.inference.fetch_add(1, Ordering::SeqCst);
+                let delay = state.delay_ms.load(Ordering::SeqCst);
+                if delay > 0 {
+                    thread::sleep(std::time::Duration::from_millis(delay));
+                }
                 let model = model_of(&state);
                 let stream = String::from_utf8_lossy(&req.body).contains("\"stream\":true");
                 if stream {

@@ -83,6 +83,7 @@ fn a_captured_run_replays_to_the_live_hit_rate_and_ttft() {
         live.prefix_hit_rate
     );
     let setup = ReplaySetup {
+        classes: None,
         profile,
         servers: 4,
         mixed: Vec::new(),

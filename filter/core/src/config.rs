@@ -250,10 +250,9 @@ pub struct RawHold {
     /// The longest a request waits for room; 0 turns holding off (every request is routed
     /// at once, to the least bad server when all are full).
     pub max_wait_ms: u64,
-    /// A server is full for a new request when the work queued ahead of it would take this
-    /// long (`policy::queue_wait_ms`: what its last scrape saw waiting, what this gateway
-    /// sent since and its own requests still without a first token, at the server's own
-    /// prefill rate), or at `overload.kv_limit`.
+    /// A server is full for a new request when the prefill the gateway has queued or
+    /// running there (its requests without a first token yet, at the server's own prefill
+    /// rate; `policy::pending_prefill_ms`) would take this long, or at `overload.kv_limit`.
     pub wait_limit_ms: u64,
     /// Requests one Envoy worker holds at most.
     pub max_requests: usize,

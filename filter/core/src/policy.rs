@@ -126,13 +126,13 @@ pub fn predicted_ttft(config: &Config, c: &Candidate, ctx: &ScoreContext) -> Ter
     }
 }
 
-/// How long work already queued at a candidate delays a new request's prefill (ms): the
-/// queued prefill at the server's rate, the decode steps it shares, KV pressure. What
-/// `predicted_ttft` charges beyond the request's own prefill.
-pub fn queue_wait_ms(config: &Config, c: &Candidate, ctx: &ScoreContext) -> f64 {
-    let t = predicted_ttft(config, c, ctx);
-    let own_ms = c.uncached.0 as f64 * 1000.0 / server_rate(config, c, ctx);
-    (t.ttft_ms - own_ms).max(0.0)
+/// How long the prefill this gateway knows is queued or running at a candidate (its own
+/// requests there without a first token, and its peers') takes at the server's rate (ms).
+/// Unlike the scraped queue it is current to the last first token, so a server it calls
+/// busy is busy now: holding requests back while every server is past a limit of it cannot
+/// leave one idle (`overload.hold`).
+pub fn pending_prefill_ms(config: &Config, c: &Candidate, ctx: &ScoreContext) -> f64 {
+    c.endpoint.pending_prefill_tokens.0 as f64 * 1000.0 / server_rate(config, c, ctx)
 }
 
 /// The median of the candidates' learned prefill rates (none when learning is off or no

@@ -368,10 +368,11 @@ impl Router {
         if hold.max_wait_ms == 0 {
             return None;
         }
-        let full = |c: &Candidate| {
-            c.metrics.kv_usage >= overload.kv_limit
-                || policy::queue_wait_ms(&self.config, c, ctx) >= hold.wait_limit_ms as f64
-        };
+        // Only what is current to the last first token: a stale scrape (KV usage, waiting)
+        // would hold requests back from a server that has drained since, and release them
+        // in bursts. A server that cannot admit more (KV full) shows as prefill that does
+        // not finish.
+        let full = |c: &Candidate| policy::pending_prefill_ms(&self.config, c, ctx) >= hold.wait_limit_ms as f64;
         if !cands.iter().all(full) {
             return None;
         }

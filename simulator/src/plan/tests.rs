@@ -123,6 +123,7 @@ fn planner(requests: &[SimRequest], ttft_ms: f64, early_stop: bool) -> Planner<'
     let profile = Profile::new(Gpu::H100_80g, Model::Llama31_8b, 1).unwrap();
     Planner {
         base: ReplaySetup {
+            classes: None,
             profile,
             servers: 1,
             mixed: Vec::new(),

@@ -2,9 +2,9 @@
 //! filter, fed the scraped metrics and completions exactly as the filter feeds it.
 
 use kvroute_core::request::{parse, ApiKind};
-use kvroute_core::{Completion, Config, EndpointId, Millis, PeerEvent, Router, VllmMetrics};
+use kvroute_core::{Completion, Config, EndpointId, Millis, Outcome, PeerEvent, Router, VllmMetrics};
 
-use super::{Incoming, Outstanding, Policy};
+use super::{Incoming, Outstanding, Pick, Policy};
 use crate::engine::{Engine, Finished};
 
 pub struct Kvroute {
@@ -33,27 +33,46 @@ impl Kvroute {
         }
     }
 
+    /// Where a request goes when the router chooses nothing (no endpoint may serve).
+    fn least_outstanding(&self) -> usize {
+        let load = self.outstanding.get();
+        (0..load.len()).min_by_key(|s| load[*s]).unwrap_or(0)
+    }
+
     fn index_of(&self, id: &EndpointId) -> Option<usize> {
         self.ids.iter().position(|e| e == id)
     }
 }
 
 impl Policy for Kvroute {
-    fn pick(&mut self, req: &Incoming, _: &[Engine], now_ms: f64) -> usize {
+    fn pick(&mut self, req: &Incoming, servers: &[Engine], now_ms: f64) -> usize {
+        match self.admit(req, servers, now_ms, false) {
+            Pick::Server(s) => s,
+            // Not reached: `pick` is only called with holding off.
+            Pick::Hold | Pick::Shed => self.least_outstanding(),
+        }
+    }
+    fn admit(&mut self, req: &Incoming, _: &[Engine], now_ms: f64, sheddable: bool) -> Pick {
         let now = Millis(now_ms as u64);
+        let mut held = None;
         let chosen = parse(ApiKind::Chat, req.body).ok().and_then(|parsed| {
-            let r = self.router.request(&parsed, "", false);
+            let r = self.router.request(&parsed, "", sheddable);
             let d = self.router.route(&r, now);
+            match d.outcome {
+                Outcome::Hold => held = Some(Pick::Hold),
+                Outcome::Shed { .. } => held = Some(Pick::Shed),
+                _ => {}
+            }
             let s = d.best().and_then(|b| self.index_of(b))?;
             self.router.on_routed(req.id, &r, &d, now);
             Some(s)
         });
-        let s = chosen.unwrap_or_else(|| {
-            let load = self.outstanding.get();
-            (0..load.len()).min_by_key(|s| load[*s]).unwrap_or(0)
-        });
+        if let Some(p) = held {
+            return p;
+        }
+        let s = chosen.unwrap_or_else(|| self.least_outstanding());
         self.outstanding.sent(s);
-        s
+        Pick::Server(s)
     }
     fn on_scrape(&mut self, s: usize, m: &VllmMetrics, _: &str, now_ms: f64) {
         self.router.on_metrics(&self.ids[s], m.clone(), Millis(now_ms as u64));

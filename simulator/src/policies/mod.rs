@@ -26,10 +26,25 @@ pub struct Incoming<'a> {
     pub engine_blocks: &'a [u64],
 }
 
+/// What a policy does with a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pick {
+    Server(usize),
+    /// Every server is full: keep it at the gateway and ask again at the next tick.
+    Hold,
+    /// Every server is full and the request may be shed: answer 429.
+    Shed,
+}
+
 pub trait Policy {
     /// Picks a server index in `0..servers.len()`. `servers` is the real fleet: only the
     /// oracle and the KV-event-driven Dynamo router may look inside it.
     fn pick(&mut self, req: &Incoming, servers: &[Engine], now_ms: f64) -> usize;
+    /// `pick`, for a policy that may also hold a request at the gateway or shed it when the
+    /// fleet is full (`sheddable`: its priority is negative). Others always pick.
+    fn admit(&mut self, req: &Incoming, servers: &[Engine], now_ms: f64, _sheddable: bool) -> Pick {
+        Pick::Server(self.pick(req, servers, now_ms))
+    }
     /// A scrape of server `s` at `now_ms` (metrics as a router would parse them).
     fn on_scrape(&mut self, _s: usize, _metrics: &VllmMetrics, _text: &str, _now_ms: f64) {}
     /// Request `id` produced its first token on server `s`.

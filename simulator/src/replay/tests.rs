@@ -4,6 +4,7 @@ use crate::workload::{generate, GenParams, Generator};
 
 fn setup(servers: usize) -> ReplaySetup {
     ReplaySetup {
+        classes: None,
         profile: Profile::new(Gpu::H100_80g, Model::Llama31_8b, 1).unwrap(),
         servers,
         mixed: Vec::new(),
@@ -72,6 +73,7 @@ fn cache_aware_routing_beats_round_robin_on_shared_prefixes() {
 
 fn with_topology(workers: usize, share: bool, tick_ms: f64) -> ReplaySetup {
     ReplaySetup {
+        classes: None,
         topology: Topology {
             gateways: 1,
             workers,
@@ -119,6 +121,7 @@ fn replicas_that_exchange_peer_events_agree_where_isolated_replicas_do_not() {
     // 50 ms late it keeps one prefix in one place, where isolated replicas spread it.
     let reqs = affinity_workload();
     let replicas = |share: bool| ReplaySetup {
+        classes: None,
         topology: Topology {
             gateways: 4,
             share_gateways: share,
@@ -210,6 +213,7 @@ fn phases_split_requests_by_arrival_and_evictions_by_time() {
     };
     let reqs = generate(Generator::SharedPrefix, &p);
     let small = ReplaySetup {
+        classes: None,
         profile: setup(2).profile.with_blocks(600),
         ..setup(2)
     };

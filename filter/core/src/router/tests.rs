@@ -1082,9 +1082,29 @@ fn holding(loads: &[VllmMetrics]) -> Router {
     r
 }
 
+/// Routes distinct long prompts until the router holds one; how many it routed.
+fn fill(r: &mut Router) -> u64 {
+    for id in 0..1000 {
+        let q = req(id + 100, 32);
+        let d = r.route(&q, T0);
+        if d.outcome == Outcome::Hold {
+            return id;
+        }
+        r.on_routed(id, &q, &d, T0);
+    }
+    panic!("never full");
+}
+
 #[test]
-fn with_holding_on_a_request_waits_while_every_server_is_full_and_low_priority_is_shed() {
-    let r = holding(&[load(200, 60, 0.9), load(200, 80, 0.9)]);
+fn with_holding_on_a_request_waits_once_every_server_has_its_limit_of_prefill_and_low_priority_is_shed() {
+    let mut r = holding(&[load(0, 0, 0.1), load(0, 0, 0.1)]);
+    let routed = fill(&mut r);
+    // 32 blocks of 64 tokens: about 100 ms of prefill each at the default 20,000 tokens/s;
+    // a server is full at 500 ms of it.
+    assert!(
+        (8..=14).contains(&routed),
+        "both servers fill from the gateway's own sends, without a new scrape: {routed}"
+    );
     let d = r.route(&req(1, 8), T0);
     assert_eq!(d.outcome, Outcome::Hold);
     assert!(d.endpoints.is_empty(), "a held request goes nowhere yet");
@@ -1094,35 +1114,18 @@ fn with_holding_on_a_request_waits_while_every_server_is_full_and_low_priority_i
 }
 
 #[test]
-fn with_holding_on_one_server_with_room_takes_the_request() {
-    let r = holding(&[load(200, 60, 0.9), load(10, 0, 0.3)]);
-    let d = r.route(&req(1, 8), T0);
-    assert_eq!(d.best(), Some(&ep(1)));
-    let full_kv = holding(&[load(200, 60, 0.9), load(10, 0, 0.97)]);
-    assert_eq!(
-        full_kv.route(&req(1, 8), T0).outcome,
-        Outcome::Hold,
-        "KV past overload.kv_limit is full too"
-    );
-}
-
-#[test]
-fn requests_the_gateway_sends_fill_a_server_before_the_next_scrape() {
-    let mut r = holding(&[load(10, 0, 0.3)]);
-    let mut routed = 0;
-    for id in 0..200 {
-        let q = req(id + 100, 32);
-        let d = r.route(&q, T0);
-        if d.outcome == Outcome::Hold {
-            break;
-        }
-        r.on_routed(id, &q, &d, T0);
-        routed += 1;
-    }
-    assert!(
-        (2..200).contains(&routed),
-        "the server fills up from the gateway's own sends, without a new scrape: {routed}"
-    );
+fn a_first_token_gives_its_server_room_again() {
+    let mut r = holding(&[load(0, 0, 0.1), load(0, 0, 0.1)]);
+    let routed = fill(&mut r);
+    let on_first: Vec<EndpointId> = (0..routed)
+        .filter_map(|id| {
+            r.on_first_token(id, T0.plus(50));
+            let d = r.route(&req(1, 8), T0.plus(50));
+            (d.outcome != Outcome::Hold).then(|| d.best().cloned()).flatten()
+        })
+        .take(1)
+        .collect();
+    assert_eq!(on_first.len(), 1, "one first token makes room on its server");
     let mut off = RawConfig {
         endpoints: vec!["10.0.0.0:8000".into()],
         ..RawConfig::default()
@@ -1130,5 +1133,9 @@ fn requests_the_gateway_sends_fill_a_server_before_the_next_scrape() {
     off.overload.hold.max_wait_ms = 0;
     let mut r = Router::new(Config::try_from(off).unwrap());
     r.on_metrics(&ep(0), load(200, 60, 0.9), T0);
-    assert_ne!(r.route(&req(1, 8), T0).outcome, Outcome::Hold, "off by default");
+    for id in 0..40 {
+        let d = r.route(&req(id + 100, 32), T0);
+        assert_ne!(d.outcome, Outcome::Hold, "holding is off by default");
+        r.on_routed(id, &req(id + 100, 32), &d, T0);
+    }
 }

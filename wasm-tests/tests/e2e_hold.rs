@@ -1,0 +1,140 @@
+//! End to end: holding requests at the gateway while every server is full
+//! (`overload.hold`), in real Envoy. One fake vLLM server that answers after a delay is
+//! "full" while a request of this gateway waits there without a first token
+//! (`wait_limit_ms: 1`): a second request is held in the worker, routed by the worker's
+//! tick once the first answers, or answered 429 past `max_wait_ms`; a sheddable one is shed
+//! at once; one whose client hangs up leaves the queue without reaching the server.
+
+#![allow(clippy::disallowed_methods)] // wall-time end-to-end tests read the clock
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] functions
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use kvroute_wasm_tests::envoy::Envoy;
+use kvroute_wasm_tests::fake_vllm::{FakeVllm, Load, MODEL};
+
+/// A prompt of about 500 tokens: at the default prior of 20,000 prefill tokens/s, 25 ms of
+/// prefill, past `wait_limit_ms: 1` while it has no first token.
+fn body() -> String {
+    let prompt = "Please hold this request while the server is busy. ".repeat(40);
+    format!(r#"{{"model":"{MODEL}","max_tokens":8,"messages":[{{"role":"user","content":"{prompt}"}}]}}"#)
+}
+
+/// One server answering after `delay_ms`, behind Envoy with holding on.
+fn start(delay_ms: u64, max_wait_ms: u64) -> (FakeVllm, Envoy) {
+    let server = FakeVllm::start(Load::idle()).unwrap();
+    let hold = format!(r#""overload": {{"hold": {{"max_wait_ms": {max_wait_ms}, "wait_limit_ms": 1}}}},"#);
+    let envoy = Envoy::start_workers("envoy.yaml", &[server.port], 1, move |text| {
+        text.replace("\"policy\": \"cost\",", &format!("\"policy\": \"cost\", {hold}"))
+    })
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.scrapes() < 2 {
+        assert!(Instant::now() < deadline, "no scrapes:\n{}", envoy.log_text());
+        thread::sleep(Duration::from_millis(20));
+    }
+    thread::sleep(Duration::from_millis(300));
+    server.set_delay_ms(delay_ms);
+    (server, envoy)
+}
+
+/// Sends one request from another thread; its status and how long it took.
+fn send(
+    envoy: &Envoy,
+    headers: Vec<(&'static str, &'static str)>,
+) -> thread::JoinHandle<(u16, Duration, Option<String>)> {
+    let port = envoy.port;
+    let body = body();
+    thread::spawn(move || {
+        let t0 = Instant::now();
+        let mut h = vec![("content-type", "application/json")];
+        h.extend(headers);
+        let r = kvroute_wasm_tests::http_client::request(port, "POST", "/v1/chat/completions", &h, body.as_bytes())
+            .unwrap();
+        (r.status, t0.elapsed(), r.header("retry-after").map(str::to_string))
+    })
+}
+
+#[test]
+fn a_request_waits_while_the_only_server_is_full_and_goes_once_it_has_room() {
+    let (server, envoy) = start(800, 10_000);
+    let first = send(&envoy, vec![]);
+    thread::sleep(Duration::from_millis(150));
+    let second = send(&envoy, vec![]);
+    let (s1, _, _) = first.join().unwrap();
+    let (s2, took, _) = second.join().unwrap();
+    assert_eq!((s1, s2), (200, 200), "{}", envoy.log_text());
+    assert!(
+        took >= Duration::from_millis(1200),
+        "the second waited for the first's answer, then its own 800 ms: {took:?}"
+    );
+    assert_eq!(envoy.stat("wasmcustom.kvroute.hold.held"), 1);
+    assert_eq!(envoy.stat("wasmcustom.kvroute.hold.released"), 1);
+    assert_eq!(server.inference_requests(), 2, "each request reached the server once");
+    assert!(envoy.stat("wasmcustom.kvroute.hold.wait_ms") >= 400);
+}
+
+#[test]
+fn past_the_wait_bound_a_held_request_gets_429_with_retry_after() {
+    let (server, envoy) = start(3_000, 300);
+    let first = send(&envoy, vec![]);
+    thread::sleep(Duration::from_millis(150));
+    let (status, took, retry) = send(&envoy, vec![]).join().unwrap();
+    assert_eq!(status, 429, "{}", envoy.log_text());
+    assert_eq!(retry.as_deref(), Some("1"));
+    assert!(
+        (Duration::from_millis(250)..Duration::from_millis(2500)).contains(&took),
+        "answered at the wait bound (plus Envoy's 1 s delayed close), not at once nor after the first: {took:?}"
+    );
+    assert_eq!(first.join().unwrap().0, 200);
+    assert_eq!(envoy.stat("wasmcustom.kvroute.hold.expired"), 1);
+    assert_eq!(
+        server.inference_requests(),
+        1,
+        "the refused request never reached the server"
+    );
+}
+
+#[test]
+fn a_sheddable_request_is_shed_at_once_while_every_server_is_full() {
+    let (_server, envoy) = start(3_000, 10_000);
+    let first = send(&envoy, vec![]);
+    thread::sleep(Duration::from_millis(150));
+    let (status, took, retry) = send(&envoy, vec![("x-kvroute-priority", "-1")]).join().unwrap();
+    assert_eq!(status, 429);
+    assert!(retry.is_some());
+    assert!(
+        took < Duration::from_millis(2000),
+        "not held until the first answers (Envoy closes a local reply's connection 1 s late): {took:?}"
+    );
+    assert_eq!(envoy.stat("wasmcustom.kvroute.decision.shed"), 1);
+    assert_eq!(envoy.stat("wasmcustom.kvroute.hold.held"), 0);
+    assert_eq!(first.join().unwrap().0, 200);
+}
+
+#[test]
+fn a_client_that_hangs_up_while_held_leaves_the_queue_and_nothing_reaches_the_server() {
+    let (server, envoy) = start(1_000, 10_000);
+    let first = send(&envoy, vec![]);
+    thread::sleep(Duration::from_millis(150));
+    let body = body();
+    let mut s = TcpStream::connect(("127.0.0.1", envoy.port)).unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    thread::sleep(Duration::from_millis(200));
+    drop(s);
+    assert_eq!(first.join().unwrap().0, 200);
+    thread::sleep(Duration::from_millis(300));
+    assert_eq!(envoy.stat("wasmcustom.kvroute.hold.held"), 1);
+    assert_eq!(envoy.stat("wasmcustom.kvroute.hold.gone"), 1, "{}", envoy.log_text());
+    assert_eq!(server.inference_requests(), 1);
+    server.set_delay_ms(0);
+    let (status, _, _) = send(&envoy, vec![]).join().unwrap();
+    assert_eq!(status, 200, "the gateway still routes");
+}
