@@ -135,9 +135,8 @@ impl Http {
         // into the VM (one host call each) would buy nothing.
         self.read_usage = parsed.reports_usage;
         self.awaiting_first_chunk = parsed.stream;
-        // Behind requests already held here, a new one waits its turn (unless it may be
-        // shed: then it is, as the queue's lowest priority would be).
-        let decision = if shared.holding() && self.priority >= 0 {
+        // Behind requests already held here, a new one waits its turn.
+        let decision = if shared.holding() {
             None
         } else {
             Some(router.route(&req, now))

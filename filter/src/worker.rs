@@ -243,11 +243,15 @@ impl Worker {
         if let Ok(mut router) = self.shared.router.try_borrow_mut() {
             self.shared.apply_fleet_state(&mut router, now);
             self.shared.peers.on_tick(&mut router, &self.shared.stats, now);
-            self.shared.release_held(&mut router, now);
         }
         if now.since(self.stats_at) >= STATS_EVERY_MS {
             self.stats_at = now;
             self.report_gauges(now);
+        }
+        // Last: releasing a held request points host calls at its stream (the effective
+        // context) until this callback returns.
+        if let Ok(mut router) = self.shared.router.try_borrow_mut() {
+            self.shared.release_held(&mut router, now);
         }
     }
 

@@ -213,7 +213,7 @@ pub fn run_until(
                 let r = routers.assign(i);
                 // Behind requests already held, an arrival waits its turn.
                 let sheddable = classes[i].0 < 0;
-                let pick = if gate.holds[r].is_empty() || sheddable {
+                let pick = if gate.holds[r].is_empty() {
                     let incoming = Incoming {
                         id: i as u64,
                         body: body.as_bytes(),

@@ -2,8 +2,8 @@
 //! (`overload.hold`), in real Envoy. One fake vLLM server that answers after a delay is
 //! "full" while a request of this gateway waits there without a first token
 //! (`wait_limit_ms: 1`): a second request is held in the worker, routed by the worker's
-//! tick once the first answers, or answered 429 past `max_wait_ms`; a sheddable one is shed
-//! at once; one whose client hangs up leaves the queue without reaching the server.
+//! tick once the first answers, or answered 429 past `max_wait_ms`; a higher priority
+//! leaves first; one whose client hangs up leaves the queue without reaching the server.
 
 #![allow(clippy::disallowed_methods)] // wall-time end-to-end tests read the clock
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] functions
@@ -99,20 +99,27 @@ fn past_the_wait_bound_a_held_request_gets_429_with_retry_after() {
 }
 
 #[test]
-fn a_sheddable_request_is_shed_at_once_while_every_server_is_full() {
-    let (_server, envoy) = start(3_000, 10_000);
+fn a_higher_priority_leaves_the_queue_first_and_a_sheddable_one_still_gets_its_turn() {
+    let (server, envoy) = start(700, 10_000);
     let first = send(&envoy, vec![]);
     thread::sleep(Duration::from_millis(150));
-    let (status, took, retry) = send(&envoy, vec![("x-kvroute-priority", "-1")]).join().unwrap();
-    assert_eq!(status, 429);
-    assert!(retry.is_some());
+    let low = send(&envoy, vec![("x-kvroute-priority", "-1")]);
+    thread::sleep(Duration::from_millis(150));
+    let high = send(&envoy, vec![("x-kvroute-priority", "1")]);
+    let t0 = Instant::now();
+    let (s_high, _, _) = high.join().unwrap();
+    let high_done = t0.elapsed();
+    let (s_low, _, _) = low.join().unwrap();
+    let low_done = t0.elapsed();
+    assert_eq!((first.join().unwrap().0, s_high, s_low), (200, 200, 200), "{}", envoy.log_text());
     assert!(
-        took < Duration::from_millis(2000),
-        "not held until the first answers (Envoy closes a local reply's connection 1 s late): {took:?}"
+        low_done >= high_done + Duration::from_millis(500),
+        "the later high-priority request went first: high {high_done:?}, low {low_done:?}"
     );
-    assert_eq!(envoy.stat("wasmcustom.kvroute.decision.shed"), 1);
-    assert_eq!(envoy.stat("wasmcustom.kvroute.hold.held"), 0);
-    assert_eq!(first.join().unwrap().0, 200);
+    assert_eq!(envoy.stat("wasmcustom.kvroute.hold.held"), 2);
+    assert_eq!(envoy.stat("wasmcustom.kvroute.hold.released"), 2);
+    assert_eq!(envoy.stat("wasmcustom.kvroute.decision.shed"), 0, "held, not shed");
+    assert_eq!(server.inference_requests(), 3);
 }
 
 #[test]

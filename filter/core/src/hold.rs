@@ -8,8 +8,10 @@
 //! dispatches of a flow of weight 1 while both wait, and a flow that was idle cannot bank
 //! credit (its first tag is `V`), so no tenant and no priority band starves: every waiting
 //! flow moves at a rate proportional to its weight. The weight of priority `p` is
-//! `priority_weight^p` (`p` clamped to `0..=MAX_PRIORITY`): one band up is worth
-//! `priority_weight` times the dispatches; tenants of one band share equally.
+//! `priority_weight^p` (`p` clamped to `±MAX_PRIORITY`): one band up is worth
+//! `priority_weight` times the dispatches; tenants of one band share equally. Sheddable
+//! requests (negative priority) wait too, at a fraction of the weight, and are the first
+//! displaced when the queue is full.
 //!
 //! The queue is bounded twice: by `max_requests` (an arrival finds it full: it displaces the
 //! newest request of the lowest priority held when that priority is lower than its own,
@@ -21,7 +23,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use crate::types::Millis;
 
-/// Priorities above this weigh as this one (weights stay finite and ordered).
+/// Priorities beyond ±this weigh as ±this (weights stay finite and ordered).
 pub const MAX_PRIORITY: i64 = 8;
 
 /// One held request.
@@ -82,7 +84,7 @@ impl<T> HoldQueue<T> {
     }
 
     fn weight(&self, priority: i64) -> f64 {
-        self.priority_weight.powi(priority.clamp(0, MAX_PRIORITY) as i32)
+        self.priority_weight.powi(priority.clamp(-MAX_PRIORITY, MAX_PRIORITY) as i32)
     }
 
     /// Offers an arrival; see `Admit`.

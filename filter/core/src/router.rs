@@ -300,7 +300,7 @@ impl Router {
             now,
             typical_rate: policy::typical_rate(&self.config, &just_cands, now),
         };
-        if let Some(outcome) = self.hold_or_shed(req, &just_cands, &ctx) {
+        if let Some(outcome) = self.hold(&just_cands, &ctx) {
             return Decision {
                 endpoints: Vec::new(),
                 outcome,
@@ -360,9 +360,10 @@ impl Router {
         }
     }
 
-    /// With `overload.hold` on and every candidate full: hold the request, or shed it when
-    /// it is sheddable (low priority goes first).
-    fn hold_or_shed(&self, req: &RouteRequest, cands: &[Candidate], ctx: &ScoreContext) -> Option<Outcome> {
+    /// With `overload.hold` on and every candidate full: hold the request. A sheddable one
+    /// is held too, at a fraction of the weight, and displaced first (`hold`): shedding it
+    /// at once would refuse work a moment of fullness does not justify.
+    fn hold(&self, cands: &[Candidate], ctx: &ScoreContext) -> Option<Outcome> {
         let overload = self.config.overload();
         let hold = &overload.hold;
         if hold.max_wait_ms == 0 {
@@ -376,13 +377,7 @@ impl Router {
         if !cands.iter().all(full) {
             return None;
         }
-        Some(if req.sheddable {
-            Outcome::Shed {
-                retry_after_s: overload.retry_after_s,
-            }
-        } else {
-            Outcome::Hold
-        })
+        Some(Outcome::Hold)
     }
 
     fn filter(
