@@ -111,7 +111,12 @@ fn a_higher_priority_leaves_the_queue_first_and_a_sheddable_one_still_gets_its_t
     let high_done = t0.elapsed();
     let (s_low, _, _) = low.join().unwrap();
     let low_done = t0.elapsed();
-    assert_eq!((first.join().unwrap().0, s_high, s_low), (200, 200, 200), "{}", envoy.log_text());
+    assert_eq!(
+        (first.join().unwrap().0, s_high, s_low),
+        (200, 200, 200),
+        "{}",
+        envoy.log_text()
+    );
     assert!(
         low_done >= high_done + Duration::from_millis(500),
         "the later high-priority request went first: high {high_done:?}, low {low_done:?}"

@@ -84,7 +84,8 @@ impl<T> HoldQueue<T> {
     }
 
     fn weight(&self, priority: i64) -> f64 {
-        self.priority_weight.powi(priority.clamp(-MAX_PRIORITY, MAX_PRIORITY) as i32)
+        self.priority_weight
+            .powi(priority.clamp(-MAX_PRIORITY, MAX_PRIORITY) as i32)
     }
 
     /// Offers an arrival; see `Admit`.
