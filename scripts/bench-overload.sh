@@ -5,7 +5,7 @@
 #   OUT=target/overload bash scripts/bench-overload.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SIM=target/release/kvroute-sim
+SIM=${SIM:-target/release/kvroute-sim}
 OUT=${OUT:-target/overload}
 REPLICAS=${REPLICAS:-3}
 mkdir -p "$OUT"

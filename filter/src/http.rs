@@ -529,6 +529,13 @@ impl HttpContext for Http {
         let cached = cached_tokens(&self.tail);
         self.write_capture(&shared, served_by.as_ref().map(|e| e.as_str()), cached);
         let Some(request_id) = routed else { return };
+        let moved = matches!((&served_by, &self.chosen), (Some(s), Some(c)) if s.as_str() != c);
+        if moved {
+            shared.stats.refused_moved.inc();
+        }
+        if self.status == 503 {
+            shared.stats.refused_503.inc();
+        }
         if let Some(c) = cached {
             shared.stats.reported_cached_tokens.add(c);
         }

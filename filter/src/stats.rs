@@ -96,6 +96,11 @@ pub struct RequestStats {
     pub hold_gone: Metric,
     pub hold_wait_ms: Metric,
     pub hold_waiting: Metric,
+    /// Responses from another server than the one chosen (Envoy retried after a refusal:
+    /// vLLM's 503, a failed connection), and 503s that reached the client (every server
+    /// tried refused).
+    pub refused_moved: Metric,
+    pub refused_503: Metric,
     per_endpoint: RefCell<BTreeMap<String, Metric>>,
     /// Each server's learned-rate gauge and the value it was last set to.
     speeds: RefCell<BTreeMap<String, (Metric, u64)>>,
@@ -152,6 +157,8 @@ impl RequestStats {
             hold_gone: c("hold.gone"),
             hold_wait_ms: c("hold.wait_ms"),
             hold_waiting: g("hold.waiting"),
+            refused_moved: c("refused.moved"),
+            refused_503: c("refused.all_503"),
             per_endpoint: RefCell::new(BTreeMap::new()),
             speeds: RefCell::new(BTreeMap::new()),
         }

@@ -163,6 +163,23 @@ impl Engine {
         }
     }
 
+    /// Sequences waiting or running: what vLLM's `--max-num-queued-reqs` counts (a request
+    /// with `n` samples is `n`).
+    pub fn unfinished(&self) -> usize {
+        self.waiting.len() + self.running.len()
+    }
+
+    /// Prompt tokens of the sequences still in their prefill (queued, or running with part
+    /// of the prompt left): what vLLM's `--max-num-queued-tokens` counts.
+    pub fn prefill_phase_prompt_tokens(&self) -> u64 {
+        self.waiting
+            .iter()
+            .chain(&self.running)
+            .filter(|s| s.computed < s.prefill_target)
+            .map(|s| s.spec.prompt_tokens)
+            .sum()
+    }
+
     /// Prefill tokens still to compute, over queued and running requests (the oracle's view).
     pub fn pending_prefill_tokens(&self) -> u64 {
         self.waiting

@@ -75,6 +75,13 @@ struct ServeArgs {
     /// Override the KV cache size in blocks (smaller fleets fill faster).
     #[arg(long)]
     num_gpu_blocks: Option<u64>,
+    /// As vLLM's: refuse (503) a request that would take the unfinished sequences past this.
+    #[arg(long)]
+    max_num_queued_reqs: Option<u64>,
+    /// As vLLM's: refuse (503) a request that would take the prompt tokens still in prefill
+    /// past this.
+    #[arg(long)]
+    max_num_queued_tokens: Option<u64>,
 }
 
 #[derive(Args)]
@@ -106,10 +113,14 @@ fn serve_cmd(a: &ServeArgs) -> anyhow::Result<()> {
         profiles = profiles.into_iter().map(|p| p.with_blocks(b)).collect();
     }
     let admin = a.admin_port.unwrap_or(a.base_port.saturating_sub(1));
+    let admission = kvroute_sim::serve::Admission {
+        max_num_queued_reqs: a.max_num_queued_reqs,
+        max_num_queued_tokens: a.max_num_queued_tokens,
+    };
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async {
         tokio::select! {
-            r = kvroute_sim::serve::serve(profiles, &a.host, a.base_port, admin, a.time_scale, a.legacy_metrics, None) => r,
+            r = kvroute_sim::serve::serve(profiles, &a.host, a.base_port, admin, a.time_scale, a.legacy_metrics, None, admission) => r,
             _ = tokio::signal::ctrl_c() => Ok(()),
         }
     })

@@ -12,6 +12,12 @@
 //! "error_rate": 0..1, "metrics": "ok" | "garbage" | "404" | "huge", "legacy": bool}`;
 //! `GET /servers/{i}/fault` shows them. `down` closes the listener and every open
 //! connection (a crashed server); `hang` accepts and never answers; `slow` stretches steps.
+//!
+//! Admission control as vLLM's `--max-num-queued-reqs` / `--max-num-queued-tokens` (serve's
+//! flags of the same names, or `POST /servers/{i}/admission` with `{"max_num_queued_reqs": n,
+//! "max_num_queued_tokens": n}`): a request that would take the server's unfinished sequences
+//! (waiting + running) or the prompt tokens of those still in prefill past a limit is refused
+//! with a 503 before it reaches the engine.
 
 #![allow(clippy::disallowed_methods)] // the wall-time driver: reading the clock is its job
 
@@ -47,7 +53,7 @@ mod request;
 mod respond;
 mod testing;
 mod tokenize;
-use admin::{get_fault, set_fault};
+use admin::{get_admission, get_fault, set_admission, set_fault};
 pub use errors::ApiError;
 pub use testing::{free_base_port, start_in_background, wait_listening};
 
@@ -75,6 +81,39 @@ pub enum MetricsFault {
     LabelBomb,
 }
 
+/// vLLM's admission limits (`None`: unbounded, vLLM's default).
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Admission {
+    pub max_num_queued_reqs: Option<u64>,
+    pub max_num_queued_tokens: Option<u64>,
+}
+
+impl Admission {
+    /// Why a request of `seqs` sequences and `prompt_tokens` would be refused by `engine`.
+    fn refuses(&self, engine: &Engine, seqs: u64, prompt_tokens: u64) -> Option<String> {
+        if let Some(max) = self.max_num_queued_reqs {
+            let now = engine.unfinished() as u64;
+            if now + seqs > max {
+                return Some(format!(
+                    "The server is at its limit of queued requests ({now} unfinished, \
+                     --max-num-queued-reqs {max}); retry later or elsewhere."
+                ));
+            }
+        }
+        if let Some(max) = self.max_num_queued_tokens {
+            let now = engine.prefill_phase_prompt_tokens();
+            if now + prompt_tokens > max {
+                return Some(format!(
+                    "The server is at its limit of queued prompt tokens ({now} in prefill, this \
+                     request {prompt_tokens}, --max-num-queued-tokens {max}); retry later or elsewhere."
+                ));
+            }
+        }
+        None
+    }
+}
+
 pub struct SimServer {
     pub index: usize,
     pub addr: SocketAddr,
@@ -83,6 +122,7 @@ pub struct SimServer {
     wake: Notify,
     next_id: AtomicU64,
     fault: Mutex<Fault>,
+    admission: Mutex<Admission>,
     start: Instant,
     time_scale: f64,
     created: f64,
@@ -114,7 +154,7 @@ impl SimServer {
 }
 
 /// Like `serve` with `n` servers of one `profile`, all answering to every name in `names` (the
-/// first is the default model).
+/// first is the default model), without admission limits.
 #[allow(clippy::too_many_arguments)] // the CLI's flags, passed through
 pub async fn serve_names(
     profile: Profile,
@@ -135,13 +175,16 @@ pub async fn serve_names(
         time_scale,
         legacy,
         Some(names),
+        Admission::default(),
     )
     .await
 }
 
 /// Starts server `i` on `base_port + i` running `profiles[i]` (a mixed fleet when they
 /// differ), answering to `names`, or to its own model's name when `names` is `None`, and the
-/// fault admin listener; runs until the process ends.
+/// fault admin listener, every server with the `admission` limits; runs until the process
+/// ends.
+#[allow(clippy::too_many_arguments)] // the CLI's flags, passed through
 pub async fn serve(
     profiles: Vec<Profile>,
     host: &str,
@@ -150,6 +193,7 @@ pub async fn serve(
     time_scale: f64,
     legacy: bool,
     names: Option<Vec<String>>,
+    admission: Admission,
 ) -> anyhow::Result<()> {
     anyhow::ensure!(time_scale > 0.0, "--time-scale must be positive");
     let created = SystemTime::now()
@@ -175,6 +219,7 @@ pub async fn serve(
                 legacy,
                 ..Fault::default()
             }),
+            admission: Mutex::new(admission),
             start: Instant::now(),
             time_scale,
             created,
@@ -188,6 +233,7 @@ pub async fn serve(
     }
     let admin = Router::new()
         .route("/servers/{i}/fault", get(get_fault).post(set_fault))
+        .route("/servers/{i}/admission", get(get_admission).post(set_admission))
         .with_state(Arc::new(servers.clone()));
     let admin_listener = TcpListener::bind((host, admin_port))
         .await
@@ -393,6 +439,17 @@ async fn complete(State(srv): State<Arc<SimServer>>, headers: HeaderMap, body: B
         Ok(a) => a,
         Err(e) => return with_server(e.into_response(), &srv),
     };
+    let seqs = ask.prompts.len() as u64 * ask.n;
+    let prompt_tokens: u64 = ask.prompts.iter().map(|p| p.tokens).sum();
+    let admission = srv.admission.lock().map(|a| *a).unwrap_or_default();
+    let refused = srv
+        .engine
+        .lock()
+        .ok()
+        .and_then(|e| admission.refuses(&e, seqs, prompt_tokens));
+    if let Some(why) = refused {
+        return with_server(ApiError::overloaded(why).into_response(), &srv);
+    }
     let (tx, rx) = mpsc::unbounded_channel();
     let mut choices = HashMap::new();
     let now = srv.now_ms();

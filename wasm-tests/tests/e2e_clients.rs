@@ -59,7 +59,7 @@ fn number(json: &str, key: &str) -> f64 {
 }
 
 #[test]
-fn shipped_configs_have_no_per_try_timeout_and_retry_only_before_any_response_byte() {
+fn shipped_configs_have_no_per_try_timeout_and_retry_only_before_any_work() {
     for config in [
         "envoy.yaml",
         "envoy-original-dst.yaml",
@@ -77,10 +77,28 @@ fn shipped_configs_have_no_per_try_timeout_and_retry_only_before_any_response_by
         for retry_on in settings.iter().filter_map(|l| l.strip_prefix("retry_on:")) {
             for condition in retry_on.split(',').map(str::trim) {
                 assert!(
-                    ["connect-failure", "reset-before-request", "refused-stream", "reset"].contains(&condition),
+                    [
+                        "connect-failure",
+                        "reset-before-request",
+                        "refused-stream",
+                        "reset",
+                        "retriable-status-codes"
+                    ]
+                    .contains(&condition),
                     "{config}: `{condition}` retries a request a server may already have generated"
                 );
             }
+        }
+        // The only status retried is vLLM's 503 refusal (admission limits, before any work).
+        for codes in settings
+            .iter()
+            .filter_map(|l| l.strip_prefix("retriable_status_codes:"))
+        {
+            assert_eq!(
+                codes.trim(),
+                "[503]",
+                "{config}: a status other than 503 may follow work done"
+            );
         }
     }
 }

@@ -54,6 +54,33 @@ impl Fleet {
         assert_eq!(r.status, 200, "{}", r.body);
     }
 
+    /// Sets vLLM's admission limits on one server (`{"max_num_queued_tokens": 1}`...).
+    fn admission(&self, server: u16, limits: &str) {
+        let r = http_client::request(
+            self.base - 1,
+            "POST",
+            &format!("/servers/{server}/admission"),
+            &[],
+            limits.as_bytes(),
+        )
+        .unwrap();
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+
+    /// A counter summed over the fleet's `/metrics`.
+    fn fleet_counter(&self, family: &str) -> f64 {
+        (0..4)
+            .map(|i| {
+                let r = http_client::request(self.base + i, "GET", "/metrics", &[], b"").unwrap();
+                r.body
+                    .lines()
+                    .filter(|l| l.starts_with(&format!("{family}{{")))
+                    .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
+                    .sum::<f64>()
+            })
+            .sum()
+    }
+
     fn address(&self, server: u16) -> String {
         format!("127.0.0.1:{}", self.base + server)
     }
@@ -155,6 +182,52 @@ fn bursts_of_5xx_eject_a_server_by_passive_health() {
         "the ejection was not logged: {:?}",
         &wasm_lines[wasm_lines.len().saturating_sub(5)..]
     );
+    f.assert_vms_up();
+}
+
+/// vLLM's admission limits answer 503 before any work: Envoy retries on kvroute's next
+/// server, kvroute stops choosing the refusing one, and every request is generated once.
+#[test]
+fn a_server_refusing_with_503_loses_nothing_and_is_avoided() {
+    let mut f = fleet_with(|t| {
+        t.replace(
+            "\"policy\": \"cost\",",
+            "\"policy\": \"cost\", \"overload\": {\"refused_ms\": 60000},",
+        )
+    });
+    // Every prompt is longer than one token: server 1 refuses everything, as a full server.
+    f.admission(1, r#"{"max_num_queued_tokens": 1}"#);
+    let (chosen, failures) = f.traffic(60, 1, 0);
+    assert!(failures.is_empty(), "a refusal reached the client: {failures:?}");
+    // Each of Envoy's 2 workers may pick it once before its own refusal or its peer's
+    // tells it (a cold prefix goes to its rendezvous owner: a quarter of them here).
+    assert!(chosen <= 2, "kvroute kept choosing the refusing server: {chosen} of 60");
+    assert!(chosen >= 1, "server 1 was never chosen: the test proves nothing");
+    let retries = f.envoy.stat("cluster.vllm_pool.upstream_rq_retry");
+    assert_eq!(retries, chosen as u64, "one retry per refusal");
+    assert_eq!(f.envoy.stat("wasmcustom.kvroute.refused.moved"), chosen as u64);
+    sleep(Duration::from_millis(300));
+    assert_eq!(
+        f.fleet_counter("vllm:request_success_total"),
+        60.0,
+        "each request generated once"
+    );
+
+    // Every server refuses: the client gets the 503 quickly and nobody is ejected for it.
+    for s in 0..4 {
+        f.admission(s, r#"{"max_num_queued_tokens": 1}"#);
+    }
+    for n in 0..8 {
+        let (status, _, took) = f.chat(100 + n);
+        assert_eq!(status, 503);
+        assert!(took < Duration::from_secs(2), "a 503 took {took:?}");
+    }
+    assert!(f.envoy.stat("wasmcustom.kvroute.refused.all_503") >= 8);
+    for s in 0..4 {
+        f.admission(s, "{}");
+    }
+    let (_, failures) = f.traffic(20, 0, 200);
+    assert!(failures.is_empty(), "after the limits are lifted: {failures:?}");
     f.assert_vms_up();
 }
 

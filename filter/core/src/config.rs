@@ -237,6 +237,10 @@ pub struct RawOverload {
     pub queue_limit: u64,
     pub kv_limit: f64,
     pub retry_after_s: u64,
+    /// A server that refused a request (vLLM's 503 of `--max-num-queued-reqs` /
+    /// `--max-num-queued-tokens`, or a failed connection: Envoy retried it on the next
+    /// server of the decision) goes after every server that did not, for this long.
+    pub refused_ms: u64,
     /// Holding requests at the gateway while every server is full (see `hold`).
     pub hold: RawHold,
 }
@@ -430,6 +434,7 @@ impl Default for RawOverload {
             queue_limit: 128,
             kv_limit: 0.95,
             retry_after_s: 1,
+            refused_ms: 1000,
             hold: RawHold::default(),
         }
     }

@@ -65,6 +65,9 @@ pub enum FilterReason {
     Degraded,
     /// Every LoRA slot is taken by other adapters while another server has room.
     LoraSlotsFull,
+    /// It refused a request within `overload.refused_ms` (the request moved to another
+    /// server on Envoy's retry) while others did not.
+    Refusing,
 }
 
 impl fmt::Display for FilterReason {
@@ -81,6 +84,7 @@ impl fmt::Display for FilterReason {
             FilterReason::Draining => "draining",
             FilterReason::Degraded => "degraded",
             FilterReason::LoraSlotsFull => "lora_slots_full",
+            FilterReason::Refusing => "refusing",
         })
     }
 }

@@ -42,6 +42,9 @@ pub struct Endpoint {
     pub speed: Speed,
     /// Observed ÷ predicted TTFT of this router's requests here (see `speed::TtftBias`).
     pub ttft_bias: TtftBias,
+    /// Until when it counts as refusing work: a request sent here was served elsewhere
+    /// (Envoy retried it after a 503 or a failed connection).
+    pub refused_until: Option<Millis>,
 }
 
 impl Endpoint {
@@ -62,6 +65,7 @@ impl Endpoint {
             models: None,
             speed: Speed::default(),
             ttft_bias: TtftBias::default(),
+            refused_until: None,
         }
     }
 
@@ -96,6 +100,11 @@ impl Endpoint {
         active.dedup();
         let full = lora.max_lora > 0 && active.len() >= lora.max_lora as usize;
         Some((loaded, full && !loaded))
+    }
+
+    /// It refused a request less than `overload.refused_ms` ago.
+    pub fn refusing(&self, now: Millis) -> bool {
+        self.refused_until.is_some_and(|until| now < until)
     }
 
     /// Metrics no older than `stale_after_ms`, if any.

@@ -4,7 +4,8 @@
 //! unhealthy; `healthy_after_successes` consecutive successes bring it back. Passive:
 //! `passive_failures_to_eject` consecutive failed responses (5xx, reset, connect failure)
 //! eject it for `eject_ms`, whatever the scrapes say, since a server can serve `/metrics`
-//! and still fail inference. Transitions are reported so callers can log and count flips.
+//! and still fail inference. A 503 is not a failure here: it is a full server refusing work
+//! (`overload.refused_ms`). Transitions are reported so callers can log and count flips.
 
 use crate::config::RawHealth;
 use crate::types::Millis;

@@ -68,6 +68,9 @@ pub struct RouterStats {
     pub underpredicted_tokens: u64,
     /// Events applied from peer routers.
     pub peer_events: u64,
+    /// Requests served elsewhere than where they were sent (Envoy retried them after a
+    /// refusal: vLLM's 503, a failed connection), this router's and its peers'.
+    pub refusals: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -247,11 +250,14 @@ impl Router {
         if cands.is_empty() {
             return self.fallback(breakdown);
         }
-        // Degraded hosts and servers with no LoRA slot for this adapter only when nothing
-        // better is left.
+        // Degraded hosts, servers with no LoRA slot for this adapter and servers that just
+        // refused work only when nothing better is left.
         let demoted = |c: &Candidate| -> Option<FilterReason> {
             if c.endpoint.envoy == EnvoyHealth::Degraded {
                 return Some(FilterReason::Degraded);
+            }
+            if c.endpoint.refusing(now) {
+                return Some(FilterReason::Refusing);
             }
             let full = c.endpoint.adapter_state(&req.model).is_some_and(|(_, full)| full);
             full.then_some(FilterReason::LoraSlotsFull)
@@ -373,7 +379,11 @@ impl Router {
         // would hold requests back from a server that has drained since, and release them
         // in bursts. A server that cannot admit more (KV full) shows as prefill that does
         // not finish.
-        let full = |c: &Candidate| policy::pending_prefill_ms(&self.config, c, ctx) >= hold.wait_limit_ms as f64;
+        // A server that refused work (vLLM's own admission limit) is full too.
+        let full = |c: &Candidate| {
+            c.endpoint.refusing(ctx.now)
+                || policy::pending_prefill_ms(&self.config, c, ctx) >= hold.wait_limit_ms as f64
+        };
         if !cands.iter().all(full) {
             return None;
         }

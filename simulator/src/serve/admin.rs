@@ -1,4 +1,5 @@
-//! The fault-injection admin listener: `GET|POST /servers/{i}/fault`.
+//! The admin listener: `GET|POST /servers/{i}/fault` (fault injection) and
+//! `GET|POST /servers/{i}/admission` (vLLM's admission limits).
 
 use std::sync::Arc;
 
@@ -8,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
 
-use super::{error, listen, Fault, SimServer};
+use super::{error, listen, Admission, Fault, SimServer};
 
 type Fleet = Arc<Vec<Arc<SimServer>>>;
 
@@ -44,6 +45,27 @@ pub(super) async fn set_fault(State(fleet): State<Fleet>, Path(i): Path<usize>, 
         if let Err(e) = listen(srv).await {
             return error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string());
         }
+    }
+    Json(new).into_response()
+}
+
+pub(super) async fn get_admission(State(fleet): State<Fleet>, Path(i): Path<usize>) -> Response {
+    match fleet.get(i).and_then(|s| s.admission.lock().ok().map(|a| *a)) {
+        Some(a) => Json(a).into_response(),
+        None => error(StatusCode::NOT_FOUND, "no such server"),
+    }
+}
+
+pub(super) async fn set_admission(State(fleet): State<Fleet>, Path(i): Path<usize>, body: Bytes) -> Response {
+    let Some(srv) = fleet.get(i) else {
+        return error(StatusCode::NOT_FOUND, "no such server");
+    };
+    let new: Admission = match serde_json::from_slice(&body) {
+        Ok(a) => a,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &format!("admission: {e}")),
+    };
+    if let Ok(mut a) = srv.admission.lock() {
+        *a = new;
     }
     Json(new).into_response()
 }

@@ -59,6 +59,19 @@ impl ApiError {
         }
     }
 
+    /// Admission control refused the request (`--max-num-queued-reqs` or
+    /// `--max-num-queued-tokens`, vLLM ≥ 0.29): 503 before the request reaches the engine,
+    /// so nothing was computed for it. The status and the two limits are vLLM's; the message
+    /// text is this simulator's.
+    pub fn overloaded(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            kind: "ServiceUnavailableError",
+            message: message.into(),
+            param: None,
+        }
+    }
+
     /// The prompt alone fills the context (vLLM: input up to `max_model_len − 1` tokens).
     pub fn prompt_too_long(max_model_len: u64, prompt_tokens: u64) -> ApiError {
         ApiError::validation(

@@ -186,6 +186,15 @@ pub(super) fn validate_scoring(raw: &RawConfig) -> Result<(), ConfigError> {
     if o.queue_limit == 0 {
         return Err(reject("overload.queue_limit", "must be at least 1"));
     }
+    if o.refused_ms > 60_000 {
+        return Err(reject(
+            "overload.refused_ms",
+            format!(
+                "({}) must be at most 60000: a refusal says how full a server was then, not later",
+                o.refused_ms
+            ),
+        ));
+    }
     let h = &o.hold;
     if h.max_wait_ms > 0 {
         if h.wait_limit_ms == 0 {

@@ -121,7 +121,7 @@ impl Router {
         let served = done.served_by.clone().unwrap_or_else(|| record.endpoint.clone());
         let moved = (served != record.endpoint).then(|| served.clone());
         let cached = self.cached_reported(&served, done);
-        self.finish(&record, moved.as_ref(), cached);
+        self.finish(&record, moved.as_ref(), cached, now);
         if let Some(cached) = cached {
             let predicted = record.prompt_tokens.saturating_sub(record.uncached).0;
             let cached_in_prompt = cached.min(record.prompt_tokens.0);
@@ -136,9 +136,18 @@ impl Router {
             served_by: moved,
             cached_tokens: cached,
         });
-        let ok = done.status != 0 && done.status < 500;
         let health = self.config.health().clone();
-        self.table.get_mut(&served)?.health.on_response(ok, now, &health)
+        let refused_ms = self.config.overload().refused_ms;
+        let e = self.table.get_mut(&served)?;
+        if done.status == 503 {
+            // Every server Envoy tried refused (vLLM's admission limits answer 503 before
+            // any work): the last one is full, not failing. Ejecting it would take capacity
+            // away from an overloaded fleet.
+            e.refused_until = Some(now.plus(refused_ms));
+            return None;
+        }
+        let ok = done.status != 0 && done.status < 500;
+        e.health.on_response(ok, now, &health)
     }
 
     /// What `served` reported cached for a response: the number when the response gave one
@@ -155,10 +164,16 @@ impl Router {
     }
 
     /// Releases a request's load and learns where its prefix lives: where it was served when
-    /// a retry `moved` it, and how much the server really had cached.
-    fn finish(&mut self, record: &Inflight, moved: Option<&EndpointId>, cached: Option<u64>) {
+    /// a retry `moved` it (the server it was sent to refused it: it goes last for
+    /// `overload.refused_ms`), and how much the server really had cached.
+    fn finish(&mut self, record: &Inflight, moved: Option<&EndpointId>, cached: Option<u64>, now: Millis) {
         self.release(record);
         if let Some(served) = moved {
+            self.stats.refusals += 1;
+            let backoff = self.config.overload().refused_ms;
+            if let Some(e) = self.table.get_mut(&record.endpoint) {
+                e.refused_until = Some(now.plus(backoff));
+            }
             if let Some(slot) = self.table.get(served).map(|e| e.slot) {
                 self.index.record(slot, &record.blocks);
             }
@@ -224,7 +239,7 @@ impl Router {
 
     /// A change a peer router made (see `peer`). Events of this router's own origin are
     /// ignored, so a peer log that echoes them back does no harm.
-    pub fn on_peer_event(&mut self, event: &PeerEvent, _now: Millis) {
+    pub fn on_peer_event(&mut self, event: &PeerEvent, now: Millis) {
         if self.outbox.is_some() && origin_of(event.key()) == self.origin {
             return;
         }
@@ -256,7 +271,7 @@ impl Router {
                 served_by,
                 cached_tokens,
             } => match self.inflight.remove(key) {
-                Some(record) => self.finish(&record, served_by.as_ref(), *cached_tokens),
+                Some(record) => self.finish(&record, served_by.as_ref(), *cached_tokens, now),
                 None => self.early_completions.insert(*key),
             },
         }

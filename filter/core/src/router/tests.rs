@@ -173,7 +173,7 @@ fn unhealthy_ejected_and_stale_endpoints_are_never_picked() {
             99,
             &Completion {
                 served_by: Some(ep(1)),
-                status: 503,
+                status: 500,
                 cached_tokens: None,
                 usage: false,
             },
@@ -1142,4 +1142,67 @@ fn a_first_token_gives_its_server_room_again() {
         assert_ne!(d.outcome, Outcome::Hold, "holding is off by default");
         r.on_routed(id, &req(id + 100, 32), &d, T0);
     }
+}
+
+fn served(at: &EndpointId, status: u16) -> Completion {
+    Completion {
+        served_by: Some(at.clone()),
+        status,
+        cached_tokens: None,
+        usage: false,
+    }
+}
+
+#[test]
+fn a_server_that_refused_a_request_goes_last_for_a_while() {
+    let mut r = router(PolicyKind::Cost, &idle(3));
+    let d = r.route(&req(5, 16), T0);
+    r.on_routed(1, &req(5, 16), &d, T0);
+    let refused = d.best().unwrap().clone();
+    let retried = d.endpoints[1].clone();
+    // Envoy retried it on the next server of the decision after the first answered 503.
+    r.on_completed(1, &served(&retried, 200), T0);
+    assert_eq!(r.stats().refusals, 1);
+    for k in 0..20 {
+        let d = r.route(&req(100 + k, 16), T0.plus(10));
+        assert_ne!(d.best(), Some(&refused), "a server that just refused is not chosen");
+        let row = d.breakdown.iter().find(|s| s.endpoint == refused).unwrap();
+        assert_eq!(row.filtered, Some(FilterReason::Refusing));
+    }
+    for i in 0..3 {
+        r.on_metrics(&ep(i), load(0, 0, 0.0), T0.plus(1_000));
+    }
+    let back = (0..20).any(|k| r.route(&req(200 + k, 16), T0.plus(1_001)).best() == Some(&refused));
+    assert!(back, "after overload.refused_ms it takes work again");
+}
+
+#[test]
+fn when_every_server_refused_the_request_still_goes_somewhere() {
+    let mut r = router(PolicyKind::Cost, &idle(2));
+    for (id, at) in [(1, ep(0)), (2, ep(1))] {
+        let d = r.route(&req(id, 16), T0);
+        r.on_routed(id, &req(id, 16), &d, T0);
+        r.on_completed(id, &served(&at, 503), T0);
+    }
+    let d = r.route(&req(3, 16), T0.plus(10));
+    assert_eq!(d.endpoints.len(), 2, "both, the least bad first: {:?}", d.outcome);
+    assert!(
+        r.endpoints().iter().all(|e| e.health.may_serve(T0.plus(10))),
+        "a 503 refusal is not a failure: nobody is ejected"
+    );
+}
+
+#[test]
+fn with_holding_on_a_request_waits_while_every_server_refuses() {
+    let mut r = holding(&[load(0, 0, 0.1), load(0, 0, 0.1)]);
+    for (id, at) in [(1, ep(0)), (2, ep(1))] {
+        let d = r.route(&req(id, 2), T0);
+        r.on_routed(id, &req(id, 2), &d, T0);
+        r.on_completed(id, &served(&at, 503), T0);
+    }
+    assert_eq!(r.route(&req(3, 2), T0.plus(10)).outcome, Outcome::Hold);
+    for i in 0..2 {
+        r.on_metrics(&ep(i), load(0, 0, 0.1), T0.plus(1_000));
+    }
+    assert_ne!(r.route(&req(3, 2), T0.plus(1_001)).outcome, Outcome::Hold);
 }
