@@ -418,3 +418,48 @@ fn inter_token_latency_is_observed_per_token_and_request_histograms_per_request(
         );
     }
 }
+
+#[test]
+fn admission_limits_refuse_with_503_before_any_work_as_vllm_does() {
+    let f = fleet(1);
+    let admission = |limits: &str| {
+        let a = send(f.base - 1, "POST", "/servers/0/admission", limits.as_bytes());
+        assert_eq!(a.status, 200, "{}", a.body);
+    };
+    admission(r#"{"max_num_queued_reqs": 1}"#);
+    // One long generation (20,000 tokens ≈ 3 s at time scale 50) takes the only place.
+    let port = f.base;
+    let long = std::thread::spawn(move || chat(port, serde_json::json!({"max_tokens": 20_000})));
+    std::thread::sleep(Duration::from_millis(300));
+    let refused = chat(f.base, serde_json::json!({"max_tokens": 4}));
+    assert_eq!(refused.status, 503, "{}", refused.body);
+    let e = &refused.json()["error"];
+    assert_eq!(
+        (e["type"].as_str(), e["code"].as_u64()),
+        (Some("ServiceUnavailableError"), Some(503))
+    );
+    assert!(
+        e["message"].as_str().unwrap().contains("--max-num-queued-reqs 1"),
+        "{e}"
+    );
+
+    // Prompt tokens still in prefill: the long request decodes, so a short prompt fits and a
+    // long one does not.
+    admission(r#"{"max_num_queued_tokens": 100}"#);
+    assert_eq!(chat(f.base, serde_json::json!({"max_tokens": 4})).status, 200);
+    let big = "many words in this prompt ".repeat(40);
+    let a = chat(
+        f.base,
+        serde_json::json!({"max_tokens": 4, "messages": [{"role": "user", "content": big}]}),
+    );
+    assert_eq!(a.status, 503, "{}", a.body);
+    admission("{}");
+    assert_eq!(long.join().unwrap().status, 200);
+    let m = send(f.base, "GET", "/metrics", b"").body;
+    let successes: f64 = m
+        .lines()
+        .filter(|l| l.starts_with("vllm:request_success_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(successes, 2.0, "refused requests never reached the engine");
+}
