@@ -221,6 +221,10 @@ pub struct RawCost {
     /// Learn each server's prefill rate from first-token times (`speed`); the configured
     /// rate is the prior.
     pub learn_speeds: bool,
+    /// Phase-aware placement (an experiment, off at 0): the stall a request's uncached
+    /// prefill adds to the decodes running on a server (running × its prefill ms) enters
+    /// the cost at this weight, so long prefills keep away from decode-heavy servers.
+    pub phase_weight: f64,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -413,6 +417,7 @@ impl Default for RawCost {
             // to hundreds: a server that has it loaded wins unless clearly busier.
             lora_load_ms: 50.0,
             learn_speeds: true,
+            phase_weight: 0.0,
         }
     }
 }

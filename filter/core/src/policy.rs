@@ -117,11 +117,15 @@ pub fn predicted_ttft(config: &Config, c: &Candidate, ctx: &ScoreContext) -> Ter
     let over = ((c.metrics.kv_usage - p.kv_pressure_threshold) / (1.0 - p.kv_pressure_threshold)).max(0.0);
     let kv_ms = p.kv_pressure_ms * over * over;
     let ttft_ms = (queued_tokens + c.uncached.0 as f64) * 1000.0 / rate + decode_ms + kv_ms;
+    // Phase-aware (`cost.phase_weight`): the decode stall this prefill causes there. It
+    // ranks servers and is kept out of the predicted TTFT; the breakdown shows it in
+    // `decode_ms`.
+    let stall_ms = p.phase_weight * running * c.uncached.0 as f64 * 1000.0 / rate;
     Terms {
         prefill_ms,
-        decode_ms,
+        decode_ms: decode_ms + stall_ms,
         kv_ms,
-        cost: Cost(prefill_ms + decode_ms + kv_ms),
+        cost: Cost(prefill_ms + decode_ms + stall_ms + kv_ms),
         ttft_ms,
     }
 }

@@ -152,6 +152,7 @@ pub(super) fn validate_scoring(raw: &RawConfig) -> Result<(), ConfigError> {
         ("cost.kv_pressure_ms", c.kv_pressure_ms),
         ("cost.work_weight", c.work_weight),
         ("cost.lora_load_ms", c.lora_load_ms),
+        ("cost.phase_weight", c.phase_weight),
     ] {
         if !(v.is_finite() && v >= 0.0) {
             return Err(reject(field, format!("({v}) must be a non-negative number")));
