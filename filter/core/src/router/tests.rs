@@ -1206,3 +1206,33 @@ fn with_holding_on_a_request_waits_while_every_server_refuses() {
     }
     assert_ne!(r.route(&req(3, 2), T0.plus(1_001)).outcome, Outcome::Hold);
 }
+
+#[test]
+fn phase_weight_charges_a_long_prefill_for_the_decodes_it_stalls_and_only_then() {
+    let route_with = |weight: f64, blocks: usize| {
+        let mut raw = RawConfig {
+            endpoints: vec!["10.0.0.0:8000".into(), "10.0.0.1:8000".into()],
+            ..RawConfig::default()
+        };
+        raw.cost.phase_weight = weight;
+        let mut r = Router::new(Config::try_from(raw).unwrap());
+        // Server 0 decodes 60 sequences with a short queue; server 1 decodes none with a
+        // longer one.
+        r.on_metrics(&ep(0), load(60, 0, 0.3), T0);
+        r.on_metrics(&ep(1), load(0, 2, 0.3), T0);
+        let d = r.route(&req(3, blocks), T0);
+        (d.best().cloned(), d.breakdown[0].ttft_ms)
+    };
+    assert_eq!(route_with(0.0, 64).0, Some(ep(0)), "off: the shorter queue wins");
+    assert_eq!(
+        route_with(0.1, 64).0,
+        Some(ep(1)),
+        "a long prefill avoids the decoding server"
+    );
+    assert_eq!(route_with(0.1, 1).0, Some(ep(0)), "a short one does not care");
+    assert_eq!(
+        route_with(0.0, 64).1,
+        route_with(0.1, 64).1,
+        "the predicted TTFT is unchanged"
+    );
+}
