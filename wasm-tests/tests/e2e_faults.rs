@@ -185,14 +185,24 @@ fn bursts_of_5xx_eject_a_server_by_passive_health() {
     f.assert_vms_up();
 }
 
-/// vLLM's admission limits answer 503 before any work: Envoy retries on kvroute's next
+/// vLLM's admission limits answer 503 before any work. With the opt-in 503 retry (see
+/// `retry_on` in envoy.yaml) and `overload.refused_ms`, Envoy retries on kvroute's next
 /// server, kvroute stops choosing the refusing one, and every request is generated once.
 #[test]
-fn a_server_refusing_with_503_loses_nothing_and_is_avoided() {
+fn with_503_retries_on_a_refusing_server_loses_nothing_and_is_avoided() {
     let mut f = fleet_with(|t| {
+        let retry = "retry_on: connect-failure,reset-before-request,refused-stream,reset\n";
+        assert!(t.contains(retry));
+        let indent = " ".repeat(30);
         t.replace(
             "\"policy\": \"cost\",",
             "\"policy\": \"cost\", \"overload\": {\"refused_ms\": 60000},",
+        )
+        .replace(
+            retry,
+            &format!(
+                "retry_on: connect-failure,reset-before-request,refused-stream,reset,retriable-status-codes\n{indent}retriable_status_codes: [503]\n"
+            ),
         )
     });
     // Every prompt is longer than one token: server 1 refuses everything, as a full server.
@@ -228,6 +238,21 @@ fn a_server_refusing_with_503_loses_nothing_and_is_avoided() {
     }
     let (_, failures) = f.traffic(20, 0, 200);
     assert!(failures.is_empty(), "after the limits are lifted: {failures:?}");
+    f.assert_vms_up();
+}
+
+/// The shipped config passes vLLM's 503 on (no retry) and ejects nobody for it.
+#[test]
+fn a_503_refusal_reaches_the_client_once_and_ejects_nobody() {
+    let mut f = fleet();
+    f.admission(2, r#"{"max_num_queued_tokens": 1}"#);
+    let (chosen, failures) = f.traffic(40, 2, 0);
+    assert!(chosen >= 1, "server 2 was never chosen: the test proves nothing");
+    assert_eq!(failures, vec![503; chosen], "each request sent to server 2 gets its 503");
+    assert_eq!(f.envoy.stat("cluster.vllm_pool.upstream_rq_retry"), 0);
+    f.admission(2, "{}");
+    let (chosen, failures) = f.traffic(40, 2, 100);
+    assert!(failures.is_empty() && chosen >= 1, "server 2 was ejected: chosen {chosen}, {failures:?}");
     f.assert_vms_up();
 }
 

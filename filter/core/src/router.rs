@@ -379,11 +379,10 @@ impl Router {
         // would hold requests back from a server that has drained since, and release them
         // in bursts. A server that cannot admit more (KV full) shows as prefill that does
         // not finish.
-        // A server that refused work (vLLM's own admission limit) is full too.
-        let full = |c: &Candidate| {
-            c.endpoint.refusing(ctx.now)
-                || policy::pending_prefill_ms(&self.config, c, ctx) >= hold.wait_limit_ms as f64
-        };
+        // Not on refusals (vLLM's 503) either: once a saturated fleet has refused requests
+        // everywhere, every server would count as full for overload.refused_ms and every
+        // request would wait that long (measured live).
+        let full = |c: &Candidate| policy::pending_prefill_ms(&self.config, c, ctx) >= hold.wait_limit_ms as f64;
         if !cands.iter().all(full) {
             return None;
         }

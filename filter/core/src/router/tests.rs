@@ -1153,9 +1153,31 @@ fn served(at: &EndpointId, status: u16) -> Completion {
     }
 }
 
+/// Routers with `overload.refused_ms` 1000 (off by default), holding on when `hold`.
+fn refusing_router(loads: &[VllmMetrics], hold: bool) -> Router {
+    let mut raw = RawConfig {
+        endpoints: (0..loads.len()).map(|i| format!("10.0.0.{i}:8000")).collect(),
+        ..RawConfig::default()
+    };
+    raw.overload.refused_ms = 1_000;
+    if hold {
+        raw.overload.hold.max_wait_ms = 5_000;
+        raw.overload.hold.wait_limit_ms = 500;
+    }
+    let mut r = Router::new(Config::try_from(raw).unwrap());
+    for (i, m) in loads.iter().enumerate() {
+        r.on_metrics(&ep(i), m.clone(), T0);
+    }
+    r
+}
+
+fn holding_refusing(loads: &[VllmMetrics]) -> Router {
+    refusing_router(loads, true)
+}
+
 #[test]
 fn a_server_that_refused_a_request_goes_last_for_a_while() {
-    let mut r = router(PolicyKind::Cost, &idle(3));
+    let mut r = refusing_router(&idle(3), false);
     let d = r.route(&req(5, 16), T0);
     r.on_routed(1, &req(5, 16), &d, T0);
     let refused = d.best().unwrap().clone();
@@ -1178,7 +1200,7 @@ fn a_server_that_refused_a_request_goes_last_for_a_while() {
 
 #[test]
 fn when_every_server_refused_the_request_still_goes_somewhere() {
-    let mut r = router(PolicyKind::Cost, &idle(2));
+    let mut r = refusing_router(&idle(2), false);
     for (id, at) in [(1, ep(0)), (2, ep(1))] {
         let d = r.route(&req(id, 16), T0);
         r.on_routed(id, &req(id, 16), &d, T0);
@@ -1193,18 +1215,28 @@ fn when_every_server_refused_the_request_still_goes_somewhere() {
 }
 
 #[test]
-fn with_holding_on_a_request_waits_while_every_server_refuses() {
-    let mut r = holding(&[load(0, 0, 0.1), load(0, 0, 0.1)]);
+fn by_default_refusals_change_no_order_and_eject_nobody() {
+    let mut r = router(PolicyKind::Cost, &idle(2));
+    for id in 1..=5 {
+        let d = r.route(&req(id, 16), T0);
+        r.on_routed(id, &req(id, 16), &d, T0);
+        r.on_completed(id, &served(&ep(0), 503), T0);
+    }
+    let d = r.route(&req(9, 16), T0.plus(10));
+    assert!(d.breakdown.iter().all(|s| s.filtered.is_none()), "{:?}", d.breakdown);
+    assert!(r.endpoints().iter().all(|e| e.health.may_serve(T0.plus(10))));
+}
+
+#[test]
+fn refusals_alone_never_hold_a_request() {
+    let mut r = holding_refusing(&[load(0, 0, 0.1), load(0, 0, 0.1)]);
     for (id, at) in [(1, ep(0)), (2, ep(1))] {
         let d = r.route(&req(id, 2), T0);
         r.on_routed(id, &req(id, 2), &d, T0);
         r.on_completed(id, &served(&at, 503), T0);
     }
-    assert_eq!(r.route(&req(3, 2), T0.plus(10)).outcome, Outcome::Hold);
-    for i in 0..2 {
-        r.on_metrics(&ep(i), load(0, 0, 0.1), T0.plus(1_000));
-    }
-    assert_ne!(r.route(&req(3, 2), T0.plus(1_001)).outcome, Outcome::Hold);
+    assert!(r.endpoints().iter().all(|e| e.refusing(T0.plus(10))));
+    assert_ne!(r.route(&req(3, 2), T0.plus(10)).outcome, Outcome::Hold);
 }
 
 #[test]
