@@ -248,12 +248,38 @@ fn a_503_refusal_reaches_the_client_once_and_ejects_nobody() {
     f.admission(2, r#"{"max_num_queued_tokens": 1}"#);
     let (chosen, failures) = f.traffic(40, 2, 0);
     assert!(chosen >= 1, "server 2 was never chosen: the test proves nothing");
-    assert_eq!(failures, vec![503; chosen], "each request sent to server 2 gets its 503");
+    assert_eq!(
+        failures,
+        vec![503; chosen],
+        "each request sent to server 2 gets its 503"
+    );
     assert_eq!(f.envoy.stat("cluster.vllm_pool.upstream_rq_retry"), 0);
     f.admission(2, "{}");
     let (chosen, failures) = f.traffic(40, 2, 100);
-    assert!(failures.is_empty() && chosen >= 1, "server 2 was ejected: chosen {chosen}, {failures:?}");
+    assert!(
+        failures.is_empty() && chosen >= 1,
+        "server 2 was ejected: chosen {chosen}, {failures:?}"
+    );
     f.assert_vms_up();
+}
+
+/// A client cannot ask the gateway to retry what a server may have generated: Envoy's
+/// `x-envoy-retry-on` / `x-envoy-max-retries` from a client are not honoured.
+#[test]
+fn a_client_cannot_make_the_gateway_retry_a_500() {
+    let f = fleet();
+    for s in 0..4 {
+        f.fault(s, r#"{"error_rate": 1.0}"#);
+    }
+    let body = r#"{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"retry me"}]}"#;
+    let headers = [("x-envoy-retry-on", "5xx"), ("x-envoy-max-retries", "3")];
+    let r = http_client::request(f.envoy.port, "POST", "/v1/chat/completions", &headers, body.as_bytes()).unwrap();
+    assert_eq!(r.status, 500);
+    assert_eq!(
+        f.envoy.stat("cluster.vllm_pool.upstream_rq_retry"),
+        0,
+        "the client's retry headers were honoured"
+    );
 }
 
 #[test]
