@@ -18,18 +18,15 @@ RUNS=${RUNS:-2}
 RATE=${RATE:-150}
 DURATION=${DURATION:-20}
 LIMIT=${LIMIT:-16}
-SIM=target/release/kvroute-sim
-ENVOY=.venv/bin/envoy
+SIM_BASE=24001 ENVOY_PORT=24900 ADMIN_PORT=24901
 mkdir -p "$OUT"
+source scripts/lib.sh
 
-config() { # mode → $OUT/envoy.yaml
-  python3 - "$1" "$OUT/envoy.yaml" <<'PY'
-import sys
-mode, out = sys.argv[1:3]
-s = open("envoy/envoy.yaml").read()
-for i in range(4):
-    s = s.replace(f"port_value: 800{i + 1} ", f"port_value: 2400{i + 1} ")
-s = s.replace("port_value: 9901", "port_value: 24901").replace("port_value: 10000", "port_value: 24900")
+mode_config() { # mode, envoy config → the same with the mode's changes
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+mode, path = sys.argv[1:3]
+s = open(path).read()
 shipped = "retry_on: connect-failure,reset-before-request,refused-stream,reset\n"
 assert shipped in s
 overload = {}
@@ -38,32 +35,32 @@ if "hold" in mode:
 if "avoid" in mode:
     overload["refused_ms"] = 200 if mode.endswith("-200") else 1000
 if overload:
-    import json
     s = s.replace('"policy": "cost",', '"policy": "cost", "overload": %s,' % json.dumps(overload))
 if "no-retry" not in mode:
     s = s.replace(shipped, shipped.rstrip("\n") + ",retriable-status-codes\n" + " " * 30 + "retriable_status_codes: [503]\n")
-open(out, "w").write(s)
+open(path, "w").write(s)
 PY
 }
 
 for run in $(seq 1 "$RUNS"); do
   for mode in ${MODES:-no-retry retry retry-avoid retry-avoid-200 hold-no-retry hold-retry}; do
-    config "$mode"
-    "$SIM" serve --servers 4 --max-num-queued-reqs "$LIMIT" --base-port 24001 --admin-port 24000 >"$OUT/sim.log" 2>&1 &
-    SIM_PID=$!
-    "$ENVOY" -c "$OUT/envoy.yaml" --concurrency 2 --use-dynamic-base-id -l warning >"$OUT/envoy.log" 2>&1 &
-    ENVOY_PID=$!
-    sleep 3
+    require_free $(sim_ports) "$ENVOY_PORT" "$ADMIN_PORT"
+    spawn "$OUT/sim.log" "$SIM" serve --servers "$SERVERS" --max-num-queued-reqs "$LIMIT" --base-port "$SIM_BASE"
+    wait_for "the simulated servers" all_sim_ports_open
+    envoy_config envoy/envoy.yaml "$OUT/envoy.yaml" 0
+    mode_config "$mode" "$OUT/envoy.yaml"
+    spawn "$OUT/envoy.log" "$ENVOY" -c "$OUT/envoy.yaml" --concurrency 2 --use-dynamic-base-id -l warning
+    wait_for "Envoy" envoy_ready "$ENVOY_PORT" "$ADMIN_PORT"
+    sleep 1 # the first scrapes
     if [ -n "${SLOW:-}" ]; then # a hot spot: server 0 SLOW times slower than the others
-      curl -s -X POST 127.0.0.1:24000/servers/0/fault -H content-type:application/json -d "{\"slow\": $SLOW}" >/dev/null
+      curl -s -X POST "127.0.0.1:$((SIM_BASE - 1))/servers/0/fault" -d "{\"slow\": $SLOW}" >/dev/null
     fi
+    # bench exits non-zero when requests failed: the refusals are what is measured.
     "$SIM" bench --workload shared-prefix --groups 400 --per-group 30 --rate "$RATE" --output-tokens 32 \
-      --seed "$run" --url http://127.0.0.1:24900 --duration "$DURATION" --json "$OUT/$mode-$run.json" >/dev/null 2>&1 \
-      || true # bench exits non-zero when requests failed: the refusals are what is measured
-    curl -s "127.0.0.1:24901/stats?filter=(upstream_rq_retry$|upstream_rq_503|kvroute.refused)" >"$OUT/$mode-$run-stats.txt"
-    kill "$ENVOY_PID" "$SIM_PID" 2>/dev/null || true
-    wait "$ENVOY_PID" "$SIM_PID" 2>/dev/null || true
-    sleep 1
+      --seed "$run" --url "http://127.0.0.1:$ENVOY_PORT" --duration "$DURATION" --json "$OUT/$mode-$run.json" \
+      >/dev/null 2>&1 || true
+    curl -s "127.0.0.1:$ADMIN_PORT/stats?filter=(upstream_rq_retry$|upstream_rq_503|kvroute.refused)" >"$OUT/$mode-$run-stats.txt"
+    stop_all
   done
 done
 
