@@ -533,7 +533,12 @@ impl HttpContext for Http {
         if moved {
             shared.stats.refused_moved.inc();
         }
-        if self.status == 503 {
+        // Envoy's own replies (a connect failure after the last retry, no healthy host) are
+        // no server's answer: they count as no response at all, so passive health still
+        // sees them, and a 503 means the server's own refusal.
+        let local = host::property_string(&["response", "code_details"]).is_some_and(|d| d != "via_upstream");
+        let status = if local { 0 } else { self.status };
+        if status == 503 {
             shared.stats.refused_503.inc();
         }
         if let Some(c) = cached {
@@ -549,7 +554,7 @@ impl HttpContext for Http {
         };
         let done = Completion {
             served_by,
-            status: self.status,
+            status,
             cached_tokens: cached,
             usage: reports_usage(&self.tail),
         };

@@ -97,8 +97,8 @@ pub struct RequestStats {
     pub hold_wait_ms: Metric,
     pub hold_waiting: Metric,
     /// Responses from another server than the one chosen (Envoy retried after a refusal:
-    /// vLLM's 503, a failed connection), and 503s that reached the client (every server
-    /// tried refused).
+    /// vLLM's 503 where 503 retries are on, a failed connection), and 503s a server itself
+    /// answered that reached the client.
     pub refused_moved: Metric,
     pub refused_503: Metric,
     per_endpoint: RefCell<BTreeMap<String, Metric>>,

@@ -442,34 +442,38 @@ async fn complete(State(srv): State<Arc<SimServer>>, headers: HeaderMap, body: B
     let seqs = ask.prompts.len() as u64 * ask.n;
     let prompt_tokens: u64 = ask.prompts.iter().map(|p| p.tokens).sum();
     let admission = srv.admission.lock().map(|a| *a).unwrap_or_default();
-    let refused = srv
-        .engine
-        .lock()
-        .ok()
-        .and_then(|e| admission.refuses(&e, seqs, prompt_tokens));
-    if let Some(why) = refused {
-        return with_server(ApiError::overloaded(why).into_response(), &srv);
-    }
     let (tx, rx) = mpsc::unbounded_channel();
     let mut choices = HashMap::new();
-    let now = srv.now_ms();
+    let mut specs = Vec::new();
     for (p, prompt) in ask.prompts.iter().enumerate() {
         for j in 0..ask.n {
             // Sequence ids: this request's counter in the high bits, the choice in the low.
             let seq = (n << 20) | choices.len() as u64;
             choices.insert(seq, (p * ask.n as usize + j as usize, p));
-            if let Ok(mut s) = srv.streams.lock() {
-                s.insert(seq, tx.clone());
-            }
-            let spec = SeqSpec {
+            specs.push(SeqSpec {
                 id: seq,
                 prompt_tokens: prompt.tokens,
                 output_tokens: ask.output_tokens[p].max(1),
                 block_hashes: engine_blocks(&prompt.canonical, prompt.tokens),
-            };
-            if let Ok(mut e) = srv.engine.lock() {
-                e.add(spec, now);
+            });
+        }
+    }
+    {
+        // Admission and submission under one lock: a burst cannot pass the check together.
+        let Ok(mut engine) = srv.engine.lock() else {
+            return with_server(ApiError::internal("the engine is unavailable").into_response(), &srv);
+        };
+        if let Some(why) = admission.refuses(&engine, seqs, prompt_tokens) {
+            return with_server(ApiError::overloaded(why).into_response(), &srv);
+        }
+        if let Ok(mut s) = srv.streams.lock() {
+            for spec in &specs {
+                s.insert(spec.id, tx.clone());
             }
+        }
+        let now = srv.now_ms();
+        for spec in specs {
+            engine.add(spec, now);
         }
     }
     drop(tx);

@@ -168,6 +168,21 @@ impl PrefixIndex {
         self.set_capacity(slot, 0);
     }
 
+    /// Forgets that `slot` holds `blocks` (a request it refused computed none of them).
+    pub fn forget(&mut self, slot: Slot, blocks: &[BlockHash]) {
+        let Some(lru) = self.slots.get_mut(usize::from(slot)) else {
+            return;
+        };
+        let gone: Vec<BlockHash> = blocks
+            .iter()
+            .filter(|b| lru.ticks.remove(b).is_some())
+            .copied()
+            .collect();
+        for block in gone {
+            self.drop_holder(block, slot);
+        }
+    }
+
     /// Records that `slot` now holds `blocks` (a request's chained prefix blocks, in order).
     pub fn record(&mut self, slot: Slot, blocks: &[BlockHash]) {
         let i = usize::from(slot);

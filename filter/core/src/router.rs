@@ -44,7 +44,8 @@ pub struct RouteRequest {
 pub struct Completion {
     /// The upstream that actually answered, when the proxy knows it (retries may move it).
     pub served_by: Option<EndpointId>,
-    /// HTTP status; 0 when no response arrived (reset, connect failure, timeout).
+    /// HTTP status a server answered; 0 when none did (reset, connect failure, timeout, and
+    /// the proxy's own replies after them, e.g. Envoy's 503 once its retries ran out).
     pub status: u16,
     /// `usage.prompt_tokens_details.cached_tokens`, when the response carried it.
     pub cached_tokens: Option<u64>,

@@ -120,8 +120,23 @@ impl Router {
         self.stats.completed += 1;
         let served = done.served_by.clone().unwrap_or_else(|| record.endpoint.clone());
         let moved = (served != record.endpoint).then(|| served.clone());
+        // The server's own 503 (vLLM's admission limits): it computed nothing. A moved
+        // request that still got a 503 was refused everywhere it went: its prefix is nowhere.
+        let refused = done.status == 503;
         let cached = self.cached_reported(&served, done);
-        self.finish(&record, moved.as_ref(), cached, now);
+        if refused {
+            self.release(&record);
+            self.forget_refused(&record);
+            if moved.is_some() {
+                self.stats.refusals += 1;
+                let backoff = self.config.overload().refused_ms;
+                if let Some(e) = self.table.get_mut(&record.endpoint) {
+                    e.refused_until = Some(now.plus(backoff));
+                }
+            }
+        } else {
+            self.finish(&record, moved.as_ref(), cached, now);
+        }
         if let Some(cached) = cached {
             let predicted = record.prompt_tokens.saturating_sub(record.uncached).0;
             let cached_in_prompt = cached.min(record.prompt_tokens.0);
@@ -133,21 +148,34 @@ impl Router {
         }
         self.tell_peers(|| PeerEvent::Completed {
             key,
-            served_by: moved,
+            served_by: moved.filter(|_| !refused),
             cached_tokens: cached,
         });
         let health = self.config.health().clone();
         let refused_ms = self.config.overload().refused_ms;
         let e = self.table.get_mut(&served)?;
-        if done.status == 503 {
-            // Every server Envoy tried refused (vLLM's admission limits answer 503 before
-            // any work): the last one is full, not failing. Ejecting it would take capacity
-            // away from an overloaded fleet.
+        if refused {
+            // The server itself refused (the proxy passes Envoy's own 503s, after failed
+            // connections, as status 0): it is full, not failing. Ejecting it would take
+            // capacity away from an overloaded fleet.
             e.refused_until = Some(now.plus(refused_ms));
             return None;
         }
         let ok = done.status != 0 && done.status < 500;
         e.health.on_response(ok, now, &health)
+    }
+
+    /// A request `record.endpoint` refused computed nothing there: the blocks routing
+    /// recorded for it there beyond what the server already held are not there.
+    fn forget_refused(&mut self, record: &Inflight) {
+        let tpb = self.tokens_per_block();
+        let held = usize::try_from(record.prompt_tokens.saturating_sub(record.uncached).0 / tpb).unwrap_or(usize::MAX);
+        if let (Some(slot), Some(new)) = (
+            self.table.get(&record.endpoint).map(|e| e.slot),
+            record.blocks.get(held..),
+        ) {
+            self.index.forget(slot, new);
+        }
     }
 
     /// What `served` reported cached for a response: the number when the response gave one
@@ -170,6 +198,7 @@ impl Router {
         self.release(record);
         if let Some(served) = moved {
             self.stats.refusals += 1;
+            self.forget_refused(record);
             let backoff = self.config.overload().refused_ms;
             if let Some(e) = self.table.get_mut(&record.endpoint) {
                 e.refused_until = Some(now.plus(backoff));

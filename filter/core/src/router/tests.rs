@@ -1268,3 +1268,24 @@ fn phase_weight_charges_a_long_prefill_for_the_decodes_it_stalls_and_only_then()
         "the predicted TTFT is unchanged"
     );
 }
+
+#[test]
+fn a_refused_request_leaves_no_prefix_where_it_was_refused() {
+    let mut r = router(PolicyKind::Cost, &idle(2));
+    let d = r.route(&req(6, 16), T0);
+    r.on_routed(1, &req(6, 16), &d, T0);
+    let chosen = d.best().unwrap().clone();
+    let matched = |r: &Router| {
+        r.route(&req(6, 16), T0)
+            .breakdown
+            .iter()
+            .find(|s| s.endpoint == chosen)
+            .unwrap()
+            .matched_blocks
+    };
+    assert_eq!(matched(&r), 16, "routing records the placement at once");
+    r.on_completed(1, &served(&chosen, 503), T0);
+    assert_eq!(matched(&r), 0, "the server refused it: it computed nothing");
+    let (e, pending) = inflight_on(&r, &chosen);
+    assert_eq!((e, pending), (0, Tokens(0)), "and its load is released");
+}
