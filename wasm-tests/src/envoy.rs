@@ -44,6 +44,24 @@ pub fn free_port() -> u16 {
         .unwrap_or(0)
 }
 
+/// `n` distinct free ports, none in `taken`: each is held until all are chosen (a port
+/// released at once may be handed out again by the next bind, and an Envoy whose listener
+/// and admin got the same port cannot start).
+pub fn free_ports(n: usize, taken: &[u16]) -> Vec<u16> {
+    let mut held = Vec::new();
+    let mut ports = Vec::new();
+    while ports.len() < n && held.len() < n + 16 {
+        let Ok(l) = TcpListener::bind("127.0.0.1:0") else { break };
+        let port = l.local_addr().map(|a| a.port()).unwrap_or(0);
+        if port != 0 && !taken.contains(&port) && !ports.contains(&port) {
+            ports.push(port);
+        }
+        held.push(l);
+    }
+    ports.resize(n, 0);
+    ports
+}
+
 pub struct Envoy {
     child: Child,
     pub port: u16,
@@ -121,8 +139,10 @@ impl Envoy {
         if !root.join("dist/kvroute.wasm").exists() {
             return Err("no dist/kvroute.wasm: run `make build-wasm`".into());
         }
-        let port = listen.unwrap_or_else(free_port);
-        let (port2, port3, admin) = (free_port(), free_port(), free_port());
+        let taken: Vec<u16> = listen.iter().copied().chain(pool.iter().copied()).collect();
+        let fresh = free_ports(4, &taken);
+        let port = listen.unwrap_or(fresh[0]);
+        let (port2, port3, admin) = (fresh[1], fresh[2], fresh[3]);
         for (i, p) in pool.iter().enumerate() {
             let old = 8001 + i;
             text = text.replace(&format!("127.0.0.1:{old}"), &format!("127.0.0.1:{p}"));
