@@ -533,13 +533,14 @@ impl HttpContext for Http {
         if moved {
             shared.stats.refused_moved.inc();
         }
-        // Envoy's own replies (a connect failure after the last retry, no healthy host) are
-        // no server's answer: they count as no response at all, so passive health still
-        // sees them, and a 503 means the server's own refusal.
-        let local = host::property_string(&["response", "code_details"]).is_some_and(|d| d != "via_upstream");
+        // Envoy's own 5xx (a connect failure after the last retry, no healthy host) is no
+        // server's answer: it counts as no response at all, so passive health still sees it,
+        // and a 503 means the server's own refusal. Read only for a 5xx (one host call).
+        let local = self.status >= 500
+            && host::property_string(&["response", "code_details"]).is_some_and(|d| d != "via_upstream");
         let status = if local { 0 } else { self.status };
         if status == 503 {
-            shared.stats.refused_503.inc();
+            shared.stats.refused_by_server.inc();
         }
         if let Some(c) = cached {
             shared.stats.reported_cached_tokens.add(c);

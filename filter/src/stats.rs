@@ -100,7 +100,7 @@ pub struct RequestStats {
     /// vLLM's 503 where 503 retries are on, a failed connection), and 503s a server itself
     /// answered that reached the client.
     pub refused_moved: Metric,
-    pub refused_503: Metric,
+    pub refused_by_server: Metric,
     per_endpoint: RefCell<BTreeMap<String, Metric>>,
     /// Each server's learned-rate gauge and the value it was last set to.
     speeds: RefCell<BTreeMap<String, (Metric, u64)>>,
@@ -158,7 +158,7 @@ impl RequestStats {
             hold_wait_ms: c("hold.wait_ms"),
             hold_waiting: g("hold.waiting"),
             refused_moved: c("refused.moved"),
-            refused_503: c("refused.all_503"),
+            refused_by_server: c("refused.by_server"),
             per_endpoint: RefCell::new(BTreeMap::new()),
             speeds: RefCell::new(BTreeMap::new()),
         }

@@ -43,27 +43,18 @@ fn fleet_with(edit: impl Fn(String) -> String) -> Fleet {
 
 impl Fleet {
     fn fault(&self, server: u16, fault: &str) {
-        let r = http_client::request(
-            self.base - 1,
-            "POST",
-            &format!("/servers/{server}/fault"),
-            &[],
-            fault.as_bytes(),
-        )
-        .unwrap();
-        assert_eq!(r.status, 200, "{}", r.body);
+        self.admin(server, "fault", fault);
     }
 
     /// Sets vLLM's admission limits on one server (`{"max_num_queued_tokens": 1}`...).
     fn admission(&self, server: u16, limits: &str) {
-        let r = http_client::request(
-            self.base - 1,
-            "POST",
-            &format!("/servers/{server}/admission"),
-            &[],
-            limits.as_bytes(),
-        )
-        .unwrap();
+        self.admin(server, "admission", limits);
+    }
+
+    /// POSTs `body` to the simulator's `/servers/{server}/{what}`.
+    fn admin(&self, server: u16, what: &str, body: &str) {
+        let path = format!("/servers/{server}/{what}");
+        let r = http_client::request(self.base - 1, "POST", &path, &[], body.as_bytes()).unwrap();
         assert_eq!(r.status, 200, "{}", r.body);
     }
 
@@ -232,7 +223,7 @@ fn with_503_retries_on_a_refusing_server_loses_nothing_and_is_avoided() {
         assert_eq!(status, 503);
         assert!(took < Duration::from_secs(2), "a 503 took {took:?}");
     }
-    assert!(f.envoy.stat("wasmcustom.kvroute.refused.all_503") >= 8);
+    assert_eq!(f.envoy.stat("wasmcustom.kvroute.refused.by_server"), 8);
     for s in 0..4 {
         f.admission(s, "{}");
     }
@@ -255,6 +246,7 @@ fn a_503_refusal_reaches_the_client_once_and_ejects_nobody() {
         "each request sent to server 2 gets its 503"
     );
     assert_eq!(f.envoy.stat("cluster.vllm_pool.upstream_rq_retry"), 0);
+    assert_eq!(f.envoy.stat("wasmcustom.kvroute.refused.by_server"), chosen as u64);
     f.admission(2, "{}");
     let (chosen, failures) = f.traffic(40, 2, 100);
     assert!(

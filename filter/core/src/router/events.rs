@@ -126,13 +126,9 @@ impl Router {
         let cached = self.cached_reported(&served, done);
         if refused {
             self.release(&record);
-            self.forget_refused(&record);
+            self.refused_by(&record, now);
             if moved.is_some() {
                 self.stats.refusals += 1;
-                let backoff = self.config.overload().refused_ms;
-                if let Some(e) = self.table.get_mut(&record.endpoint) {
-                    e.refused_until = Some(now.plus(backoff));
-                }
             }
         } else {
             self.finish(&record, moved.as_ref(), cached, now);
@@ -165,15 +161,19 @@ impl Router {
         e.health.on_response(ok, now, &health)
     }
 
-    /// A request `record.endpoint` refused computed nothing there: the blocks routing
-    /// recorded for it there beyond what the server already held are not there.
-    fn forget_refused(&mut self, record: &Inflight) {
+    /// `record.endpoint` refused the request: it counts as refusing for
+    /// `overload.refused_ms`, and it computed nothing, so the blocks routing recorded for
+    /// it there beyond what the server already held are not there.
+    fn refused_by(&mut self, record: &Inflight, now: Millis) {
         let tpb = self.tokens_per_block();
         let held = usize::try_from(record.prompt_tokens.saturating_sub(record.uncached).0 / tpb).unwrap_or(usize::MAX);
-        if let (Some(slot), Some(new)) = (
-            self.table.get(&record.endpoint).map(|e| e.slot),
-            record.blocks.get(held..),
-        ) {
+        let backoff = self.config.overload().refused_ms;
+        let Some(e) = self.table.get_mut(&record.endpoint) else {
+            return;
+        };
+        e.refused_until = Some(now.plus(backoff));
+        let slot = e.slot;
+        if let Some(new) = record.blocks.get(held..) {
             self.index.forget(slot, new);
         }
     }
@@ -198,11 +198,7 @@ impl Router {
         self.release(record);
         if let Some(served) = moved {
             self.stats.refusals += 1;
-            self.forget_refused(record);
-            let backoff = self.config.overload().refused_ms;
-            if let Some(e) = self.table.get_mut(&record.endpoint) {
-                e.refused_until = Some(now.plus(backoff));
-            }
+            self.refused_by(record, now);
             if let Some(slot) = self.table.get(served).map(|e| e.slot) {
                 self.index.record(slot, &record.blocks);
             }
