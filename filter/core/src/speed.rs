@@ -5,19 +5,35 @@
 //! 11.5k tokens/s of Llama-3-8B where an H100 does about 38.9k, and a throttled or shared GPU
 //! less. vLLM counts, over its finished requests, the seconds each spent in prefill (from
 //! its first scheduling to its first token, `vllm:request_prefill_time_seconds`) and the
-//! prompt tokens it computed there (`vllm:request_prefill_kv_computed_tokens`). Between two
-//! scrapes the growth of the two sums is one sample of the server's prefill rate as its
-//! requests saw it — batching with other requests' steps included — once at least
-//! `MIN_TOKENS` were computed (smaller growth is carried to the next scrape). Samples are
-//! averaged in the log domain (a slow and a fast sample weigh alike) and clamped to an eighth
-//! and eight times the configured rate. Until `MIN_SAMPLES` samples arrived, and again when
-//! none arrived for `FORGET_MS` (a server that lost all its traffic is scored as a typical
-//! one again, so it is tried again), the rate is unknown.
+//! prompt tokens it computed there (`vllm:request_prefill_kv_computed_tokens`). The growth
+//! of the two sums between scrapes is one sample of the server's prefill rate once at least
+//! `MIN_TOKENS` were computed (smaller growth is carried to the next scrape).
+//!
+//! Summed per-request seconds count a second once per prefill running in it. While they
+//! grow no faster than the wall clock (on average at most one prefill at a time), their
+//! ratio is the rate itself and a sample is taken at once. When they grow faster, several
+//! prefills shared the server's steps and the plain ratio would read as the rate divided by
+//! their number. That made the estimate feed on itself at overload: vLLM starts the clock
+//! at scheduling, so a server with a deep waiting queue runs few prefills at a time and
+//! looked fast, drew more work and looked faster still (replay, 8 identical H100s, Azure
+//! trace at 110% load: learned rates from 3.4k to 11k tokens/s where the truth is about
+//! 38k, and one server held 3× the queued prefill of another). Then the sample waits until
+//! `MIN_WINDOW_MS` of wall time passed and counts the wall time instead: the tokens the
+//! server drained per second while it was busy, whatever the number sharing a step (the
+//! wait keeps one long prefill finishing just after a scrape from reading as a burst).
+//!
+//! Samples are averaged in the log domain (a slow and a fast sample weigh alike) and
+//! clamped to an eighth and eight times the configured rate. Until `MIN_SAMPLES` samples
+//! arrived, and again when none arrived for `FORGET_MS` (a server that lost all its traffic
+//! is scored as a typical one again, so it is tried again), the rate is unknown.
 //!
 //! Every router of every worker reads the same scrapes, so they learn the same rates.
 //! Servers of one kind differ by noise: the policy treats rates within `SAME_WITHIN` of the
 //! fleet's typical (median) rate as that rate (`policy::typical_rate`), so noise never breaks
-//! the tie between identical servers that keeps cold prefixes together.
+//! the tie between identical servers that keeps cold prefixes together. 1.5 is well under
+//! what tells GPUs apart (H100 against A100 3.4×; a throttled server 2–3×) and over the
+//! spread of identical servers' windowed samples on long prompts (Mooncake trace, 200 ms
+//! scrapes: up to 1.4× between servers).
 //!
 //! A sample measured in the first-token time the gateway sees instead (tokens it counted
 //! ahead, divided by the time to the first token) was tried first and dropped: its count of
@@ -32,7 +48,9 @@ pub const MIN_SAMPLES: u32 = 3;
 /// Prefill tokens computed between two samples at least (fewer say little about the rate).
 pub const MIN_TOKENS: u64 = 2048;
 /// Rates within this factor of the fleet's typical rate count as equal to it.
-pub const SAME_WITHIN: f64 = 1.25;
+pub const SAME_WITHIN: f64 = 1.5;
+/// Wall time a sample spans at least when the summed prefill seconds outgrew it.
+pub const MIN_WINDOW_MS: u64 = 2000;
 /// A learned rate with no new sample for this long falls back to the configured one.
 pub const FORGET_MS: u64 = 60_000;
 const ALPHA: f64 = 0.25;
@@ -43,32 +61,49 @@ pub struct Speed {
     log_rate: Option<f64>,
     samples: u32,
     last: Option<Millis>,
-    /// The server's counters (tokens, seconds) where the next sample starts.
-    baseline: Option<(f64, f64)>,
+    /// Where the next sample starts.
+    baseline: Option<Baseline>,
+}
+
+/// The server's cumulative counters at the scrape the next sample starts from.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Baseline {
+    tokens: f64,
+    seconds: f64,
+    at: Millis,
 }
 
 impl Speed {
-    /// A scrape's cumulative prefill counters (see the module note): a sample once enough
-    /// tokens were computed since the baseline. A counter that went down (the server
-    /// restarted) starts a new baseline.
+    /// A scrape's cumulative prefill counters, taken at `now` (see the module note): a
+    /// sample once enough tokens were computed since the baseline, and, when the summed
+    /// seconds outgrew the wall time, once `MIN_WINDOW_MS` passed. A counter that went down
+    /// (the server restarted) starts a new baseline.
     pub fn on_counters(&mut self, tokens: Option<f64>, seconds: Option<f64>, prior: f64, now: Millis) {
         let (Some(tokens), Some(seconds)) = (tokens, seconds) else {
             return;
         };
-        let Some((t0, s0)) = self.baseline else {
-            self.baseline = Some((tokens, seconds));
+        let here = Baseline {
+            tokens,
+            seconds,
+            at: now,
+        };
+        let Some(start) = self.baseline else {
+            self.baseline = Some(here);
             return;
         };
-        if tokens < t0 || seconds < s0 {
-            self.baseline = Some((tokens, seconds));
+        if tokens < start.tokens || seconds < start.seconds || now < start.at {
+            self.baseline = Some(here);
             return;
         }
-        let (dt, ds) = (tokens - t0, seconds - s0);
-        if dt < MIN_TOKENS as f64 || ds <= 0.0 {
+        let (dt, ds) = (tokens - start.tokens, seconds - start.seconds);
+        let wall_s = now.since(start.at) as f64 / 1000.0;
+        let shared = ds > wall_s;
+        if dt < MIN_TOKENS as f64 || ds <= 0.0 || (shared && now.since(start.at) < MIN_WINDOW_MS) {
             return;
         }
-        self.baseline = Some((tokens, seconds));
-        self.observe(dt as u64, (ds * 1000.0).round().max(1.0) as u64, prior, now);
+        self.baseline = Some(here);
+        let busy_s = if shared { wall_s } else { ds };
+        self.observe(dt as u64, (busy_s * 1000.0).round().max(1.0) as u64, prior, now);
     }
 
     /// One sample: `tokens` computed in `ms` milliseconds of prefill.
@@ -218,9 +253,51 @@ mod tests {
         assert_eq!(s.samples, 3);
         assert!((s.rate(PRIOR, Millis(2000)) - 25_000.0).abs() < 1.0);
         s.on_counters(Some(10.0), Some(0.001), PRIOR, Millis(2200));
-        assert_eq!(s.baseline, Some((10.0, 0.001)), "a restarted server starts over");
+        assert_eq!(
+            s.baseline,
+            Some(Baseline {
+                tokens: 10.0,
+                seconds: 0.001,
+                at: Millis(2200)
+            }),
+            "a restarted server starts over"
+        );
         s.on_counters(None, None, PRIOR, Millis(2400));
         assert_eq!(s.samples, 3, "a server without the counters teaches nothing");
+    }
+
+    #[test]
+    fn prefills_sharing_steps_are_measured_in_wall_time_over_a_window() {
+        // 30k tokens/s drained, four prefills at a time: each request's own seconds sum to
+        // four times the wall time. The plain ratio would say 7.5k.
+        let mut s = Speed::default();
+        let mut t = 0u64;
+        s.on_counters(Some(0.0), Some(0.0), PRIOR, Millis(t));
+        let (mut tokens, mut seconds) = (0.0, 0.0);
+        for _ in 0..40 {
+            t += 200;
+            tokens += 6000.0;
+            seconds += 0.8;
+            s.on_counters(Some(tokens), Some(seconds), PRIOR, Millis(t));
+        }
+        assert_eq!(s.samples, 4, "one sample per {MIN_WINDOW_MS} ms window, not per scrape");
+        let r = s.rate(PRIOR, Millis(t));
+        assert!((r - 30_000.0).abs() < 1.0, "{r}");
+    }
+
+    #[test]
+    fn one_long_prefill_finishing_after_a_scrape_is_not_a_burst() {
+        // One 24k-token prompt prefilled at 24k tokens/s in 1 s, seen 200 ms after the
+        // previous sample: its second is counted against the window, not 200 ms.
+        let mut s = Speed::default();
+        s.on_counters(Some(0.0), Some(0.0), PRIOR, Millis(0));
+        s.on_counters(Some(24_000.0), Some(1.0), PRIOR, Millis(200));
+        assert_eq!(s.samples, 0, "wait: the seconds outgrew the 200 ms since the baseline");
+        for t in [400, 600, 800, 1000] {
+            s.on_counters(Some(24_000.0), Some(1.0), PRIOR, Millis(t));
+        }
+        assert_eq!(s.samples, 1, "taken once the wall time covers the seconds");
+        assert_eq!(s.log_rate.map(f64::exp).map(f64::round), Some(24_000.0));
     }
 
     #[test]

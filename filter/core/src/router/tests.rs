@@ -885,12 +885,12 @@ mod fleet {
 #[test]
 fn a_server_whose_metrics_say_it_prefills_three_times_slower_loses_its_share() {
     let mut r = router(PolicyKind::Cost, &idle(2));
-    // Each scrape: both servers computed 4,000 prompt tokens; the fast one in 0.1 s of
-    // prefill, the slow one in 0.3 s.
+    // Each scrape, 400 ms apart: both servers computed 4,000 prompt tokens; the fast one
+    // in 0.1 s of prefill, the slow one in 0.3 s.
     let mut counters = [(0.0, 0.0); 2];
     let mut now = T0;
     for _ in 0..10 {
-        now = now.plus(200);
+        now = now.plus(400);
         for (s, seconds) in [(0usize, 0.1), (1, 0.3)] {
             counters[s].0 += 4000.0;
             counters[s].1 += seconds;
