@@ -5,7 +5,7 @@
 //!   KV router (prefill blocks − overlap + decode load) but in one physical unit:
 //!   `prefill = (queued prefill tokens + (1 + work_weight × (1 + backlog)) × this
 //!   request's uncached tokens) / prefill rate`, where `backlog` is the number of requests
-//!   waiting on the least-loaded candidate,
+//!   queued at the least-loaded candidate (`fleet_backlog`),
 //!   `decode = running sequences × per-sequence step cost`, plus a KV-pressure term that
 //!   grows quadratically past `kv_pressure_threshold`. Queued prefill tokens are the
 //!   larger of two lower bounds: the scraped waiting requests times the gateway's running
@@ -17,7 +17,7 @@
 //!   that is still prefilling the same prefix and recomputing that prefix elsewhere. The
 //!   backlog factor makes that charge grow when no endpoint is free: then every recomputed
 //!   token delays the requests already queued and those still arriving, so a cached prefix
-//!   is worth more than a slightly shorter queue (0 when any candidate has no waiting
+//!   is worth more than a slightly shorter queue (0 when any candidate has no queued
 //!   request, so an under-loaded fleet is scored as before).
 //! - `weighted`: the Gateway API Inference Extension's shape: queue (min-max normalised),
 //!   KV (1 − usage) and prefix (matched fraction) scorers in [0, 1], weighted 2/2/3.
@@ -47,7 +47,8 @@ impl Candidate<'_> {
 /// Per-request facts a policy may use beyond the candidate itself.
 pub struct ScoreContext {
     pub total_blocks: usize,
-    /// Requests waiting on the least-loaded candidate: how overloaded the whole fleet is.
+    /// Requests queued at the least-loaded candidate: how overloaded the whole fleet is
+    /// (`fleet_backlog`).
     pub fleet_backlog: f64,
     pub mean_uncached_tokens: f64,
     pub rotation: u64,
@@ -130,6 +131,26 @@ pub fn predicted_ttft(config: &Config, c: &Candidate, ctx: &ScoreContext) -> Ter
     }
 }
 
+/// How many requests queue at the least-loaded candidate: how overloaded the whole fleet
+/// is (`ScoreContext::fleet_backlog`). A candidate's queue is the larger of its scraped
+/// waiting requests and the prefill this gateway knows is pending there, counted in
+/// requests of `mean_uncached_tokens` less the one being prefilled. vLLM's waiting count
+/// alone misses most of it: chunked prefill admits requests to the running batch long
+/// before their prefill starts, so a fleet of long prompts can be seconds of prefill behind
+/// with nothing waiting (replay, Mooncake trace at 110% load: the backlog read 0 and the
+/// policy recomputed cached prefixes elsewhere, hit rate 20% against 30% at 80%).
+pub fn fleet_backlog<'a>(cands: impl IntoIterator<Item = &'a Candidate<'a>>, mean_uncached_tokens: f64) -> f64 {
+    let per_request = mean_uncached_tokens.max(1.0);
+    cands
+        .into_iter()
+        .map(|c| {
+            let pending = c.endpoint.pending_prefill_tokens.0 as f64 / per_request - 1.0;
+            (c.metrics.waiting as f64).max(pending).max(0.0)
+        })
+        .fold(f64::INFINITY, f64::min)
+        .min(1e6)
+}
+
 /// How long the prefill this gateway knows is queued or running at a candidate (its own
 /// requests there without a first token, and its peers') takes at the server's rate (ms).
 /// Unlike the scraped queue it is current to the last first token, so a server it calls
@@ -206,4 +227,54 @@ pub fn mix(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::endpoint::EndpointTable;
+
+    fn cands<'a>(table: &'a EndpointTable, metrics: [&'a VllmMetrics; 2]) -> Vec<Candidate<'a>> {
+        table
+            .rows()
+            .iter()
+            .zip(metrics)
+            .map(|(endpoint, metrics)| Candidate {
+                endpoint,
+                metrics,
+                matched_blocks: 0,
+                uncached: Tokens(1000),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_backlog_counts_prefills_queued_in_the_running_batch() {
+        let mut table = EndpointTable::default();
+        table.replace(&[EndpointId::new("10.0.0.1:8000"), EndpointId::new("10.0.0.2:8000")]);
+        // Nothing waits anywhere, but 40k and 100k tokens of this gateway's prompts have no
+        // first token yet: 4 and 10 requests of 10k, one of them prefilling.
+        table.rows_mut()[0].pending_prefill_tokens = Tokens(40_000);
+        table.rows_mut()[1].pending_prefill_tokens = Tokens(100_000);
+        let idle = VllmMetrics::default();
+        let busy = VllmMetrics {
+            waiting: 5,
+            ..VllmMetrics::default()
+        };
+        assert_eq!(
+            fleet_backlog(&cands(&table, [&idle, &idle]), 10_000.0),
+            3.0,
+            "the least-loaded server's queue"
+        );
+        assert_eq!(
+            fleet_backlog(&cands(&table, [&busy, &idle]), 10_000.0),
+            5.0,
+            "waiting counts when it is more"
+        );
+        assert_eq!(
+            fleet_backlog(&cands(&table, [&idle, &idle]), 80_000.0),
+            0.0,
+            "one request prefilling is no queue"
+        );
+    }
 }

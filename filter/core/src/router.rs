@@ -296,11 +296,7 @@ impl Router {
         let just_cands: Vec<Candidate> = cands.iter().map(|(_, c)| Candidate { ..*c }).collect();
         let ctx = ScoreContext {
             total_blocks: req.blocks.len(),
-            fleet_backlog: cands
-                .iter()
-                .map(|(_, c)| c.metrics.waiting as f64)
-                .fold(f64::INFINITY, f64::min)
-                .min(1e6),
+            fleet_backlog: policy::fleet_backlog(&just_cands, self.mean_uncached),
             mean_uncached_tokens: self.mean_uncached,
             rotation: self.rotation,
             seed: self.config.seed(),

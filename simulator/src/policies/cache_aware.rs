@@ -16,7 +16,7 @@
 //!   cached prefix, queues, KV usage and speed.
 
 use kvroute_core::endpoint::EndpointTable;
-use kvroute_core::policy::{predicted_ttft, typical_rate, Candidate, ScoreContext};
+use kvroute_core::policy::{fleet_backlog, predicted_ttft, typical_rate, Candidate, ScoreContext};
 use kvroute_core::speed::Speed;
 use kvroute_core::{Config, EndpointId, Millis, Tokens, VllmMetrics};
 
@@ -150,6 +150,9 @@ impl Policy for DynamoKv {
 pub struct Oracle {
     config: Config,
     table: EndpointTable,
+    /// The running mean of the uncached tokens of the requests it placed, as the router
+    /// keeps one (it counts the fleet's backlog in requests).
+    mean_uncached: f64,
 }
 
 impl Oracle {
@@ -163,6 +166,7 @@ impl Oracle {
         Oracle {
             config: config.clone(),
             table,
+            mean_uncached: config.cost().default_prompt_tokens as f64,
         }
     }
 }
@@ -202,11 +206,7 @@ impl Policy for Oracle {
             .collect();
         let ctx = ScoreContext {
             total_blocks: req.engine_blocks.len(),
-            fleet_backlog: truth
-                .iter()
-                .map(|(m, _)| m.waiting as f64)
-                .fold(f64::INFINITY, f64::min)
-                .min(1e6),
+            fleet_backlog: fleet_backlog(&cands, self.mean_uncached),
             // The true queued prefill is in `pending_prefill_tokens`; the scraped estimate
             // (waiting × mean) must not add to it.
             mean_uncached_tokens: 0.0,
@@ -219,8 +219,12 @@ impl Policy for Oracle {
             .iter()
             .map(|c| predicted_ttft(&self.config, c, &ctx).cost.0)
             .collect();
-        (0..costs.len())
+        let chosen = (0..costs.len())
             .min_by(|a, b| costs[*a].total_cmp(&costs[*b]))
-            .unwrap_or(0)
+            .unwrap_or(0);
+        if let Some(c) = cands.get(chosen) {
+            self.mean_uncached = 0.9 * self.mean_uncached + 0.1 * c.uncached.0 as f64;
+        }
+        chosen
     }
 }
