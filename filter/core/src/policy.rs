@@ -137,8 +137,8 @@ pub fn predicted_ttft(config: &Config, c: &Candidate, ctx: &ScoreContext) -> Ter
 /// requests of `mean_uncached_tokens` less the one being prefilled. vLLM's waiting count
 /// alone misses most of it: chunked prefill admits requests to the running batch long
 /// before their prefill starts, so a fleet of long prompts can be seconds of prefill behind
-/// with nothing waiting (replay, Mooncake trace at 110% load: the backlog read 0 and the
-/// policy recomputed cached prefixes elsewhere, hit rate 20% against 30% at 80%).
+/// with nothing waiting (replay, Mooncake trace at 110% load: the waiting count read 0 in
+/// 96% of decisions, this count in 75%, and the hit rate went from 19.7% to 25.3%).
 pub fn fleet_backlog<'a>(cands: impl IntoIterator<Item = &'a Candidate<'a>>, mean_uncached_tokens: f64) -> f64 {
     let per_request = mean_uncached_tokens.max(1.0);
     cands
