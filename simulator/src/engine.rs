@@ -37,6 +37,9 @@ struct Seq {
     generated: u64,
     blocks: Vec<BlockId>,
     cached_tokens: Option<u64>,
+    /// While it waits: the prefix it would find cached, as of its arrival (the oracle's
+    /// queued work is its prompt less this).
+    expected_hit: u64,
     first_token: Option<f64>,
     /// Start of the first step that ran it (the end of its queueing).
     scheduled: Option<f64>,
@@ -180,13 +183,21 @@ impl Engine {
             .sum()
     }
 
-    /// Prefill tokens still to compute, over queued and running requests (the oracle's view).
+    /// Prefill tokens still to compute, over queued and running requests (the oracle's
+    /// view). A queued request will find part of its prompt cached when it is admitted: it
+    /// counts its prompt less the prefix cached when it arrived (a preempted one, all of it).
     pub fn pending_prefill_tokens(&self) -> u64 {
-        self.waiting
+        let queued: u64 = self
+            .waiting
             .iter()
-            .chain(&self.running)
+            .map(|s| s.prefill_target - s.computed.max(s.expected_hit).min(s.prefill_target))
+            .sum();
+        let running: u64 = self
+            .running
+            .iter()
             .map(|s| s.prefill_target - s.computed.min(s.prefill_target))
-            .sum()
+            .sum();
+        queued + running
     }
 
     /// The server's `/metrics` body now (`legacy`: pre-0.12 family names).
@@ -222,6 +233,8 @@ impl Engine {
     pub fn add(&mut self, spec: SeqSpec, now: f64) {
         debug_assert!(spec.output_tokens >= 1, "a request generates at least one token");
         let prefill_target = spec.prompt_tokens.max(1);
+        let usable_hits = (prefill_target - 1) / BLOCK_TOKENS;
+        let expected_hit = (self.kv.cached_prefix(&spec.block_hashes) as u64).min(usable_hits) * BLOCK_TOKENS;
         self.waiting.push_back(Seq {
             spec,
             arrival: now,
@@ -230,6 +243,7 @@ impl Engine {
             generated: 0,
             blocks: Vec::new(),
             cached_tokens: None,
+            expected_hit,
             first_token: None,
             scheduled: None,
             last_token: now,
@@ -293,6 +307,7 @@ impl Engine {
             self.kv.release(&s.blocks);
             s.blocks.clear();
             s.prefill_target = s.spec.prompt_tokens.max(1) + s.generated;
+            s.expected_hit = 0;
             s.computed = 0;
             s.preemptions += 1;
             self.counters.preemptions += 1;

@@ -120,3 +120,19 @@ fn the_same_inputs_give_the_same_timeline() {
     };
     assert_eq!(timeline(), timeline());
 }
+
+#[test]
+fn queued_work_excludes_the_prefix_a_waiting_request_will_find_cached() {
+    let mut e = engine(10_000);
+    e.add(spec(1, 1024, 4, 7), 0.0);
+    run(&mut e, 0.0);
+    // A long prompt fills the step's token budget, so the next two wait behind it: one
+    // repeats the cached 1024-token prompt (all but its last block is cached), one is new.
+    e.add(spec(2, 20_000, 2, 1), 1000.0);
+    let now = 1000.0 + e.start_step().unwrap();
+    e.finish_step(now);
+    e.add(spec(3, 1024, 4, 7), now);
+    e.add(spec(4, 1024, 4, 9), now);
+    assert_eq!(e.num_waiting(), 2);
+    assert_eq!(e.pending_prefill_tokens(), (20_000 - 8192) + 16 + 1024);
+}
