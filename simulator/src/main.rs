@@ -335,6 +335,11 @@ pub struct TopologyArgs {
     /// many ms (0: everything at the tick).
     #[arg(long, default_value_t = 0.0)]
     news_flush_ms: f64,
+    /// The gateway restarts at this second of the run (an Envoy restart, a wasm reload):
+    /// every router starts over with nothing learned while the fleet keeps running; only
+    /// requests arriving from then on are reported.
+    #[arg(long)]
+    restart_at_s: Option<f64>,
 }
 
 impl TopologyArgs {
@@ -344,6 +349,10 @@ impl TopologyArgs {
             "--gateways and --workers must be between 1 and 64"
         );
         anyhow::ensure!(self.tick_ms > 0.0, "--tick-ms must be positive");
+        anyhow::ensure!(
+            self.restart_at_s.is_none_or(|t| t.is_finite() && t >= 0.0),
+            "--restart-at-s must be a number of seconds, not negative"
+        );
         anyhow::ensure!(self.gateway_delay_ms >= 0.0, "--gateway-delay-ms must not be negative");
         anyhow::ensure!(
             self.gateway_interval_ms >= 0.0,
@@ -358,6 +367,7 @@ impl TopologyArgs {
             gateway_delay_ms: self.gateway_delay_ms,
             gateway_interval_ms: self.gateway_interval_ms,
             news_flush_ms: self.news_flush_ms,
+            restart_at_ms: self.restart_at_s.map(|s| s * 1000.0),
         })
     }
 }

@@ -73,6 +73,8 @@ enum Kind {
     Arrival(usize),
     /// Router `r`'s tick while it holds requests (`overload.hold`).
     Release(usize),
+    /// The gateway restarts (`Topology::restart_at_ms`).
+    Restart,
 }
 
 /// A gateway's latest scrape: when, and each server's parsed metrics and text.
@@ -140,6 +142,9 @@ pub fn run_until(
     if let Some(slow) = setup.slowdown {
         q.push(slow.at_ms, Kind::Slow);
     }
+    if let Some(at) = topo.restart_at_ms {
+        q.push(at, Kind::Restart);
+    }
     for g in 0..topo.gateways.max(1) {
         q.push(topo.scrape_phase_ms(g, setup.scrape_interval_ms), Kind::Scrape(g));
     }
@@ -197,6 +202,13 @@ pub fn run_until(
                 }
             }
             Kind::Snapshot(r) => apply_snapshot(&mut routers, r, &scraped[topo.gateway_of(r)]),
+            Kind::Restart => routers.restart(
+                policy,
+                setup.servers,
+                setup.profile.num_gpu_blocks,
+                setup.seed,
+                &setup.router_config,
+            ),
             Kind::Peer(r, k) => {
                 if let Some(ev) = mail.events.get(k) {
                     routers.all[r].on_peer_event(ev, now);
@@ -317,7 +329,19 @@ pub fn run_until(
             }
         }
     }
-    let mut report = RunReport::build(&policy.to_string(), requests.len(), records, &engines);
+    // After a restart only the requests that arrived from then on are reported.
+    let reported = match topo.restart_at_ms {
+        Some(at) => {
+            for (r, req) in records.iter_mut().zip(requests) {
+                if req.arrival_ms < at {
+                    *r = None;
+                }
+            }
+            requests.iter().filter(|r| r.arrival_ms >= at).count()
+        }
+        None => requests.len(),
+    };
+    let mut report = RunReport::build(&policy.to_string(), reported, records, &engines);
     report.rejections = gate
         .rejected
         .iter()

@@ -231,3 +231,24 @@ fn phases_split_requests_by_arrival_and_evictions_by_time() {
         steady.evictions
     );
 }
+
+#[test]
+fn a_gateway_restart_reports_the_requests_after_it_and_at_time_zero_changes_nothing() {
+    let reqs = small_shared_prefix(20.0);
+    let restarted = |at_ms: f64| ReplaySetup {
+        topology: Topology {
+            restart_at_ms: Some(at_ms),
+            ..Topology::default()
+        },
+        ..setup(4)
+    };
+    let at = reqs[reqs.len() / 2].arrival_ms;
+    let later = reqs.iter().filter(|r| r.arrival_ms >= at).count();
+    let r = run(&restarted(at), PolicyName::Kvroute, &reqs, &|_| {});
+    assert_eq!((r.requests, r.completed, r.failed), (later, later, 0));
+    assert_eq!(
+        run(&restarted(0.0), PolicyName::Kvroute, &reqs, &|_| {}),
+        run(&setup(4), PolicyName::Kvroute, &reqs, &|_| {}),
+        "a restart before the first request is no restart"
+    );
+}

@@ -49,6 +49,9 @@ pub struct Topology {
     /// placement that is news (most of its prompt uncached where it went) leaves then; the
     /// rest leave on this slower grid (an experiment: fewer segments for the workers to read).
     pub news_flush_ms: f64,
+    /// The gateway restarts then: every router is rebuilt with nothing learned, while the
+    /// fleet keeps its caches, queues and counters (`Routers::restart`).
+    pub restart_at_ms: Option<f64>,
 }
 
 /// The scraping service's tick with `share.replicas.at_once`: batches leave on it.
@@ -65,12 +68,16 @@ impl Default for Topology {
             gateway_delay_ms: 0.0,
             gateway_interval_ms: 0.0,
             news_flush_ms: 0.0,
+            restart_at_ms: None,
         }
     }
 }
 
 impl std::fmt::Display for Topology {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(t) = self.restart_at_ms {
+            write!(f, "restarted at {} s, ", t / 1000.0)?;
+        }
         if self.routers() == 1 {
             return f.write_str("one router");
         }
@@ -177,12 +184,29 @@ impl Routers {
         config: &Config,
         requests: usize,
     ) -> Routers {
+        Routers {
+            topology,
+            all: Self::build_all(topology, policy, servers, capacity_blocks, seed, config),
+            owner: vec![0; requests],
+            spread: Rng::new(seed ^ 0x7070),
+            last_forward: vec![f64::NEG_INFINITY; topology.gateways.max(1)],
+        }
+    }
+
+    fn build_all(
+        topology: Topology,
+        policy: PolicyName,
+        servers: usize,
+        capacity_blocks: u64,
+        seed: u64,
+        config: &Config,
+    ) -> Vec<Box<dyn Policy>> {
         let split = if topology.share_workers {
             topology.workers.max(1)
         } else {
             1
         };
-        let all = (0..topology.routers())
+        (0..topology.routers())
             .map(|r| {
                 let mut p = policy.build(servers, capacity_blocks, seed.wrapping_add(r as u64), config, split);
                 if topology.peers(r).next().is_some() {
@@ -190,14 +214,14 @@ impl Routers {
                 }
                 p
             })
-            .collect();
-        Routers {
-            topology,
-            all,
-            owner: vec![0; requests],
-            spread: Rng::new(seed ^ 0x7070),
-            last_forward: vec![f64::NEG_INFINITY; topology.gateways.max(1)],
-        }
+            .collect()
+    }
+
+    /// The gateway restarted: every router starts over as built (nothing learned, no
+    /// index, no in-flight requests). Events of requests routed before reach the new
+    /// routers, which do not know them, as a restarted filter would not.
+    pub fn restart(&mut self, policy: PolicyName, servers: usize, capacity_blocks: u64, seed: u64, config: &Config) {
+        self.all = Self::build_all(self.topology, policy, servers, capacity_blocks, seed, config);
     }
 
     /// Picks the router request `i` arrives at (replica, then worker, at random).
