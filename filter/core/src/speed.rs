@@ -379,7 +379,10 @@ mod tests {
         // Live samples then move it at the usual pace.
         s.on_counters(Some(150_000.0), Some(11.0), PRIOR, Millis(3000)); // 30k tokens/s
         let r = s.learned(Millis(3000)).unwrap();
-        assert!(r > 14_000.0 && r < 16_000.0, "one sample moves it a quarter of the way: {r}");
+        assert!(
+            r > 14_000.0 && r < 16_000.0,
+            "one sample moves it a quarter of the way: {r}"
+        );
     }
 
     #[test]
