@@ -94,7 +94,7 @@ pub fn matrix_cmd(a: &MatrixArgs) -> anyhow::Result<()> {
         let started = Instant::now();
         let (cap, cells) = kvroute_sim::matrix::cells(&setup, w, &requests, &a.loads, &a.policy, a.replicas, &|m| {
             eprintln!("  {m}")
-        });
+        })?;
         eprintln!("{w}: done in {:.0} s", started.elapsed().as_secs_f64());
         capacities.push(serde_json::json!({"workload": w, "capacity_req_s": cap, "requests": requests.len()}));
         all.extend(cells);

@@ -38,7 +38,7 @@ struct Seq {
     blocks: Vec<BlockId>,
     cached_tokens: Option<u64>,
     /// While it waits: the prefix it would find cached, as of its arrival (the oracle's
-    /// queued work is its prompt less this).
+    /// queued work is its prompt less this); 0 once preempted (its blocks were freed).
     expected_hit: u64,
     first_token: Option<f64>,
     /// Start of the first step that ran it (the end of its queueing).

@@ -337,7 +337,8 @@ pub struct TopologyArgs {
     news_flush_ms: f64,
     /// The gateway restarts at this second of the run (an Envoy restart, a wasm reload):
     /// every router starts over with nothing learned while the fleet keeps running; only
-    /// requests arriving from then on are reported.
+    /// requests arriving from then on are reported (evictions and preemptions count the
+    /// whole run). Must fall before the last arrival.
     #[arg(long)]
     restart_at_s: Option<f64>,
 }

@@ -185,13 +185,15 @@ pub fn cells(
     policies: &[PolicyName],
     replicas: u64,
     progress: &(dyn Fn(&str) + Sync),
-) -> (f64, Vec<Cell>) {
+) -> anyhow::Result<(f64, Vec<Cell>)> {
     let cap = capacity(setup, requests);
     progress(&format!("{name}: capacity {cap:.2} req/s"));
     let mut out = Vec::new();
     for load in loads {
         let rate = cap * f64::from(*load) / 100.0;
         let base = at_rate(requests, rate);
+        crate::replay::check_restart(&setup.topology, &base)
+            .map_err(|e| anyhow::anyhow!("{name} at {load}% load: {e}"))?;
         let run_replica = |k: u64| {
             let reqs = perturbed(&base, k);
             let setup = ReplaySetup {
@@ -228,7 +230,7 @@ pub fn cells(
             replicas: by_replica.into_iter().map(|(_, runs)| runs).collect(),
         });
     }
-    (cap, out)
+    Ok((cap, out))
 }
 
 /// Markdown: per cell, every policy's TTFT p50/p95/p99, throughput and hit rate, and

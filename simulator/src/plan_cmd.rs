@@ -109,7 +109,11 @@ pub fn plan_cmd(a: &PlanArgs) -> anyhow::Result<()> {
             scrape_interval_ms: a.scrape_interval_ms,
             seed: a.workload.seed,
             router_config,
-            topology: a.topology.topology()?,
+            topology: {
+                let t = a.topology.topology()?;
+                anyhow::ensure!(t.restart_at_ms.is_none(), "plan does not take --restart-at-s");
+                t
+            },
         },
         requests: &requests,
         objective: a.objective,

@@ -103,6 +103,22 @@ pub fn chat_body(model: &str, req: &SimRequest) -> String {
     .to_string()
 }
 
+/// A restart (`Topology::restart_at_ms`) must come before the last arrival: after it
+/// nothing would be reported.
+pub fn check_restart(topology: &Topology, requests: &[SimRequest]) -> anyhow::Result<()> {
+    let Some(at) = topology.restart_at_ms else {
+        return Ok(());
+    };
+    let last = requests.iter().map(|r| r.arrival_ms).fold(0.0, f64::max);
+    anyhow::ensure!(
+        at <= last,
+        "the restart at {:.1} s comes after the last arrival ({:.1} s): nothing would be reported",
+        at / 1000.0,
+        last / 1000.0
+    );
+    Ok(())
+}
+
 /// Runs `policy` over `requests` and reports per-request outcomes.
 pub fn run(setup: &ReplaySetup, policy: PolicyName, requests: &[SimRequest], progress: &dyn Fn(u64)) -> RunReport {
     run_until(setup, policy, requests, progress, &mut |_| false).0
@@ -136,14 +152,16 @@ pub fn run_until(
         heap: BinaryHeap::new(),
         seq: 0,
     };
+    // Queued first: a request arriving at the very moment of the restart meets the new
+    // routers.
+    if let Some(at) = topo.restart_at_ms {
+        q.push(at, Kind::Restart);
+    }
     for (i, r) in requests.iter().enumerate() {
         q.push(r.arrival_ms, Kind::Arrival(i));
     }
     if let Some(slow) = setup.slowdown {
         q.push(slow.at_ms, Kind::Slow);
-    }
-    if let Some(at) = topo.restart_at_ms {
-        q.push(at, Kind::Restart);
     }
     for g in 0..topo.gateways.max(1) {
         q.push(topo.scrape_phase_ms(g, setup.scrape_interval_ms), Kind::Scrape(g));
@@ -202,15 +220,19 @@ pub fn run_until(
                 }
             }
             Kind::Snapshot(r) => apply_snapshot(&mut routers, r, &scraped[topo.gateway_of(r)]),
-            Kind::Restart => routers.restart(
-                policy,
-                setup.servers,
-                setup.profile.num_gpu_blocks,
-                setup.seed,
-                &setup.router_config,
-            ),
+            Kind::Restart => {
+                routers.restart(
+                    policy,
+                    setup.servers,
+                    setup.profile.num_gpu_blocks,
+                    setup.seed,
+                    &setup.router_config,
+                );
+                // What the old routers sent each other dies with them.
+                mail.floor = mail.events.len();
+            }
             Kind::Peer(r, k) => {
-                if let Some(ev) = mail.events.get(k) {
+                if let Some(ev) = mail.events.get(k).filter(|_| k >= mail.floor) {
                     routers.all[r].on_peer_event(ev, now);
                 }
             }
@@ -269,6 +291,7 @@ pub fn run_until(
                         prompt_tokens: parsed.prompt_tokens.0,
                         engine_blocks: &blocks,
                     };
+                    routers.routing(i);
                     let pick = routers.all[r].admit(&incoming, &engines, now, false);
                     mail.send(&mut q, &mut routers, r, now);
                     let Pick::Server(s) = pick else { break };
@@ -293,13 +316,17 @@ pub fn run_until(
                     match ev {
                         Event::FirstToken { id, .. } => {
                             let r = routers.owner(id as usize);
-                            routers.all[r].on_first_token(s, id, now);
-                            mail.send(&mut q, &mut routers, r, now);
+                            if routers.routed_here(id as usize) {
+                                routers.all[r].on_first_token(s, id, now);
+                                mail.send(&mut q, &mut routers, r, now);
+                            }
                         }
                         Event::Finished(f) => {
                             let r = routers.owner(f.id as usize);
-                            routers.all[r].on_finished(s, &f, now);
-                            mail.send(&mut q, &mut routers, r, now);
+                            if routers.routed_here(f.id as usize) {
+                                routers.all[r].on_finished(s, &f, now);
+                                mail.send(&mut q, &mut routers, r, now);
+                            }
                             let id = f.id as usize;
                             let base = Record::from_finished(&f, s);
                             let held = gate.held_ms[id];
@@ -329,7 +356,8 @@ pub fn run_until(
             }
         }
     }
-    // After a restart only the requests that arrived from then on are reported.
+    // After a restart only the requests that arrived from then on are reported (evictions
+    // and preemptions still count the whole run).
     let reported = match topo.restart_at_ms {
         Some(at) => {
             for (r, req) in records.iter_mut().zip(requests) {
@@ -342,9 +370,11 @@ pub fn run_until(
         None => requests.len(),
     };
     let mut report = RunReport::build(&policy.to_string(), reported, records, &engines);
+    let from = topo.restart_at_ms.unwrap_or(f64::NEG_INFINITY);
     report.rejections = gate
         .rejected
         .iter()
+        .filter(|(i, _, _)| requests[*i].arrival_ms >= from)
         .map(|(i, since, at)| Rejection {
             arrival_ms: requests[*i].arrival_ms,
             waited_ms: at - since,
@@ -455,6 +485,8 @@ impl Gate {
 #[derive(Default)]
 struct Mailbox {
     events: Vec<PeerEvent>,
+    /// Events before this index were sent by routers that have since restarted.
+    floor: usize,
 }
 
 impl Mailbox {

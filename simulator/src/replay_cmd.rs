@@ -112,6 +112,7 @@ pub fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
             a.fleet.fleet.as_deref().unwrap_or("")
         );
     }
+    replay::check_restart(&setup.topology, &requests)?;
     let mut runs: Vec<RunReport> = Vec::new();
     for policy in &a.policy {
         let bar = ProgressBar::new(requests.len() as u64);

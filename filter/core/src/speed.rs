@@ -44,10 +44,11 @@
 //! when it holds `HISTORY_TOKENS`, the ratio of the sums establishes the rate at once. It
 //! counts every second as often as prefills shared it, so it reads low on a server that
 //! ran many at once; identical servers that ran alike read alike (the equal band absorbs
-//! the rest), and live samples replace it at the usual pace (replay `--restart-at-s`, 4
-//! H100 + 4 A100, TTFT p95 of the requests after the restart: multi-turn 101.7 → 50.7 ms,
-//! rag 259 → 165, Azure 4,297 → 3,260, shared-prefix 23.6 → 16.0; on 8 identical H100s
-//! no change).
+//! the rest), and live samples replace it at the usual pace. Like any learned rate it is
+//! forgotten after `FORGET_MS` without a sample, so a server it called slow is tried
+//! again. Replay `--restart-at-s`, 4 H100 + 4 A100, TTFT p95 of the requests after the
+//! restart: multi-turn 101.7 → 50.7 ms, rag 259 → 165, Azure 4,297 → 3,260,
+//! shared-prefix 23.6 → 16.0; on 8 identical H100s, also overloaded, no change.
 //!
 //! A sample measured in the first-token time the gateway sees instead (tokens it counted
 //! ahead, divided by the time to the first token) was tried first and dropped: its count of
@@ -91,10 +92,12 @@ struct Baseline {
 }
 
 impl Speed {
-    /// A scrape's cumulative prefill counters, taken at `now` (see the module note): a
-    /// sample once enough tokens were computed since the baseline, and, when the summed
-    /// seconds outgrew the wall time, once `MIN_WINDOW_MS` passed. A counter that went down
-    /// (the server restarted) starts a new baseline.
+    /// A scrape's cumulative prefill counters, taken at `now` (see the module note): the
+    /// first one is the baseline and, holding the server's history, may establish the rate
+    /// at once (`seed_from_history`); then a sample once enough tokens were computed since
+    /// the baseline, and, when the summed seconds outgrew the wall time, once
+    /// `MIN_WINDOW_MS` passed. A counter that went down (the server restarted) starts a new
+    /// baseline.
     pub fn on_counters(&mut self, tokens: Option<f64>, seconds: Option<f64>, prior: f64, now: Millis) {
         let (Some(tokens), Some(seconds)) = (tokens, seconds) else {
             return;
@@ -133,6 +136,9 @@ impl Speed {
             return;
         }
         let rate = (tokens / seconds).clamp(prior / CLAMP, prior * CLAMP);
+        if !rate.is_finite() {
+            return;
+        }
         self.log_rate = Some(rate.ln());
         self.samples = MIN_SAMPLES;
         self.last = Some(now);

@@ -233,7 +233,7 @@ fn phases_split_requests_by_arrival_and_evictions_by_time() {
 }
 
 #[test]
-fn a_gateway_restart_reports_the_requests_after_it_and_at_time_zero_changes_nothing() {
+fn a_gateway_restart_forgets_placements_reports_the_requests_after_it_and_at_zero_changes_nothing() {
     let reqs = small_shared_prefix(20.0);
     let restarted = |at_ms: f64| ReplaySetup {
         topology: Topology {
@@ -246,6 +246,16 @@ fn a_gateway_restart_reports_the_requests_after_it_and_at_time_zero_changes_noth
     let later = reqs.iter().filter(|r| r.arrival_ms >= at).count();
     let r = run(&restarted(at), PolicyName::Kvroute, &reqs, &|_| {});
     assert_eq!((r.requests, r.completed, r.failed), (later, later, 0));
+    // The restarted routers lost the prefix index: the same requests hit less than they
+    // did behind routers that kept it.
+    let kept = run(&setup(4), PolicyName::Kvroute, &reqs, &|_| {}).phase(at - 0.01, f64::INFINITY);
+    assert_eq!(kept.completed, later);
+    assert!(
+        r.prefix_hit_rate < kept.prefix_hit_rate,
+        "{} vs {}",
+        r.prefix_hit_rate,
+        kept.prefix_hit_rate
+    );
     assert_eq!(
         run(&restarted(0.0), PolicyName::Kvroute, &reqs, &|_| {}),
         run(&setup(4), PolicyName::Kvroute, &reqs, &|_| {}),

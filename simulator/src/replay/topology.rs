@@ -169,6 +169,10 @@ pub struct Routers {
     pub topology: Topology,
     pub all: Vec<Box<dyn Policy>>,
     owner: Vec<usize>,
+    /// How many restarts there were, and how many before each request was routed: a router
+    /// hears only of the requests it routed itself, as a restarted Envoy would.
+    restarts: u32,
+    routed_after: Vec<u32>,
     spread: Rng,
     /// When each replica last forwarded a batch to the others.
     last_forward: Vec<f64>,
@@ -188,6 +192,8 @@ impl Routers {
             topology,
             all: Self::build_all(topology, policy, servers, capacity_blocks, seed, config),
             owner: vec![0; requests],
+            restarts: 0,
+            routed_after: vec![0; requests],
             spread: Rng::new(seed ^ 0x7070),
             last_forward: vec![f64::NEG_INFINITY; topology.gateways.max(1)],
         }
@@ -218,10 +224,23 @@ impl Routers {
     }
 
     /// The gateway restarted: every router starts over as built (nothing learned, no
-    /// index, no in-flight requests). Events of requests routed before reach the new
-    /// routers, which do not know them, as a restarted filter would not.
+    /// index, no in-flight requests). The first tokens and completions of requests routed
+    /// before never reach the new routers (`routed_here`).
     pub fn restart(&mut self, policy: PolicyName, servers: usize, capacity_blocks: u64, seed: u64, config: &Config) {
         self.all = Self::build_all(self.topology, policy, servers, capacity_blocks, seed, config);
+        self.restarts += 1;
+    }
+
+    /// Request `i` is being routed now (at its arrival, or when a held request is sent).
+    pub fn routing(&mut self, i: usize) {
+        if let Some(r) = self.routed_after.get_mut(i) {
+            *r = self.restarts;
+        }
+    }
+
+    /// Whether request `i` was routed by the routers running now (not before a restart).
+    pub fn routed_here(&self, i: usize) -> bool {
+        self.routed_after.get(i).is_none_or(|r| *r == self.restarts)
     }
 
     /// Picks the router request `i` arrives at (replica, then worker, at random).
@@ -231,6 +250,7 @@ impl Routers {
         if let Some(o) = self.owner.get_mut(i) {
             *o = r;
         }
+        self.routing(i);
         r
     }
 
