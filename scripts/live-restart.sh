@@ -12,6 +12,21 @@ OUT=${OUT:-target/live-restart}
 SIM=target/release/kvroute-sim
 ENVOY=.venv/bin/envoy
 mkdir -p "$OUT"
+for port in 24000 24001 24002 24003 24004 24900 24901; do
+  if python3 -c "import socket,sys; s=socket.socket(); sys.exit(s.connect_ex(('127.0.0.1', $port)) != 0)"; then
+    echo "port $port is in use" >&2
+    exit 1
+  fi
+done
+# Polls until `$@` succeeds (up to 10 s).
+wait_for() {
+  for _ in $(seq 1 100); do
+    "$@" >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  echo "timed out waiting for: $*" >&2
+  return 1
+}
 python3 - "$OUT/envoy.yaml" <<'PY'
 import sys
 s = open("envoy/envoy.yaml").read()
@@ -24,14 +39,15 @@ PY
 SIM_PID=$!
 ENVOY_PID=
 trap 'kill $SIM_PID $ENVOY_PID 2>/dev/null || true' EXIT
-sleep 2
+for port in 24001 24002 24003 24004; do wait_for curl -sf "127.0.0.1:$port/metrics"; done
 for port in 24001 24002 24003 24004; do
   "$SIM" bench --workload rag --seed "$port" --url "http://127.0.0.1:$port" --duration 10 >/dev/null 2>&1 &
 done
 wait $(jobs -p | grep -v "^$SIM_PID$") 2>/dev/null || true
 "$ENVOY" -c "$OUT/envoy.yaml" --concurrency 2 --use-dynamic-base-id -l warning >"$OUT/envoy.log" 2>&1 &
 ENVOY_PID=$!
-sleep 2
+# Every server's rate, from the first scrape (none is learned from live samples yet).
+wait_for bash -c '[ "$(curl -s 127.0.0.1:24901/stats?filter=prefill_tokens_per_s | wc -l)" -ge 4 ]'
 echo "before any request through Envoy:"
 curl -s "127.0.0.1:24901/stats?filter=prefill_tokens_per_s" | tee "$OUT/rates-at-start.txt"
 "$SIM" bench --workload rag --seed 7 --url http://127.0.0.1:24900 --duration 20 --json "$OUT/bench.json" >/dev/null 2>&1
