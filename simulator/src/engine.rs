@@ -233,8 +233,7 @@ impl Engine {
     pub fn add(&mut self, spec: SeqSpec, now: f64) {
         debug_assert!(spec.output_tokens >= 1, "a request generates at least one token");
         let prefill_target = spec.prompt_tokens.max(1);
-        let usable_hits = (prefill_target - 1) / BLOCK_TOKENS;
-        let expected_hit = (self.kv.cached_prefix(&spec.block_hashes) as u64).min(usable_hits) * BLOCK_TOKENS;
+        let expected_hit = self.hit_blocks(&spec.block_hashes, prefill_target) as u64 * BLOCK_TOKENS;
         self.waiting.push_back(Seq {
             spec,
             arrival: now,
@@ -319,11 +318,17 @@ impl Engine {
         true
     }
 
+    /// Leading blocks of `hashes` cached now, short of the prompt's last token (one token
+    /// must be computed to produce the first output).
+    fn hit_blocks(&self, hashes: &[u64], prefill_target: u64) -> usize {
+        let usable = ((prefill_target - 1) / BLOCK_TOKENS) as usize;
+        self.kv.cached_prefix(hashes).min(usable)
+    }
+
     /// Admits the head of the queue if it fits; returns the tokens it computes this step.
     fn admit(&mut self, budget: u64) -> Option<u64> {
         let s = self.waiting.front()?;
-        let usable_hits = ((s.prefill_target - 1) / BLOCK_TOKENS) as usize;
-        let hits = self.kv.cached_prefix(&s.spec.block_hashes).min(usable_hits);
+        let hits = self.hit_blocks(&s.spec.block_hashes, s.prefill_target);
         let hashes = s.spec.block_hashes.clone();
         let acquired = self.kv.acquire_cached(&hashes, hits);
         let hit_tokens = acquired.len() as u64 * BLOCK_TOKENS;

@@ -221,13 +221,7 @@ pub fn run_until(
             }
             Kind::Snapshot(r) => apply_snapshot(&mut routers, r, &scraped[topo.gateway_of(r)]),
             Kind::Restart => {
-                routers.restart(
-                    policy,
-                    setup.servers,
-                    setup.profile.num_gpu_blocks,
-                    setup.seed,
-                    &setup.router_config,
-                );
+                routers.restart();
                 // What the old routers sent each other dies with them.
                 mail.floor = mail.events.len();
             }

@@ -132,16 +132,13 @@ impl Speed {
     /// they hold as many tokens as the samples that establish a rate (`HISTORY_TOKENS`),
     /// their ratio establishes it at once (see the module note on gateways that restart).
     fn seed_from_history(&mut self, tokens: f64, seconds: f64, prior: f64, now: Millis) {
-        if tokens < HISTORY_TOKENS as f64 || seconds <= 0.0 || !(prior.is_finite() && prior > 0.0) {
+        if tokens < HISTORY_TOKENS as f64 || seconds <= 0.0 {
             return;
         }
-        let rate = (tokens / seconds).clamp(prior / CLAMP, prior * CLAMP);
-        if !rate.is_finite() {
-            return;
+        self.observe(tokens as u64, (seconds * 1000.0).round() as u64, prior, now);
+        if self.log_rate.is_some() {
+            self.samples = self.samples.max(MIN_SAMPLES);
         }
-        self.log_rate = Some(rate.ln());
-        self.samples = MIN_SAMPLES;
-        self.last = Some(now);
     }
 
     /// One sample: `tokens` computed in `ms` milliseconds of prefill.

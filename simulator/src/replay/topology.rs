@@ -164,10 +164,43 @@ impl Topology {
     }
 }
 
+/// What every router of the topology is built from.
+struct Build {
+    policy: PolicyName,
+    servers: usize,
+    capacity_blocks: u64,
+    seed: u64,
+    config: Config,
+}
+
+impl Build {
+    fn routers(&self, topology: Topology) -> Vec<Box<dyn Policy>> {
+        let split = if topology.share_workers {
+            topology.workers.max(1)
+        } else {
+            1
+        };
+        (0..topology.routers())
+            .map(|r| {
+                let seed = self.seed.wrapping_add(r as u64);
+                let mut p = self
+                    .policy
+                    .build(self.servers, self.capacity_blocks, seed, &self.config, split);
+                if topology.peers(r).next().is_some() {
+                    p.share_with_peers(topology.origin(r));
+                }
+                p
+            })
+            .collect()
+    }
+}
+
 /// Every router of the topology, and which one routed each request.
 pub struct Routers {
     pub topology: Topology,
     pub all: Vec<Box<dyn Policy>>,
+    /// How the routers are built (again at a restart).
+    build: Build,
     owner: Vec<usize>,
     /// How many restarts there were, and how many before each request was routed: a router
     /// hears only of the requests it routed itself, as a restarted Envoy would.
@@ -188,9 +221,17 @@ impl Routers {
         config: &Config,
         requests: usize,
     ) -> Routers {
+        let build = Build {
+            policy,
+            servers,
+            capacity_blocks,
+            seed,
+            config: config.clone(),
+        };
         Routers {
             topology,
-            all: Self::build_all(topology, policy, servers, capacity_blocks, seed, config),
+            all: build.routers(topology),
+            build,
             owner: vec![0; requests],
             restarts: 0,
             routed_after: vec![0; requests],
@@ -199,35 +240,11 @@ impl Routers {
         }
     }
 
-    fn build_all(
-        topology: Topology,
-        policy: PolicyName,
-        servers: usize,
-        capacity_blocks: u64,
-        seed: u64,
-        config: &Config,
-    ) -> Vec<Box<dyn Policy>> {
-        let split = if topology.share_workers {
-            topology.workers.max(1)
-        } else {
-            1
-        };
-        (0..topology.routers())
-            .map(|r| {
-                let mut p = policy.build(servers, capacity_blocks, seed.wrapping_add(r as u64), config, split);
-                if topology.peers(r).next().is_some() {
-                    p.share_with_peers(topology.origin(r));
-                }
-                p
-            })
-            .collect()
-    }
-
     /// The gateway restarted: every router starts over as built (nothing learned, no
     /// index, no in-flight requests). The first tokens and completions of requests routed
     /// before never reach the new routers (`routed_here`).
-    pub fn restart(&mut self, policy: PolicyName, servers: usize, capacity_blocks: u64, seed: u64, config: &Config) {
-        self.all = Self::build_all(self.topology, policy, servers, capacity_blocks, seed, config);
+    pub fn restart(&mut self) {
+        self.all = self.build.routers(self.topology);
         self.restarts += 1;
     }
 
