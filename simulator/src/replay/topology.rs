@@ -47,7 +47,9 @@ pub struct Topology {
     pub gateway_interval_ms: f64,
     /// 0: a worker's events leave at its next tick. Otherwise only a batch holding a
     /// placement that is news (most of its prompt uncached where it went) leaves then; the
-    /// rest leave on this slower grid (an experiment: fewer segments for the workers to read).
+    /// rest leave on this slower grid, to the gateway's other workers and (with
+    /// `gateway_interval_ms`) to the other replicas: the filter's `share.hits_on_tick`, whose
+    /// worker writes what is not news to the log at its tick (`share.tick_ms`).
     pub news_flush_ms: f64,
     /// The gateway restarts then: every router is rebuilt with nothing learned, while the
     /// fleet keeps its caches, queues and counters (`Routers::restart`).
@@ -289,8 +291,16 @@ impl Routers {
     fn arrivals(&mut self, router: usize, now: f64, events: &[PeerEvent]) -> Vec<(usize, f64)> {
         let t = self.topology;
         let g = t.gateway_of(router);
+        let news = events.iter().any(PeerEvent::is_news);
+        // When the batch is in the process's log: at the worker's next tick, or with
+        // `news_flush_ms` (what is not news) on that slower grid.
+        let held = (t.news_flush_ms > 0.0 && !news).then(|| {
+            let w = router % t.workers.max(1);
+            let phase = t.news_flush_ms * (w as f64 + 0.5) / t.workers.max(1) as f64;
+            phase + ((now - phase) / t.news_flush_ms).ceil().max(0.0) * t.news_flush_ms
+        });
         let leaves = (t.gateway_interval_ms > 0.0 && t.share_gateways).then(|| {
-            let flushed = t.next_tick_ms(router, now);
+            let flushed = held.unwrap_or_else(|| t.next_tick_ms(router, now));
             let placement = events.iter().any(|e| matches!(e, PeerEvent::Routed { .. }));
             let earliest = if placement {
                 flushed
@@ -302,12 +312,6 @@ impl Routers {
             let at = phase + ((earliest - phase) / SERVICE_TICK_MS).ceil() * SERVICE_TICK_MS;
             self.last_forward[g] = self.last_forward[g].max(at);
             at
-        });
-        let news = events.iter().any(PeerEvent::is_news);
-        let held = (t.news_flush_ms > 0.0 && !news).then(|| {
-            let w = router % t.workers.max(1);
-            let phase = t.news_flush_ms * (w as f64 + 0.5) / t.workers.max(1) as f64;
-            phase + ((now - phase) / t.news_flush_ms).ceil().max(0.0) * t.news_flush_ms
         });
         t.peers(router)
             .map(|peer| match (leaves, held) {
@@ -391,6 +395,44 @@ mod tests {
         assert!((101.25..101.3).contains(&at), "the next one at the tick after: {at}");
         let at = remote(&routers.arrivals(2, 101.2, &[first_token]));
         assert!((106.25..106.3).contains(&at), "the rest waits for the interval: {at}");
+        // Hits on the tick: a hit reaches the log (and so the service) only at its worker's
+        // flush; news leaves as before.
+        let flushing = Topology {
+            news_flush_ms: 2.0,
+            ..leading
+        };
+        let mut routers = Routers::new(
+            flushing,
+            PolicyName::Kvroute,
+            4,
+            1000,
+            0,
+            &Config::from_json(b"{}").unwrap(),
+            8,
+        );
+        let news = PeerEvent::Routed {
+            key: 2,
+            endpoint: kvroute_core::EndpointId::new("10.0.0.1:8000"),
+            blocks: vec![],
+            prompt_tokens: kvroute_core::Tokens(10),
+            uncached: kvroute_core::Tokens(10),
+            at: kvroute_core::Millis(0),
+        };
+        let hit = PeerEvent::Routed {
+            key: 3,
+            endpoint: kvroute_core::EndpointId::new("10.0.0.1:8000"),
+            blocks: vec![],
+            prompt_tokens: kvroute_core::Tokens(10),
+            uncached: kvroute_core::Tokens(1),
+            at: kvroute_core::Millis(0),
+        };
+        let at = remote(&routers.arrivals(0, 99.6, std::slice::from_ref(&news)));
+        assert!((100.25..100.3).contains(&at), "news leaves at once: {at}");
+        let at = remote(&routers.arrivals(0, 99.6, &[hit]));
+        assert!(
+            (101.25..101.3).contains(&at),
+            "a hit waits for its worker's flush (100.25), then the service's tick: {at}"
+        );
         let near = replicas.peer_delivery_ms(0, 1, 0.0);
         let far = replicas.peer_delivery_ms(0, 5, 0.0);
         assert!((21.25..=31.25).contains(&far), "a flush, 20 ms, a tick: {far}");
