@@ -335,6 +335,10 @@ pub struct TopologyArgs {
     /// many ms (0: everything at the tick).
     #[arg(long, default_value_t = 0.0)]
     news_flush_ms: f64,
+    /// With --news-flush-ms: a placement also leaves at once when the worker's last batch
+    /// left at least that long before (the filter's `hits_on_tick`, rate-limited).
+    #[arg(long)]
+    hits_when_quiet: bool,
     /// The gateway restarts at this second of the run (an Envoy restart, a wasm reload):
     /// every router starts over with nothing learned while the fleet keeps running; only
     /// requests arriving from then on are reported (evictions and preemptions count the
@@ -368,6 +372,7 @@ impl TopologyArgs {
             gateway_delay_ms: self.gateway_delay_ms,
             gateway_interval_ms: self.gateway_interval_ms,
             news_flush_ms: self.news_flush_ms,
+            hits_when_quiet: self.hits_when_quiet,
             restart_at_ms: self.restart_at_s.map(|s| s * 1000.0),
         })
     }

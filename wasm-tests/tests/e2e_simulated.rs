@@ -17,7 +17,19 @@ fn simulated_fleet_keeps_prefix_groups_together_and_survives_a_crash() {
     let (rt, base) = kvroute_sim::serve::start_in_background(profile, 4, 20.0).unwrap();
     let ports: Vec<u16> = (base..base + 4).collect();
     let envoy = Envoy::start("envoy.yaml", &ports, |t| t).unwrap();
-    std::thread::sleep(Duration::from_millis(800));
+    // Every server scraped before the first request (a fixed sleep was not always enough on
+    // a loaded 2-core machine: a server not scraped yet is no candidate), then a worker tick.
+    let healthy = "wasmcustom.kvroute.scrape.healthy_endpoints";
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while envoy.stat(healthy) < 4 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        envoy.stat(healthy),
+        4,
+        "the four servers were not all scraped within 10 s"
+    );
+    std::thread::sleep(Duration::from_millis(300));
     let url = format!("http://127.0.0.1:{}", envoy.port);
 
     // 8 groups × 6 prompts sharing a 2048-token system prompt.

@@ -283,7 +283,8 @@ pub struct RawShare {
     /// Also exchange around each routing decision (not only on the tick).
     pub on_request: bool,
     /// With `on_request`: a decision publishes at once only a placement that is news (a
-    /// cold or moved prefix); prefix hits wait for the tick (`PeerEvent::is_news`).
+    /// cold or moved prefix); prefix hits wait for the tick (`PeerEvent::is_news`) while the
+    /// worker published within the last two ticks.
     pub hits_on_tick: bool,
     /// Gateway replicas (other Envoy processes) to exchange the same events with; off when
     /// absent.

@@ -51,6 +51,10 @@ pub struct Topology {
     /// `gateway_interval_ms`) to the other replicas: the filter's `share.hits_on_tick`, whose
     /// worker writes what is not news to the log at its tick (`share.tick_ms`).
     pub news_flush_ms: f64,
+    /// With `news_flush_ms`: a batch holding a placement also leaves at once when the
+    /// router's last batch left over two `news_flush_ms` before (the filter's rate limit on
+    /// `hits_on_tick`: a quiet worker publishes a hit at once, a busy one on its tick).
+    pub hits_when_quiet: bool,
     /// The gateway restarts then: every router is rebuilt with nothing learned, while the
     /// fleet keeps its caches, queues and counters (`Routers::restart`).
     pub restart_at_ms: Option<f64>,
@@ -70,6 +74,7 @@ impl Default for Topology {
             gateway_delay_ms: 0.0,
             gateway_interval_ms: 0.0,
             news_flush_ms: 0.0,
+            hits_when_quiet: false,
             restart_at_ms: None,
         }
     }
@@ -211,6 +216,8 @@ pub struct Routers {
     spread: Rng,
     /// When each replica last forwarded a batch to the others.
     last_forward: Vec<f64>,
+    /// When each router's last batch left (`Topology::hits_when_quiet`).
+    last_flush: Vec<f64>,
 }
 
 impl Routers {
@@ -239,6 +246,7 @@ impl Routers {
             routed_after: vec![0; requests],
             spread: Rng::new(seed ^ 0x7070),
             last_forward: vec![f64::NEG_INFINITY; topology.gateways.max(1)],
+            last_flush: vec![f64::NEG_INFINITY; topology.routers()],
         }
     }
 
@@ -292,16 +300,19 @@ impl Routers {
         let t = self.topology;
         let g = t.gateway_of(router);
         let news = events.iter().any(PeerEvent::is_news);
+        let placement = events.iter().any(|e| matches!(e, PeerEvent::Routed { .. }));
+        // The filter: nothing published for over two ticks, in whole milliseconds (one more).
+        let quiet = t.hits_when_quiet && placement && now - self.last_flush[router] >= 2.0 * t.news_flush_ms + 1.0;
         // When the batch is in the process's log: at the worker's next tick, or with
         // `news_flush_ms` (what is not news) on that slower grid.
-        let held = (t.news_flush_ms > 0.0 && !news).then(|| {
+        let held = (t.news_flush_ms > 0.0 && !news && !quiet).then(|| {
             let w = router % t.workers.max(1);
             let phase = t.news_flush_ms * (w as f64 + 0.5) / t.workers.max(1) as f64;
             phase + ((now - phase) / t.news_flush_ms).ceil().max(0.0) * t.news_flush_ms
         });
+        self.last_flush[router] = self.last_flush[router].max(held.unwrap_or(now));
         let leaves = (t.gateway_interval_ms > 0.0 && t.share_gateways).then(|| {
             let flushed = held.unwrap_or_else(|| t.next_tick_ms(router, now));
-            let placement = events.iter().any(|e| matches!(e, PeerEvent::Routed { .. }));
             let earliest = if placement {
                 flushed
             } else {
