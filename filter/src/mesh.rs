@@ -15,7 +15,8 @@
 //!   shared-data lock; applying an event is cheaper than reading it): a writer that read the
 //!   head and everything up to it reserves the next number with one compare-and-swap from
 //!   that read (two host calls otherwise), so with `share.on_request` a decision costs the
-//!   head read, the peers' new segments, that swap and the write.
+//!   head read, the peers' new segments, that swap and the write (the read at most once per
+//!   millisecond per worker: `peers`).
 //! - A segment reserved but not written yet (its writer is between the two calls) is waited
 //!   for, up to `UNWRITTEN_WAIT_MS`, then skipped; a reader lapped by `SLOTS` segments skips
 //!   what was overwritten. Both count as lost events (`mesh.events_lost`).

@@ -339,6 +339,10 @@ pub struct TopologyArgs {
     /// left at least that long before (the filter's `hits_on_tick`, rate-limited).
     #[arg(long)]
     hits_when_quiet: bool,
+    /// Workers read their peers' events at most once per millisecond before a decision (the
+    /// filter): every event reaches a peer at the next whole millisecond (an upper bound).
+    #[arg(long)]
+    read_once_per_ms: bool,
     /// The gateway restarts at this second of the run (an Envoy restart, a wasm reload):
     /// every router starts over with nothing learned while the fleet keeps running; only
     /// requests arriving from then on are reported (evictions and preemptions count the
@@ -373,6 +377,7 @@ impl TopologyArgs {
             gateway_interval_ms: self.gateway_interval_ms,
             news_flush_ms: self.news_flush_ms,
             hits_when_quiet: self.hits_when_quiet,
+            read_once_per_ms: self.read_once_per_ms,
             restart_at_ms: self.restart_at_s.map(|s| s * 1000.0),
         })
     }

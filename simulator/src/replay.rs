@@ -249,6 +249,7 @@ pub fn run_until(
                         prompt_tokens: parsed.prompt_tokens.0,
                         engine_blocks: &blocks,
                     };
+                    routers.deciding(r, now);
                     let pick = routers.all[r].admit(&incoming, &engines, now, sheddable);
                     mail.send(&mut q, &mut routers, r, now);
                     pick
@@ -286,6 +287,7 @@ pub fn run_until(
                         engine_blocks: &blocks,
                     };
                     routers.routing(i);
+                    routers.deciding(r, now);
                     let pick = routers.all[r].admit(&incoming, &engines, now, false);
                     mail.send(&mut q, &mut routers, r, now);
                     let Pick::Server(s) = pick else { break };

@@ -55,6 +55,10 @@ pub struct Topology {
     /// router's last batch left over two `news_flush_ms` before (the filter's rate limit on
     /// `hits_on_tick`: a quiet worker publishes a hit at once, a busy one on its tick).
     pub hits_when_quiet: bool,
+    /// A worker reads its peers' events at most once per wall-clock millisecond before its
+    /// decisions (the filter's `share.on_request`): an event reaching a worker that already
+    /// read in that millisecond waits for the next one (`Routers::deciding`).
+    pub read_once_per_ms: bool,
     /// The gateway restarts then: every router is rebuilt with nothing learned, while the
     /// fleet keeps its caches, queues and counters (`Routers::restart`).
     pub restart_at_ms: Option<f64>,
@@ -75,6 +79,7 @@ impl Default for Topology {
             gateway_interval_ms: 0.0,
             news_flush_ms: 0.0,
             hits_when_quiet: false,
+            read_once_per_ms: false,
             restart_at_ms: None,
         }
     }
@@ -218,6 +223,8 @@ pub struct Routers {
     last_forward: Vec<f64>,
     /// When each router's last batch left (`Topology::hits_when_quiet`).
     last_flush: Vec<f64>,
+    /// When each router last read its peers before a decision (`Topology::read_once_per_ms`).
+    last_read: Vec<f64>,
 }
 
 impl Routers {
@@ -247,6 +254,7 @@ impl Routers {
             spread: Rng::new(seed ^ 0x7070),
             last_forward: vec![f64::NEG_INFINITY; topology.gateways.max(1)],
             last_flush: vec![f64::NEG_INFINITY; topology.routers()],
+            last_read: vec![f64::NEG_INFINITY; topology.routers()],
         }
     }
 
@@ -279,6 +287,16 @@ impl Routers {
         }
         self.routing(i);
         r
+    }
+
+    /// Router `r` is about to route a request: it reads its peers unless it read within
+    /// this millisecond already (`Topology::read_once_per_ms`).
+    pub fn deciding(&mut self, r: usize, now: f64) {
+        if let Some(last) = self.last_read.get_mut(r) {
+            if last.floor() != now.floor() {
+                *last = now;
+            }
+        }
     }
 
     pub fn owner(&self, i: usize) -> usize {
@@ -324,13 +342,21 @@ impl Routers {
             self.last_forward[g] = self.last_forward[g].max(at);
             at
         });
+        let last_read = &self.last_read;
+        let read = |peer: usize, at: f64| {
+            if t.read_once_per_ms && last_read[peer].floor() == at.floor() {
+                at.ceil()
+            } else {
+                at
+            }
+        };
         t.peers(router)
             .map(|peer| match (leaves, held) {
                 (Some(at), _) if t.gateway_of(peer) != g => {
-                    (peer, t.next_tick_ms(peer, at + t.gateway_delay_ms + 1e-6))
+                    (peer, read(peer, t.next_tick_ms(peer, at + t.gateway_delay_ms + 1e-6)))
                 }
-                (_, Some(at)) if t.gateway_of(peer) == g => (peer, t.next_tick_ms(peer, at + 1e-6)),
-                _ => (peer, t.peer_delivery_ms(router, peer, now)),
+                (_, Some(at)) if t.gateway_of(peer) == g => (peer, read(peer, t.next_tick_ms(peer, at + 1e-6))),
+                _ => (peer, read(peer, t.peer_delivery_ms(router, peer, now))),
             })
             .collect()
     }
@@ -444,6 +470,30 @@ mod tests {
             (101.25..101.3).contains(&at),
             "a hit waits for its worker's flush (100.25), then the service's tick: {at}"
         );
+        // Reading once per millisecond: a worker that read at 10.2 sees an event of 10.5 at 11;
+        // one that has not read in that millisecond, at once.
+        let one = Topology {
+            gateways: 1,
+            workers: 3,
+            tick_ms: 0.01,
+            read_once_per_ms: true,
+            ..Topology::default()
+        };
+        let mut routers = Routers::new(
+            one,
+            PolicyName::Kvroute,
+            4,
+            1000,
+            0,
+            &Config::from_json(b"{}").unwrap(),
+            8,
+        );
+        routers.deciding(0, 10.2);
+        routers.deciding(0, 10.4);
+        let to = routers.arrivals(1, 10.5, std::slice::from_ref(&news));
+        let at = |r: usize| to.iter().find(|(p, _)| *p == r).map(|(_, at)| *at).unwrap();
+        assert_eq!(at(0), 11.0, "read at 10.2: waits for the next millisecond");
+        assert!(at(2) < 10.6, "not read yet in this millisecond: at once ({})", at(2));
         let near = replicas.peer_delivery_ms(0, 1, 0.0);
         let far = replicas.peer_delivery_ms(0, 5, 0.0);
         assert!((21.25..=31.25).contains(&far), "a flush, 20 ms, a tick: {far}");
