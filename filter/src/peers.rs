@@ -36,7 +36,7 @@ pub struct Peers {
     /// `share.on_request`: also exchange around each routing decision.
     on_request: bool,
     /// `share.hits_on_tick`: after a decision, publish at once only news, or anything when
-    /// this worker has published nothing for over a tick (`after_route`).
+    /// this worker has published nothing for over two ticks (`publish_at_once`).
     hits_on_tick: bool,
     /// When this worker last published events (ms).
     last_push: Cell<u64>,

@@ -336,11 +336,12 @@ pub struct TopologyArgs {
     #[arg(long, default_value_t = 0.0)]
     news_flush_ms: f64,
     /// With --news-flush-ms: a placement also leaves at once when the worker's last batch
-    /// left at least that long before (the filter's `hits_on_tick`, rate-limited).
+    /// left over two flush periods (+ 1 ms) before (the filter's `hits_on_tick`, a rate limit).
     #[arg(long)]
     hits_when_quiet: bool,
     /// Workers read their peers' events at most once per millisecond before a decision (the
-    /// filter): every event reaches a peer at the next whole millisecond (an upper bound).
+    /// filter): an event reaching a worker that already read in that millisecond waits for
+    /// the next one.
     #[arg(long)]
     read_once_per_ms: bool,
     /// The gateway restarts at this second of the run (an Envoy restart, a wasm reload):

@@ -226,7 +226,10 @@ pub fn run_until(
                 mail.floor = mail.events.len();
             }
             Kind::Peer(r, k) => {
-                if let Some(ev) = mail.events.get(k).filter(|_| k >= mail.floor) {
+                if let Some(later) = routers.unread_until(r, now) {
+                    // The worker already read its peers in this millisecond.
+                    q.push(later, Kind::Peer(r, k));
+                } else if let Some(ev) = mail.events.get(k).filter(|_| k >= mail.floor) {
                     routers.all[r].on_peer_event(ev, now);
                 }
             }

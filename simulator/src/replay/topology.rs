@@ -57,7 +57,7 @@ pub struct Topology {
     pub hits_when_quiet: bool,
     /// A worker reads its peers' events at most once per wall-clock millisecond before its
     /// decisions (the filter's `share.on_request`): an event reaching a worker that already
-    /// read in that millisecond waits for the next one (`Routers::deciding`).
+    /// read in that millisecond waits for the next one (`Routers::deciding`, `unread_until`).
     pub read_once_per_ms: bool,
     /// The gateway restarts then: every router is rebuilt with nothing learned, while the
     /// fleet keeps its caches, queues and counters (`Routers::restart`).
@@ -264,6 +264,8 @@ impl Routers {
     pub fn restart(&mut self) {
         self.all = self.build.routers(self.topology);
         self.restarts += 1;
+        self.last_flush.fill(f64::NEG_INFINITY);
+        self.last_read.fill(f64::NEG_INFINITY);
     }
 
     /// Request `i` is being routed now (at its arrival, or when a held request is sent).
@@ -297,6 +299,14 @@ impl Routers {
                 *last = now;
             }
         }
+    }
+
+    /// With `read_once_per_ms`: an event reaching router `r` at `now` after it already read
+    /// its peers in this millisecond waits for the next one (returned).
+    pub fn unread_until(&self, r: usize, now: f64) -> Option<f64> {
+        let read = self.last_read.get(r)?;
+        (self.topology.read_once_per_ms && read.floor() == now.floor() && *read <= now && now.fract() > 0.0)
+            .then(|| now.ceil())
     }
 
     pub fn owner(&self, i: usize) -> usize {
@@ -342,21 +352,13 @@ impl Routers {
             self.last_forward[g] = self.last_forward[g].max(at);
             at
         });
-        let last_read = &self.last_read;
-        let read = |peer: usize, at: f64| {
-            if t.read_once_per_ms && last_read[peer].floor() == at.floor() {
-                at.ceil()
-            } else {
-                at
-            }
-        };
         t.peers(router)
             .map(|peer| match (leaves, held) {
                 (Some(at), _) if t.gateway_of(peer) != g => {
-                    (peer, read(peer, t.next_tick_ms(peer, at + t.gateway_delay_ms + 1e-6)))
+                    (peer, t.next_tick_ms(peer, at + t.gateway_delay_ms + 1e-6))
                 }
-                (_, Some(at)) if t.gateway_of(peer) == g => (peer, read(peer, t.next_tick_ms(peer, at + 1e-6))),
-                _ => (peer, read(peer, t.peer_delivery_ms(router, peer, now))),
+                (_, Some(at)) if t.gateway_of(peer) == g => (peer, t.next_tick_ms(peer, at + 1e-6)),
+                _ => (peer, t.peer_delivery_ms(router, peer, now)),
             })
             .collect()
     }
@@ -365,6 +367,30 @@ impl Routers {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn build(topology: Topology) -> Routers {
+        Routers::new(
+            topology,
+            PolicyName::Kvroute,
+            4,
+            1000,
+            0,
+            &Config::from_json(b"{}").unwrap(),
+            8,
+        )
+    }
+
+    /// A placement of a 10-token prompt, `uncached` of it uncached where it went.
+    fn routed(key: u64, uncached: u64) -> PeerEvent {
+        PeerEvent::Routed {
+            key,
+            endpoint: kvroute_core::EndpointId::new("10.0.0.1:8000"),
+            blocks: vec![],
+            prompt_tokens: kvroute_core::Tokens(10),
+            uncached: kvroute_core::Tokens(uncached),
+            at: kvroute_core::Millis(0),
+        }
+    }
 
     #[test]
     fn ticks_are_spread_and_delivery_takes_a_flush_and_a_read() {
@@ -404,31 +430,16 @@ mod tests {
             tick_ms: 0.01,
             ..replicas
         };
-        let mut routers = Routers::new(
-            leading,
-            PolicyName::Kvroute,
-            4,
-            1000,
-            0,
-            &Config::from_json(b"{}").unwrap(),
-            8,
-        );
-        let routed = PeerEvent::Routed {
-            key: 1,
-            endpoint: kvroute_core::EndpointId::new("10.0.0.1:8000"),
-            blocks: vec![],
-            prompt_tokens: kvroute_core::Tokens(10),
-            uncached: kvroute_core::Tokens(10),
-            at: kvroute_core::Millis(0),
-        };
+        let mut routers = build(leading);
+        let placed = routed(1, 10);
         let first_token = PeerEvent::FirstToken { key: 1 };
         let remote = |to: &[(usize, f64)]| to.iter().find(|(r, _)| *r == 5).map(|(_, at)| *at).unwrap();
-        let at = remote(&routers.arrivals(0, 99.6, std::slice::from_ref(&routed)));
+        let at = remote(&routers.arrivals(0, 99.6, std::slice::from_ref(&placed)));
         assert!(
             (100.25..100.3).contains(&at),
             "a placement leaves at the service's next ms tick: {at}"
         );
-        let at = remote(&routers.arrivals(1, 100.5, &[routed]));
+        let at = remote(&routers.arrivals(1, 100.5, &[placed]));
         assert!((101.25..101.3).contains(&at), "the next one at the tick after: {at}");
         let at = remote(&routers.arrivals(2, 101.2, &[first_token]));
         assert!((106.25..106.3).contains(&at), "the rest waits for the interval: {at}");
@@ -438,34 +449,12 @@ mod tests {
             news_flush_ms: 2.0,
             ..leading
         };
-        let mut routers = Routers::new(
-            flushing,
-            PolicyName::Kvroute,
-            4,
-            1000,
-            0,
-            &Config::from_json(b"{}").unwrap(),
-            8,
-        );
-        let news = PeerEvent::Routed {
-            key: 2,
-            endpoint: kvroute_core::EndpointId::new("10.0.0.1:8000"),
-            blocks: vec![],
-            prompt_tokens: kvroute_core::Tokens(10),
-            uncached: kvroute_core::Tokens(10),
-            at: kvroute_core::Millis(0),
-        };
-        let hit = PeerEvent::Routed {
-            key: 3,
-            endpoint: kvroute_core::EndpointId::new("10.0.0.1:8000"),
-            blocks: vec![],
-            prompt_tokens: kvroute_core::Tokens(10),
-            uncached: kvroute_core::Tokens(1),
-            at: kvroute_core::Millis(0),
-        };
+        let mut routers = build(flushing);
+        let news = routed(2, 10);
+        let hit = routed(3, 1);
         let at = remote(&routers.arrivals(0, 99.6, std::slice::from_ref(&news)));
         assert!((100.25..100.3).contains(&at), "news leaves at once: {at}");
-        let at = remote(&routers.arrivals(0, 99.6, &[hit]));
+        let at = remote(&routers.arrivals(0, 99.6, std::slice::from_ref(&hit)));
         assert!(
             (101.25..101.3).contains(&at),
             "a hit waits for its worker's flush (100.25), then the service's tick: {at}"
@@ -479,21 +468,34 @@ mod tests {
             read_once_per_ms: true,
             ..Topology::default()
         };
-        let mut routers = Routers::new(
-            one,
-            PolicyName::Kvroute,
-            4,
-            1000,
-            0,
-            &Config::from_json(b"{}").unwrap(),
-            8,
-        );
+        let mut routers = build(one);
         routers.deciding(0, 10.2);
         routers.deciding(0, 10.4);
-        let to = routers.arrivals(1, 10.5, std::slice::from_ref(&news));
-        let at = |r: usize| to.iter().find(|(p, _)| *p == r).map(|(_, at)| *at).unwrap();
-        assert_eq!(at(0), 11.0, "read at 10.2: waits for the next millisecond");
-        assert!(at(2) < 10.6, "not read yet in this millisecond: at once ({})", at(2));
+        assert_eq!(routers.unread_until(0, 10.5), Some(11.0), "read at 10.2: waits for 11");
+        assert_eq!(routers.unread_until(2, 10.5), None, "not read yet in this millisecond");
+        assert_eq!(routers.unread_until(0, 11.0), None, "the next millisecond");
+        routers.deciding(2, 10.7);
+        assert_eq!(
+            routers.unread_until(2, 10.9),
+            Some(11.0),
+            "a read after the event was sent counts"
+        );
+        // Quiet workers' hits: at once when the worker's last batch left over two flush
+        // periods (+ 1 ms) before, else on the flush grid.
+        let quiet = Topology {
+            hits_when_quiet: true,
+            ..flushing
+        };
+        let mut routers = build(quiet);
+        let at = remote(&routers.arrivals(0, 99.6, std::slice::from_ref(&hit)));
+        assert!(
+            (100.25..100.3).contains(&at),
+            "a quiet worker's hit leaves at once: {at}"
+        );
+        let at = remote(&routers.arrivals(0, 100.0, std::slice::from_ref(&hit)));
+        assert!((101.25..101.3).contains(&at), "one that just published waits: {at}");
+        let at = remote(&routers.arrivals(0, 106.3, &[hit]));
+        assert!((107.25..107.3).contains(&at), "quiet again 6.3 ms later: {at}");
         let near = replicas.peer_delivery_ms(0, 1, 0.0);
         let far = replicas.peer_delivery_ms(0, 5, 0.0);
         assert!((21.25..=31.25).contains(&far), "a flush, 20 ms, a tick: {far}");
