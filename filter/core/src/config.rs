@@ -225,6 +225,13 @@ pub struct RawCost {
     /// prefill adds to the decodes running on a server (running × its prefill ms) enters
     /// the cost at this weight, so long prefills keep away from decode-heavy servers.
     pub phase_weight: f64,
+    /// The share of the progress first tokens suggest a server made on its oldest prompt in
+    /// prefill that is taken off its pending prefill (`Endpoint::prefill_left`); 0 keeps a
+    /// prompt's whole length pending until its first token.
+    pub progress_credit: f64,
+    /// The context length at which a prompt token's attention costs as much as the rest of
+    /// its compute (`speed::prefill_work`; 0: every token alike).
+    pub attention_tokens: f64,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -420,6 +427,11 @@ impl Default for RawCost {
             lora_load_ms: 50.0,
             learn_speeds: true,
             phase_weight: 0.0,
+            progress_credit: 0.5,
+            // Per token, the dense layers cost 2 × params FLOPs and attention 4 × layers ×
+            // hidden size × position: equal at params / (2 × layers × hidden). Llama-3.1-8B:
+            // 8.0e9 / (2 × 32 × 4096) ≈ 30.6k; 70B: 53k.
+            attention_tokens: 30_000.0,
         }
     }
 }

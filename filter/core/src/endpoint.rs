@@ -8,7 +8,9 @@
 use crate::fleet::EnvoyHealth;
 use crate::health::Health;
 use crate::metrics::VllmMetrics;
-use crate::speed::{Speed, TtftBias};
+use std::collections::BTreeMap;
+
+use crate::speed::{self, PrefillPace, Speed, TtftBias};
 use crate::types::{EndpointId, Millis, Tokens};
 
 pub type Slot = u16;
@@ -29,6 +31,13 @@ pub struct Endpoint {
     /// Uncached prompt tokens of this gateway's requests here that have not produced a first
     /// token yet: prefill work the gateway knows is queued or running, whatever the scrape says.
     pub pending_prefill_tokens: Tokens,
+    /// The same requests one by one, oldest first, by (routed at, request key). The first is
+    /// the one the server is taken to be prefilling now.
+    pub prefilling: BTreeMap<(Millis, u64), Prefill>,
+    /// When the oldest of them last produced its first token here.
+    pub front_done_at: Option<Millis>,
+    /// How fast those first tokens came (see `speed::PrefillPace`).
+    pub pace: PrefillPace,
     /// It has reported `prompt_tokens_details` (vLLM's `--enable-prompt-tokens-details`): from
     /// it, `usage` without details means nothing was cached.
     pub reports_cached: bool,
@@ -47,6 +56,14 @@ pub struct Endpoint {
     pub refused_until: Option<Millis>,
 }
 
+/// A request of this gateway's that has no first token yet.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Prefill {
+    /// Its prompt tokens the router expects cached where it went.
+    pub cached: Tokens,
+    pub uncached: Tokens,
+}
+
 impl Endpoint {
     fn new(id: EndpointId, slot: Slot) -> Self {
         Self {
@@ -59,6 +76,9 @@ impl Endpoint {
             sent_since_scrape: 0,
             sent_tokens_since_scrape: Tokens(0),
             pending_prefill_tokens: Tokens(0),
+            prefilling: BTreeMap::new(),
+            front_done_at: None,
+            pace: PrefillPace::default(),
             reports_cached: false,
             envoy: EnvoyHealth::Serve,
             priority: 0,
@@ -67,6 +87,36 @@ impl Endpoint {
             ttft_bias: TtftBias::default(),
             refused_until: None,
         }
+    }
+
+    /// When the server could start on its oldest request still prefilling: that request's
+    /// routing, or the previous oldest one's first token if that came later.
+    pub fn front_started(&self) -> Option<Millis> {
+        let ((routed_at, _), _) = self.prefilling.first_key_value()?;
+        Some(self.front_done_at.map_or(*routed_at, |done| done.max(*routed_at)))
+    }
+
+    /// The prefill this gateway's requests here still need: `pending_prefill_tokens` less
+    /// `credit` × the progress of the oldest since it could start, at the pace first tokens
+    /// showed (never more than that request's own tokens; a token's cost grows with its
+    /// position, `speed::prefill_work`). The plain pending count keeps a
+    /// prompt's whole uncached length until its first token, so a server halfway through a
+    /// long prompt reads as busy as one that has not begun. Full credit reads busy servers as
+    /// free too early (the pace is an average; the replay measured more hits but slower
+    /// TTFT), so the configured credit is a part of it (`cost.progress_credit`). With no pace
+    /// known yet it is the pending count.
+    pub fn prefill_left(&self, now: Millis, credit: f64, attention_tokens: f64) -> Tokens {
+        let pending = self.pending_prefill_tokens;
+        let (Some(per_ms), Some(started), Some((_, front))) = (
+            self.pace.per_ms(),
+            self.front_started(),
+            self.prefilling.first_key_value(),
+        ) else {
+            return pending;
+        };
+        let work = credit * per_ms * now.since(started) as f64;
+        let progressed = speed::tokens_for_work(front.cached.0 as f64, work, attention_tokens);
+        pending.saturating_sub(Tokens((progressed as u64).min(front.uncached.0)))
     }
 
     /// Whether it says it serves `model`: in `/v1/models`, as a base model in its metrics,

@@ -11,7 +11,8 @@
 //!   larger of two lower bounds: the scraped waiting requests times the gateway's running
 //!   mean of uncached tokens per request plus the uncached tokens sent since the scrape, and
 //!   the uncached tokens of this gateway's requests there that have no first token yet
-//!   (prefills already running are invisible in vLLM's metrics). The `work_weight` share
+//!   (prefills already running are invisible in vLLM's metrics), less part of the progress
+//!   the oldest of them made since it could start (`Endpoint::prefill_left`). The `work_weight` share
 //!   charges the prefill this request adds to the fleet, which delays the requests after
 //!   it: without it a greedy TTFT estimate sees no difference between joining a sibling
 //!   that is still prefilling the same prefix and recomputing that prefix elsewhere. The
@@ -26,7 +27,7 @@
 use crate::config::{Config, PolicyKind};
 use crate::endpoint::Endpoint;
 use crate::metrics::VllmMetrics;
-use crate::speed::SAME_WITHIN;
+use crate::speed::{PACE_SAME_WITHIN, SAME_WITHIN};
 use crate::types::{BlockHash, Cost, EndpointId, Millis, Tokens};
 
 /// A candidate endpoint that passed the hard filters.
@@ -56,6 +57,8 @@ pub struct ScoreContext {
     pub now: Millis,
     /// The candidates' median learned prefill rate, if any learned one (`typical_rate`).
     pub typical_rate: Option<f64>,
+    /// The candidates' median prefill pace (`typical_pace`), if any has one.
+    pub typical_pace: Option<f64>,
 }
 
 /// A policy's score split into its terms (all zero but `cost` for non-`cost` policies).
@@ -107,7 +110,11 @@ pub fn predicted_ttft(config: &Config, c: &Candidate, ctx: &ScoreContext) -> Ter
     // gateways' traffic) plus what this gateway sent since, and this gateway's own requests
     // there still without a first token (which also covers prefills already running).
     let scraped = c.metrics.waiting as f64 * ctx.mean_uncached_tokens + c.endpoint.sent_tokens_since_scrape.0 as f64;
-    let queued_tokens = scraped.max(c.endpoint.pending_prefill_tokens.0 as f64);
+    let queued_tokens = scraped.max(
+        c.endpoint
+            .prefill_left(ctx.now, p.progress_credit, p.attention_tokens)
+            .0 as f64,
+    );
     let own = (1.0 + p.work_weight * (1.0 + ctx.fleet_backlog)) * c.uncached.0 as f64;
     // This server's own speed where it is known (`speed`); a slower server's decode steps
     // are slower in the same proportion.
@@ -133,18 +140,26 @@ pub fn predicted_ttft(config: &Config, c: &Candidate, ctx: &ScoreContext) -> Ter
 
 /// How many requests queue at the least-loaded candidate: how overloaded the whole fleet
 /// is (`ScoreContext::fleet_backlog`). A candidate's queue is the larger of its scraped
-/// waiting requests and the prefill this gateway knows is pending there, counted in
+/// waiting requests and the prefill this gateway knows is pending there (less the progress
+/// credited to the prompt in prefill, `Endpoint::prefill_left`), counted in
 /// requests of `mean_uncached_tokens` less the one being prefilled. vLLM's waiting count
 /// alone misses most of it: chunked prefill admits requests to the running batch long
 /// before their prefill starts, so a fleet of long prompts can be seconds of prefill behind
 /// with nothing waiting (replay, Mooncake trace at 110% load: the waiting count read 0 in
 /// 96% of decisions, this count in 75%, and the hit rate went from 19.7% to 25.3%).
-pub fn fleet_backlog<'a>(cands: impl IntoIterator<Item = &'a Candidate<'a>>, mean_uncached_tokens: f64) -> f64 {
+pub fn fleet_backlog<'a>(
+    config: &Config,
+    cands: impl IntoIterator<Item = &'a Candidate<'a>>,
+    mean_uncached_tokens: f64,
+    now: Millis,
+) -> f64 {
     let per_request = mean_uncached_tokens.max(1.0);
+    let p = config.cost();
     cands
         .into_iter()
         .map(|c| {
-            let pending = c.endpoint.pending_prefill_tokens.0 as f64 / per_request - 1.0;
+            let pending =
+                c.endpoint.prefill_left(now, p.progress_credit, p.attention_tokens).0 as f64 / per_request - 1.0;
             (c.metrics.waiting as f64).max(pending).max(0.0)
         })
         .fold(f64::INFINITY, f64::min)
@@ -171,17 +186,43 @@ pub fn typical_rate(config: &Config, cands: &[Candidate], now: Millis) -> Option
     rates.get(rates.len() / 2).copied()
 }
 
+/// The median of the candidates' prefill paces (`speed::PrefillPace`), if any has one.
+pub fn typical_pace(config: &Config, cands: &[Candidate]) -> Option<f64> {
+    if !config.cost().learn_speeds {
+        return None;
+    }
+    let mut paces: Vec<f64> = cands.iter().filter_map(|c| c.endpoint.pace.per_ms()).collect();
+    paces.sort_by(f64::total_cmp);
+    paces.get(paces.len() / 2).copied()
+}
+
 /// The prefill rate a candidate is scored with: its learned rate when it differs from the
 /// fleet's typical rate by more than `speed::SAME_WITHIN`, else the typical rate (identical
-/// servers stay identical); the typical rate for a server not learned yet; the configured
-/// rate when nothing is learned or learning is off.
+/// servers stay identical). A server with no learned rate yet is placed by its prefill pace
+/// against the candidates' median pace (`speed::PrefillPace`): vLLM adds a request's prefill
+/// time to its metrics only when the request finishes, which at long outputs takes many
+/// seconds, while the first tokens the pace counts come right after the prefill. Paces
+/// include waits behind decode steps and spread more, so only one beyond
+/// `speed::PACE_SAME_WITHIN` of the median counts. The configured rate stands in for the
+/// typical rate while none is learned, and is used alone when learning is off.
 fn server_rate(config: &Config, c: &Candidate, ctx: &ScoreContext) -> f64 {
     let prior = config.cost().prefill_tokens_per_s;
-    let Some(typical) = ctx.typical_rate else {
+    if !config.cost().learn_speeds {
         return prior;
+    }
+    let typical = ctx.typical_rate.unwrap_or(prior);
+    let by_pace = || {
+        let (pace, typical_pace) = (c.endpoint.pace.per_ms()?, ctx.typical_pace?);
+        Some((typical * pace / typical_pace, PACE_SAME_WITHIN))
     };
-    match c.endpoint.speed.learned(ctx.now) {
-        Some(own) if (own / typical).max(typical / own) > SAME_WITHIN => own,
+    let own = c
+        .endpoint
+        .speed
+        .learned(ctx.now)
+        .map(|rate| (rate, SAME_WITHIN))
+        .or_else(by_pace);
+    match own {
+        Some((own, within)) if (own / typical).max(typical / own) > within => own,
         _ => typical,
     }
 }
@@ -252,6 +293,7 @@ mod tests {
     fn the_backlog_counts_prefills_queued_in_the_running_batch() {
         let mut table = EndpointTable::default();
         table.replace(&[EndpointId::new("10.0.0.1:8000"), EndpointId::new("10.0.0.2:8000")]);
+        let config = Config::from_json(b"{}").unwrap();
         // Nothing waits anywhere, but 40k and 100k tokens of this gateway's prompts have no
         // first token yet: 4 and 10 requests of 10k, one of them prefilling.
         table.rows_mut()[0].pending_prefill_tokens = Tokens(40_000);
@@ -262,19 +304,68 @@ mod tests {
             ..VllmMetrics::default()
         };
         assert_eq!(
-            fleet_backlog(&cands(&table, [&idle, &idle]), 10_000.0),
+            fleet_backlog(&config, &cands(&table, [&idle, &idle]), 10_000.0, Millis(0)),
             3.0,
             "the least-loaded server's queue"
         );
         assert_eq!(
-            fleet_backlog(&cands(&table, [&busy, &idle]), 10_000.0),
+            fleet_backlog(&config, &cands(&table, [&busy, &idle]), 10_000.0, Millis(0)),
             5.0,
             "waiting counts when it is more"
         );
         assert_eq!(
-            fleet_backlog(&cands(&table, [&idle, &idle]), 80_000.0),
+            fleet_backlog(&config, &cands(&table, [&idle, &idle]), 80_000.0, Millis(0)),
             0.0,
             "one request prefilling is no queue"
         );
+    }
+
+    #[test]
+    fn a_server_with_no_learned_rate_is_placed_by_its_pace_when_it_is_far_off() {
+        let config = Config::from_json(b"{}").unwrap();
+        let mut table = EndpointTable::default();
+        let ids: Vec<EndpointId> = (1..=3).map(|i| EndpointId::new(format!("10.0.0.{i}:8000"))).collect();
+        table.replace(&ids);
+        // First tokens came 4× slower from the third server, 1.5× from the second.
+        for (row, ms) in [(0, 100), (1, 150), (2, 400)] {
+            for _ in 0..3 {
+                table.rows_mut()[row].pace.observe(3000.0, ms);
+            }
+        }
+        let idle = VllmMetrics::default();
+        let cands: Vec<Candidate> = table
+            .rows()
+            .iter()
+            .map(|endpoint| Candidate {
+                endpoint,
+                metrics: &idle,
+                matched_blocks: 0,
+                uncached: Tokens(1000),
+            })
+            .collect();
+        let ctx = |typical_pace| ScoreContext {
+            total_blocks: 0,
+            fleet_backlog: 0.0,
+            mean_uncached_tokens: 0.0,
+            rotation: 0,
+            seed: 0,
+            now: Millis(0),
+            typical_rate: None,
+            typical_pace,
+        };
+        let ms = |ctx: &ScoreContext| -> Vec<f64> {
+            cands.iter().map(|c| predicted_ttft(&config, c, ctx).ttft_ms).collect()
+        };
+        let paced = ctx(typical_pace(&config, &cands));
+        let [fast, near, slow] = ms(&paced)[..] else { panic!() };
+        assert_eq!(fast, near, "within 2x of the median pace: typical");
+        assert!(
+            (slow / near - 400.0 / 150.0).abs() < 1e-9,
+            "past 2x: its own pace ({slow} vs {near})"
+        );
+        // The configured rate stands in for the typical one: 1000 tokens at 20k/s.
+        assert!((near - 50.0).abs() < 1e-9, "{near}");
+        let unpaced = ctx(None);
+        assert!(ms(&unpaced).iter().all(|m| (m - 50.0).abs() < 1e-9));
     }
 }

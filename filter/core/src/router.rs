@@ -76,6 +76,7 @@ pub struct RouterStats {
 
 #[derive(Clone, Debug)]
 struct Inflight {
+    key: u64,
     endpoint: EndpointId,
     /// When it was routed: it counts in the endpoint's `sent_since_scrape` while the
     /// endpoint's metrics were taken before then (they cannot show it yet).
@@ -296,12 +297,13 @@ impl Router {
         let just_cands: Vec<Candidate> = cands.iter().map(|(_, c)| Candidate { ..*c }).collect();
         let ctx = ScoreContext {
             total_blocks: req.blocks.len(),
-            fleet_backlog: policy::fleet_backlog(&just_cands, self.mean_uncached),
+            fleet_backlog: policy::fleet_backlog(&self.config, &just_cands, self.mean_uncached, now),
             mean_uncached_tokens: self.mean_uncached,
             rotation: self.rotation,
             seed: self.config.seed(),
             now,
             typical_rate: policy::typical_rate(&self.config, &just_cands, now),
+            typical_pace: policy::typical_pace(&self.config, &just_cands),
         };
         if let Some(outcome) = self.hold(&just_cands, &ctx) {
             return Decision {

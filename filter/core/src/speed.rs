@@ -55,6 +55,13 @@
 //! tokens ahead includes prefills already under way, so a busier server looked faster, drew
 //! more traffic and looked faster still (replay, 8 identical H100s: one server's share rose
 //! to 24%).
+//!
+//! vLLM observes a request's prefill time when the request *finishes*, so at long outputs a
+//! server's first sample comes many seconds after its first prefill (replay, 4 H100 + 4
+//! A100, rag at 130%: the A100s had computed nothing in vLLM's sums 13 s into the run). Until
+//! a rate is learned, `PrefillPace` (one request at a time, timed from when the server could
+//! start on it, so prefills under way do not count) places a server that is far off the
+//! fleet's median pace (`policy::server_rate`).
 
 use crate::types::Millis;
 
@@ -67,6 +74,11 @@ pub const MIN_TOKENS: u64 = 2048;
 pub const HISTORY_TOKENS: u64 = MIN_SAMPLES as u64 * MIN_TOKENS;
 /// Rates within this factor of the fleet's typical rate count as equal to it.
 pub const SAME_WITHIN: f64 = 1.5;
+/// A server with no learned rate yet whose prefill pace is within this factor of the
+/// fleet's median pace counts as typical (`policy::server_rate`): wider than `SAME_WITHIN`,
+/// as paces include waits behind decode steps (replay, 8 identical H100s, Azure trace at 80%:
+/// at 1.5 TTFT p95 +5.7% over 11 replicas, at 2 unchanged).
+pub const PACE_SAME_WITHIN: f64 = 2.0;
 /// Wall time a sample spans at least when the summed prefill seconds outgrew it.
 pub const MIN_WINDOW_MS: u64 = 2000;
 /// A learned rate with no new sample for this long falls back to the configured one.
@@ -245,9 +257,89 @@ impl TtftBias {
     }
 }
 
+/// The work of prefilling `uncached` tokens after `cached` ones, in tokens at position 0: a
+/// token's attention grows with its position, so its cost is `1 + position /
+/// attention_tokens` (`cost.attention_tokens`; 0 counts every token alike).
+pub fn prefill_work(cached: f64, uncached: f64, attention_tokens: f64) -> f64 {
+    if attention_tokens <= 0.0 {
+        return uncached;
+    }
+    uncached * (1.0 + (2.0 * cached + uncached) / (2.0 * attention_tokens))
+}
+
+/// How many tokens after `cached` ones `work` (as `prefill_work` counts it) computes: the
+/// inverse of `prefill_work`.
+pub fn tokens_for_work(cached: f64, work: f64, attention_tokens: f64) -> f64 {
+    if attention_tokens <= 0.0 {
+        return work.max(0.0);
+    }
+    let k = attention_tokens;
+    let b = 1.0 + cached / k;
+    (k * ((b * b + 2.0 * work.max(0.0) / k).sqrt() - b)).max(0.0)
+}
+
+/// How fast a server gets through this gateway's prompts, as first tokens show it: the
+/// work (`prefill_work`) of the request it was taken to be prefilling (the oldest of this
+/// gateway's requests there without a first token: vLLM schedules first come, first served)
+/// over the time from when it could start on it (its routing, or the previous such first
+/// token there) to its first token. Decayed sums over about the last ten such requests.
+/// It is a pace, not the server's rate: it includes what slowed that prefill down (decode
+/// steps, other gateways' prompts, a response that only starts when it ends), so it errs
+/// towards slow. `Endpoint::prefill_left` uses it to take the progress of the prompt in
+/// prefill off the pending count.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PrefillPace {
+    work: f64,
+    ms: f64,
+    samples: u32,
+}
+
+impl PrefillPace {
+    /// Samples needed before `per_ms` answers.
+    pub const MIN_SAMPLES: u32 = 3;
+
+    pub fn observe(&mut self, work: f64, ms: u64) {
+        self.work = 0.9 * self.work + work;
+        self.ms = 0.9 * self.ms + ms.max(1) as f64;
+        self.samples = self.samples.saturating_add(1);
+    }
+
+    /// Work per ms, once `MIN_SAMPLES` samples arrived.
+    pub fn per_ms(&self) -> Option<f64> {
+        (self.samples >= Self::MIN_SAMPLES && self.ms > 0.0).then(|| self.work / self.ms)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn later_tokens_of_a_prompt_cost_more_and_work_converts_back_to_tokens() {
+        assert_eq!(prefill_work(0.0, 1000.0, 0.0), 1000.0);
+        // 0 → 30k tokens at 30k: the mean position is half of it, so 1.5 × the tokens.
+        assert!((prefill_work(0.0, 30_000.0, 30_000.0) - 45_000.0).abs() < 1e-6);
+        // At 30k tokens of context a token costs about twice one at the start.
+        assert!(prefill_work(30_000.0, 1000.0, 30_000.0) > 1.9 * prefill_work(0.0, 1000.0, 30_000.0));
+        for (cached, tokens) in [(0.0, 5000.0), (12_000.0, 777.0), (40_000.0, 20_000.0)] {
+            let work = prefill_work(cached, tokens, 30_000.0);
+            assert!((tokens_for_work(cached, work, 30_000.0) - tokens).abs() < 1e-6);
+        }
+        assert_eq!(tokens_for_work(100.0, -5.0, 30_000.0), 0.0);
+    }
+
+    #[test]
+    fn a_pace_needs_three_first_tokens() {
+        let mut pace = PrefillPace::default();
+        pace.observe(1000.0, 100);
+        pace.observe(1000.0, 100);
+        assert_eq!(pace.per_ms(), None);
+        pace.observe(1000.0, 0);
+        let per_ms = pace.per_ms().unwrap();
+        // 0.81 × 1000 + 0.9 × 1000 + 1000 over 0.81 × 100 + 0.9 × 100 + 1 (a 0 ms sample
+        // counts as 1 ms).
+        assert!((per_ms - 2710.0 / 172.0).abs() < 1e-9, "{per_ms}");
+    }
 
     const PRIOR: f64 = 20_000.0;
 

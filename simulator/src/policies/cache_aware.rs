@@ -206,7 +206,7 @@ impl Policy for Oracle {
             .collect();
         let ctx = ScoreContext {
             total_blocks: req.engine_blocks.len(),
-            fleet_backlog: fleet_backlog(&cands, self.mean_uncached),
+            fleet_backlog: fleet_backlog(&self.config, &cands, self.mean_uncached, now),
             // The true queued prefill is in `pending_prefill_tokens`; the scraped estimate
             // (waiting × mean) must not add to it.
             mean_uncached_tokens: 0.0,
@@ -214,6 +214,7 @@ impl Policy for Oracle {
             seed: 0,
             now,
             typical_rate: typical_rate(&self.config, &cands, now),
+            typical_pace: None,
         };
         let costs: Vec<f64> = cands
             .iter()

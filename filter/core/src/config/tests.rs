@@ -77,6 +77,14 @@ fn out_of_range_numbers_are_rejected() {
         parse(r#"{"health": {"stale_after_ms": 100}}"#).unwrap_err().field,
         "health.stale_after_ms"
     );
+    for (json, field) in [
+        (r#"{"cost": {"progress_credit": 1.5}}"#, "cost.progress_credit"),
+        (r#"{"cost": {"progress_credit": -0.1}}"#, "cost.progress_credit"),
+        (r#"{"cost": {"attention_tokens": -1}}"#, "cost.attention_tokens"),
+    ] {
+        assert_eq!(parse(json).unwrap_err().field, field, "{json}");
+    }
+    assert!(parse(r#"{"cost": {"progress_credit": 0, "attention_tokens": 0}}"#).is_ok());
 }
 
 #[test]

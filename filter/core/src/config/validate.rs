@@ -153,6 +153,7 @@ pub(super) fn validate_scoring(raw: &RawConfig) -> Result<(), ConfigError> {
         ("cost.work_weight", c.work_weight),
         ("cost.lora_load_ms", c.lora_load_ms),
         ("cost.phase_weight", c.phase_weight),
+        ("cost.attention_tokens", c.attention_tokens),
     ] {
         if !(v.is_finite() && v >= 0.0) {
             return Err(reject(field, format!("({v}) must be a non-negative number")));
@@ -162,6 +163,12 @@ pub(super) fn validate_scoring(raw: &RawConfig) -> Result<(), ConfigError> {
         return Err(reject(
             "cost.kv_pressure_threshold",
             format!("({}) must be in [0, 1)", c.kv_pressure_threshold),
+        ));
+    }
+    if !(0.0..=1.0).contains(&c.progress_credit) {
+        return Err(reject(
+            "cost.progress_credit",
+            format!("({}) must be in [0, 1]", c.progress_credit),
         ));
     }
     if !(0.0..=1.0).contains(&c.cold_tolerance) {

@@ -7,10 +7,12 @@
 use super::RouteRequest;
 use super::{Completion, Inflight, Router, MAX_INFLIGHT};
 use crate::decision::Decision;
+use crate::endpoint::Prefill;
 use crate::fleet::FleetState;
 use crate::health::Flip;
 use crate::metrics::VllmMetrics;
 use crate::peer::{origin_of, request_key, PeerEvent};
+use crate::speed;
 use crate::types::{BlockHash, EndpointId, Millis, Tokens};
 
 /// A request routed at `routed_at` is load the endpoint's metrics (taken at `scraped_at`)
@@ -91,6 +93,7 @@ impl Router {
         self.rotation = self.rotation.wrapping_add(1);
         self.mean_uncached = 0.9 * self.mean_uncached + 0.1 * uncached.0 as f64;
         let record = Inflight {
+            key,
             endpoint: endpoint.clone(),
             routed_at,
             prefilling: true,
@@ -101,6 +104,10 @@ impl Router {
         };
         if let Some(old) = self.inflight.insert(key, record) {
             self.release(&old);
+        }
+        if let Some(e) = self.table.get_mut(endpoint) {
+            let cached = prompt_tokens.saturating_sub(uncached);
+            e.prefilling.insert((routed_at, key), Prefill { cached, uncached });
         }
         if self.inflight.len() > MAX_INFLIGHT {
             // Lost completions must not pin load forever: release the oldest request (a scan,
@@ -243,21 +250,37 @@ impl Router {
                 e.ttft_bias.observe(r.predicted_ttft_ms, observed, now);
             }
         }
-        if self.prefill_done(key) {
+        if self.prefill_done(key, now) {
             self.tell_peers(|| PeerEvent::FirstToken { key });
         }
     }
 
-    fn prefill_done(&mut self, key: u64) -> bool {
+    /// Request `key` produced its first token at `now` (as far as this router knows: a
+    /// peer's arrives a tick or two late).
+    fn prefill_done(&mut self, key: u64, now: Millis) -> bool {
         let Some(record) = self.inflight.get_mut(&key) else {
             return false;
         };
         if !std::mem::replace(&mut record.prefilling, false) {
             return false;
         }
-        let uncached = record.uncached;
+        let (uncached, routed_at) = (record.uncached, record.routed_at);
+        let cached = record.prompt_tokens.saturating_sub(uncached);
+        let attention_tokens = self.config.cost().attention_tokens;
         if let Some(e) = self.table.get_mut(&record.endpoint) {
             e.pending_prefill_tokens = e.pending_prefill_tokens.saturating_sub(uncached);
+            if e.prefilling
+                .first_key_value()
+                .is_some_and(|(first, _)| *first == (routed_at, key))
+            {
+                // The request taken to be in prefill finished: one sample of the pace, and
+                // the next one starts now.
+                let started = e.front_started().unwrap_or(routed_at);
+                let work = speed::prefill_work(cached.0 as f64, uncached.0 as f64, attention_tokens);
+                e.pace.observe(work, now.since(started));
+                e.front_done_at = Some(now);
+            }
+            e.prefilling.remove(&(routed_at, key));
         }
         true
     }
@@ -289,7 +312,7 @@ impl Router {
                 }
             }
             PeerEvent::FirstToken { key } => {
-                self.prefill_done(*key);
+                self.prefill_done(*key, now);
             }
             PeerEvent::Completed {
                 key,
@@ -342,6 +365,7 @@ impl Router {
             e.inflight = e.inflight.saturating_sub(1);
             if record.prefilling {
                 e.pending_prefill_tokens = e.pending_prefill_tokens.saturating_sub(record.uncached);
+                e.prefilling.remove(&(record.routed_at, record.key));
             }
             if unseen_by_scrape(e.scraped_at, record.routed_at) {
                 e.sent_since_scrape = e.sent_since_scrape.saturating_sub(1);

@@ -1281,3 +1281,54 @@ fn a_refused_request_leaves_no_prefix_where_it_was_refused() {
     let (e, pending) = inflight_on(&r, &chosen);
     assert_eq!((e, pending), (0, Tokens(0)), "and its load is released");
 }
+
+#[test]
+fn the_prompt_in_prefill_counts_less_as_its_pace_says_it_progresses() {
+    let mut r = router(PolicyKind::Cost, &idle(1));
+    let cfg = r.config().cost().clone();
+    let left = |r: &Router, at: Millis| r.endpoints()[0].prefill_left(at, cfg.progress_credit, cfg.attention_tokens);
+    let mut at = T0;
+    // Three prompts of 64 blocks prefilled one after another, 100 ms each: the pace.
+    for id in 1..=3 {
+        let q = req(id, 64);
+        let d = r.route(&q, at);
+        r.on_routed(id, &q, &d, at);
+        assert_eq!(
+            left(&r, at.plus(50)),
+            q.prompt_tokens,
+            "no pace known yet: the whole prompt"
+        );
+        at = at.plus(100);
+        r.on_first_token(id, at);
+        r.on_completed(id, &done_at(Some(ep(0)), None), at);
+    }
+    assert!(r.endpoints()[0].pace.per_ms().is_some());
+    // Two more: the older is in prefill, the newer waits behind it.
+    let (a, b) = (req(11, 64), req(12, 64));
+    for (id, q) in [(11, &a), (12, &b)] {
+        let d = r.route(q, at);
+        r.on_routed(id, q, &d, at);
+    }
+    let whole = a.prompt_tokens.saturating_add(b.prompt_tokens);
+    assert_eq!(left(&r, at), whole);
+    // Halfway through the first one's expected prefill: half of that progress is credited
+    // (`progress_credit`), a quarter of its work, and a little more in tokens (its first
+    // tokens cost less than its last).
+    let taken = whole.0 - left(&r, at.plus(50)).0;
+    let quarter = a.prompt_tokens.0 / 4;
+    assert!(
+        taken > quarter && taken < quarter * 11 / 10,
+        "{taken} of {}",
+        a.prompt_tokens.0
+    );
+    // Long past it: never more than the first prompt is taken off.
+    assert_eq!(left(&r, at.plus(10_000)), b.prompt_tokens);
+    // The first one's first token: the second starts from then.
+    r.on_first_token(11, at.plus(120));
+    assert_eq!(left(&r, at.plus(120)), b.prompt_tokens);
+    assert!(left(&r, at.plus(170)) < b.prompt_tokens);
+    // A request that ends without a first token leaves the queue too.
+    r.on_completed(12, &done_at(Some(ep(0)), None), at.plus(180));
+    assert_eq!(left(&r, at.plus(200)), Tokens(0));
+    assert!(r.endpoints()[0].prefilling.is_empty());
+}
