@@ -108,7 +108,7 @@ impl Endpoint {
     pub fn prefill_left(&self, now: Millis, credit: f64, attention_tokens: f64) -> Tokens {
         let pending = self.pending_prefill_tokens;
         let (Some(per_ms), Some(started), Some((_, front))) = (
-            self.pace.per_ms(),
+            self.pace.per_ms(now),
             self.front_started(),
             self.prefilling.first_key_value(),
         ) else {

@@ -187,11 +187,11 @@ pub fn typical_rate(config: &Config, cands: &[Candidate], now: Millis) -> Option
 }
 
 /// The median of the candidates' prefill paces (`speed::PrefillPace`), if any has one.
-pub fn typical_pace(config: &Config, cands: &[Candidate]) -> Option<f64> {
+pub fn typical_pace(config: &Config, cands: &[Candidate], now: Millis) -> Option<f64> {
     if !config.cost().learn_speeds {
         return None;
     }
-    let mut paces: Vec<f64> = cands.iter().filter_map(|c| c.endpoint.pace.per_ms()).collect();
+    let mut paces: Vec<f64> = cands.iter().filter_map(|c| c.endpoint.pace.per_ms(now)).collect();
     paces.sort_by(f64::total_cmp);
     paces.get(paces.len() / 2).copied()
 }
@@ -212,7 +212,7 @@ fn server_rate(config: &Config, c: &Candidate, ctx: &ScoreContext) -> f64 {
     }
     let typical = ctx.typical_rate.unwrap_or(prior);
     let by_pace = || {
-        let (pace, typical_pace) = (c.endpoint.pace.per_ms()?, ctx.typical_pace?);
+        let (pace, typical_pace) = (c.endpoint.pace.per_ms(ctx.now)?, ctx.typical_pace?);
         Some((typical * pace / typical_pace, PACE_SAME_WITHIN))
     };
     let own = c
@@ -329,7 +329,7 @@ mod tests {
         // First tokens came 4× slower from the third server, 1.5× from the second.
         for (row, ms) in [(0, 100), (1, 150), (2, 400)] {
             for _ in 0..3 {
-                table.rows_mut()[row].pace.observe(3000.0, ms);
+                table.rows_mut()[row].pace.observe(3000, 3000.0, ms, Millis(0));
             }
         }
         let idle = VllmMetrics::default();
@@ -356,7 +356,7 @@ mod tests {
         let ms = |ctx: &ScoreContext| -> Vec<f64> {
             cands.iter().map(|c| predicted_ttft(&config, c, ctx).ttft_ms).collect()
         };
-        let paced = ctx(typical_pace(&config, &cands));
+        let paced = ctx(typical_pace(&config, &cands, Millis(0)));
         let [fast, near, slow] = ms(&paced)[..] else { panic!() };
         assert_eq!(fast, near, "within 2x of the median pace: typical");
         assert!(

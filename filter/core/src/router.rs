@@ -303,7 +303,7 @@ impl Router {
             seed: self.config.seed(),
             now,
             typical_rate: policy::typical_rate(&self.config, &just_cands, now),
-            typical_pace: policy::typical_pace(&self.config, &just_cands),
+            typical_pace: policy::typical_pace(&self.config, &just_cands, now),
         };
         if let Some(outcome) = self.hold(&just_cands, &ctx) {
             return Decision {

@@ -292,21 +292,34 @@ pub struct PrefillPace {
     work: f64,
     ms: f64,
     samples: u32,
+    last: Option<Millis>,
 }
 
 impl PrefillPace {
     /// Samples needed before `per_ms` answers.
     pub const MIN_SAMPLES: u32 = 3;
+    /// Uncached tokens a request needs to be a sample: the first token of a shorter one
+    /// measures a step and the network, not prefill (and one that Envoy retried elsewhere
+    /// after a failed connection would make a short request read as a very slow server).
+    pub const MIN_TOKENS: u64 = 256;
 
-    pub fn observe(&mut self, work: f64, ms: u64) {
+    /// A request of `tokens` uncached tokens, `work` as `prefill_work` counts them, took
+    /// `ms` from when the server could start on it to its first token, seen at `now`.
+    pub fn observe(&mut self, tokens: u64, work: f64, ms: u64, now: Millis) {
+        if tokens < Self::MIN_TOKENS {
+            return;
+        }
         self.work = 0.9 * self.work + work;
         self.ms = 0.9 * self.ms + ms.max(1) as f64;
         self.samples = self.samples.saturating_add(1);
+        self.last = Some(now);
     }
 
-    /// Work per ms, once `MIN_SAMPLES` samples arrived.
-    pub fn per_ms(&self) -> Option<f64> {
-        (self.samples >= Self::MIN_SAMPLES && self.ms > 0.0).then(|| self.work / self.ms)
+    /// Work per ms, once `MIN_SAMPLES` samples arrived and while the last is under
+    /// `FORGET_MS` old (a server the pace called slow gets its traffic back, and a new pace).
+    pub fn per_ms(&self, now: Millis) -> Option<f64> {
+        let recent = self.last.is_some_and(|t| now.since(t) <= FORGET_MS);
+        (recent && self.samples >= Self::MIN_SAMPLES && self.ms > 0.0).then(|| self.work / self.ms)
     }
 }
 
@@ -329,13 +342,16 @@ mod tests {
     }
 
     #[test]
-    fn a_pace_needs_three_first_tokens() {
+    fn a_pace_needs_three_first_tokens_of_real_prompts_and_is_forgotten() {
         let mut pace = PrefillPace::default();
-        pace.observe(1000.0, 100);
-        pace.observe(1000.0, 100);
-        assert_eq!(pace.per_ms(), None);
-        pace.observe(1000.0, 0);
-        let per_ms = pace.per_ms().unwrap();
+        let t = Millis(1000);
+        pace.observe(1000, 1000.0, 100, t);
+        pace.observe(1000, 1000.0, 100, t);
+        pace.observe(20, 20.0, 5000, t);
+        assert_eq!(pace.per_ms(t), None, "a 20-token prompt is no sample");
+        pace.observe(1000, 1000.0, 0, t);
+        let per_ms = pace.per_ms(t).unwrap();
+        assert_eq!(pace.per_ms(t.plus(FORGET_MS + 1)), None);
         // 0.81 × 1000 + 0.9 × 1000 + 1000 over 0.81 × 100 + 0.9 × 100 + 1 (a 0 ms sample
         // counts as 1 ms).
         assert!((per_ms - 2710.0 / 172.0).abs() < 1e-9, "{per_ms}");

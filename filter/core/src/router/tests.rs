@@ -1302,7 +1302,7 @@ fn the_prompt_in_prefill_counts_less_as_its_pace_says_it_progresses() {
         r.on_first_token(id, at);
         r.on_completed(id, &done_at(Some(ep(0)), None), at);
     }
-    assert!(r.endpoints()[0].pace.per_ms().is_some());
+    assert!(r.endpoints()[0].pace.per_ms(at).is_some());
     // Two more: the older is in prefill, the newer waits behind it.
     let (a, b) = (req(11, 64), req(12, 64));
     for (id, q) in [(11, &a), (12, &b)] {
