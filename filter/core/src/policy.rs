@@ -27,7 +27,7 @@
 use crate::config::{Config, PolicyKind};
 use crate::endpoint::Endpoint;
 use crate::metrics::VllmMetrics;
-use crate::speed::{PACE_SAME_WITHIN, SAME_WITHIN};
+use crate::speed::{PrefillPace, PACE_SAME_WITHIN, SAME_WITHIN};
 use crate::types::{BlockHash, Cost, EndpointId, Millis, Tokens};
 
 /// A candidate endpoint that passed the hard filters.
@@ -203,7 +203,8 @@ pub fn typical_pace(config: &Config, cands: &[Candidate], now: Millis) -> Option
 /// time to its metrics only when the request finishes, which at long outputs takes many
 /// seconds, while the first tokens the pace counts come right after the prefill. Paces
 /// include waits behind decode steps and spread more, so only one beyond
-/// `speed::PACE_SAME_WITHIN` of the median counts. The configured rate stands in for the
+/// `speed::PACE_SAME_WITHIN` of the median counts, and only once `PrefillPace::PLACE_SAMPLES`
+/// prompts made it. The configured rate stands in for the
 /// typical rate while none is learned, and is used alone when learning is off.
 fn server_rate(config: &Config, c: &Candidate, ctx: &ScoreContext) -> f64 {
     let prior = config.cost().prefill_tokens_per_s;
@@ -212,6 +213,9 @@ fn server_rate(config: &Config, c: &Candidate, ctx: &ScoreContext) -> f64 {
     }
     let typical = ctx.typical_rate.unwrap_or(prior);
     let by_pace = || {
+        if c.endpoint.pace.samples() < PrefillPace::PLACE_SAMPLES {
+            return None;
+        }
         let (pace, typical_pace) = (c.endpoint.pace.per_ms(ctx.now)?, ctx.typical_pace?);
         Some((typical * pace / typical_pace, PACE_SAME_WITHIN))
     };
@@ -328,7 +332,7 @@ mod tests {
         table.replace(&ids);
         // First tokens came 4× slower from the third server, 1.5× from the second.
         for (row, ms) in [(0, 100), (1, 150), (2, 400)] {
-            for _ in 0..3 {
+            for _ in 0..PrefillPace::PLACE_SAMPLES {
                 table.rows_mut()[row].pace.observe(3000, 3000.0, ms, Millis(0));
             }
         }

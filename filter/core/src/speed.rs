@@ -302,6 +302,11 @@ impl PrefillPace {
     /// measures a step and the network, not prefill (and one that Envoy retried elsewhere
     /// after a failed connection would make a short request read as a very slow server).
     pub const MIN_TOKENS: u64 = 256;
+    /// Samples needed before the pace may place a server with no learned rate
+    /// (`policy::server_rate`): with three, early paces of identical servers read over 2×
+    /// apart (replay, 2 gateways × 8 workers, shared-prefix at 130%: TTFT p95 227 → 268 ms,
+    /// p99 303 → 597; with eight 228 / 322).
+    pub const PLACE_SAMPLES: u32 = 8;
 
     /// A request of `tokens` uncached tokens, `work` as `prefill_work` counts them, took
     /// `ms` from when the server could start on it to its first token, seen at `now`.
@@ -313,6 +318,11 @@ impl PrefillPace {
         self.ms = 0.9 * self.ms + ms.max(1) as f64;
         self.samples = self.samples.saturating_add(1);
         self.last = Some(now);
+    }
+
+    /// Samples taken so far.
+    pub fn samples(&self) -> u32 {
+        self.samples
     }
 
     /// Work per ms, once `MIN_SAMPLES` samples arrived and while the last is under
