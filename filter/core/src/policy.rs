@@ -178,22 +178,23 @@ pub fn pending_prefill_ms(config: &Config, c: &Candidate, ctx: &ScoreContext) ->
 /// The median of the candidates' learned prefill rates (none when learning is off or no
 /// rate is established).
 pub fn typical_rate(config: &Config, cands: &[Candidate], now: Millis) -> Option<f64> {
-    if !config.cost().learn_speeds {
-        return None;
-    }
-    let mut rates: Vec<f64> = cands.iter().filter_map(|c| c.endpoint.speed.learned(now)).collect();
-    rates.sort_by(f64::total_cmp);
-    rates.get(rates.len() / 2).copied()
+    median_of(config, cands, |c| c.endpoint.speed.learned(now))
 }
 
 /// The median of the candidates' prefill paces (`speed::PrefillPace`), if any has one.
 pub fn typical_pace(config: &Config, cands: &[Candidate], now: Millis) -> Option<f64> {
+    median_of(config, cands, |c| c.endpoint.pace.per_ms(now))
+}
+
+/// The (upper) median of what `value` says of the candidates that have one; none when
+/// learning is off.
+fn median_of(config: &Config, cands: &[Candidate], value: impl Fn(&Candidate) -> Option<f64>) -> Option<f64> {
     if !config.cost().learn_speeds {
         return None;
     }
-    let mut paces: Vec<f64> = cands.iter().filter_map(|c| c.endpoint.pace.per_ms(now)).collect();
-    paces.sort_by(f64::total_cmp);
-    paces.get(paces.len() / 2).copied()
+    let mut values: Vec<f64> = cands.iter().filter_map(value).collect();
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied()
 }
 
 /// The prefill rate a candidate is scored with: its learned rate when it differs from the
