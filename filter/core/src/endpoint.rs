@@ -99,9 +99,9 @@ impl Endpoint {
     /// The prefill this gateway's requests here still need: `pending_prefill_tokens` less
     /// `credit` × the progress of the oldest since it could start, at the pace first tokens
     /// showed (never more than that request's own tokens; a token's cost grows with its
-    /// position, `speed::prefill_work`). The plain pending count keeps a
-    /// prompt's whole uncached length until its first token, so a server halfway through a
-    /// long prompt reads as busy as one that has not begun. Full credit reads busy servers as
+    /// position, `speed::prefill_work`). The plain pending count keeps a prompt's whole
+    /// uncached length until its first token, so a server halfway through a long prompt reads
+    /// as busy as one that has not begun. Full credit reads busy servers as
     /// free too early (the pace is an average; the replay measured more hits but slower
     /// TTFT), so the configured credit is a part of it (`cost.progress_credit`). With no pace
     /// known yet it is the pending count.
