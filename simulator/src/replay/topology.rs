@@ -340,8 +340,14 @@ impl Routers {
         self.last_flush[router] = self.last_flush[router].max(held.unwrap_or(now));
         let leaves = (t.gateway_interval_ms > 0.0 && t.share_gateways).then(|| {
             let flushed = held.unwrap_or_else(|| t.next_tick_ms(router, now));
+            // The service sends everything it holds in one batch (`replicas::Forwarder`): a
+            // placement at once; the rest with the batch already due, else `interval` after
+            // the last one (not `interval` after every earlier batch, which queued events
+            // seconds deep at 200 requests/s).
             let earliest = if placement {
                 flushed
+            } else if self.last_forward[g] >= flushed {
+                self.last_forward[g]
             } else {
                 flushed.max(self.last_forward[g] + t.gateway_interval_ms)
             };
@@ -442,6 +448,10 @@ mod tests {
         assert!((101.25..101.3).contains(&at), "the next one at the tick after: {at}");
         let at = remote(&routers.arrivals(2, 101.2, &[first_token]));
         assert!((106.25..106.3).contains(&at), "the rest waits for the interval: {at}");
+        let at = remote(&routers.arrivals(3, 102.0, &[PeerEvent::FirstToken { key: 2 }]));
+        assert!((106.25..106.3).contains(&at), "and more of it joins that batch: {at}");
+        let at = remote(&routers.arrivals(3, 107.0, &[PeerEvent::FirstToken { key: 3 }]));
+        assert!((111.25..111.3).contains(&at), "after it left, the next interval: {at}");
         // Hits on the tick: a hit reaches the log (and so the service) only at its worker's
         // flush; news leaves as before.
         let flushing = Topology {
