@@ -102,7 +102,7 @@ pub struct RequestStats {
     pub refused_moved: Metric,
     pub refused_by_server: Metric,
     per_endpoint: RefCell<BTreeMap<String, Metric>>,
-    /// Each server's learned-rate gauge and the value it was last set to.
+    /// Per-server gauges (learned rate, pace) by full name, and the value each was last set to.
     speeds: RefCell<BTreeMap<String, (Metric, u64)>>,
 }
 
@@ -164,26 +164,35 @@ impl RequestStats {
         }
     }
 
-    /// Sets the prefill rate this worker learned for `endpoint`, in tokens per second
-    /// (`kvroute.endpoint.<ip_port>.prefill_tokens_per_s`; the workers' latest report wins).
+    /// Sets the prefill rate this worker learned for `endpoint` from vLLM's sums, in tokens
+    /// per second (`kvroute.endpoint.<ip_port>.prefill_tokens_per_s`; the workers' latest
+    /// report wins).
     pub fn speed(&self, endpoint: &str, tokens_per_s: u64) {
+        self.per_endpoint_gauge(endpoint, "prefill_tokens_per_s", tokens_per_s);
+    }
+
+    /// Sets the pace `endpoint`'s first tokens showed, in position-weighted prompt tokens
+    /// per second (`kvroute.endpoint.<ip_port>.prefill_pace`; `speed::PrefillPace`).
+    pub fn pace(&self, endpoint: &str, tokens_per_s: u64) {
+        self.per_endpoint_gauge(endpoint, "prefill_pace", tokens_per_s);
+    }
+
+    fn per_endpoint_gauge(&self, endpoint: &str, name: &str, value: u64) {
         let Ok(mut map) = self.speeds.try_borrow_mut() else {
             return;
         };
+        let key = format!("kvroute.endpoint.{}.{name}", safe_name(endpoint));
         // Reported every 100 ms for every server: a host call only when the value moved.
-        if let Some((metric, last)) = map.get_mut(endpoint) {
-            if *last != tokens_per_s {
-                *last = tokens_per_s;
-                metric.set(tokens_per_s);
+        if let Some((metric, last)) = map.get_mut(&key) {
+            if *last != value {
+                *last = value;
+                metric.set(value);
             }
             return;
         }
-        let metric = Metric::define(
-            MetricType::Gauge,
-            &format!("kvroute.endpoint.{}.prefill_tokens_per_s", safe_name(endpoint)),
-        );
-        metric.set(tokens_per_s);
-        map.insert(endpoint.to_string(), (metric, tokens_per_s));
+        let metric = Metric::define(MetricType::Gauge, &key);
+        metric.set(value);
+        map.insert(key, (metric, value));
     }
 
     /// Counts a request sent to `endpoint` (`kvroute.endpoint.<ip_port>.chosen`).

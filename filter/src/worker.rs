@@ -273,6 +273,9 @@ impl Worker {
                 if let Some(rate) = e.speed.learned(now) {
                     stats.speed(e.id.as_str(), rate as u64);
                 }
+                if let Some(per_ms) = e.pace.per_ms(now) {
+                    stats.pace(e.id.as_str(), (per_ms * 1000.0) as u64);
+                }
             }
         }
         let cached = self.shared.predicted_cached.get().saturating_mul(1000);

@@ -202,10 +202,12 @@ fn median_of(config: &Config, cands: &[Candidate], value: impl Fn(&Candidate) ->
 /// servers stay identical). A server with no learned rate yet is placed by its prefill pace
 /// against the candidates' median pace (`speed::PrefillPace`): vLLM adds a request's prefill
 /// time to its metrics only when the request finishes, which at long outputs takes many
-/// seconds, while the first tokens the pace counts come right after the prefill. Paces
-/// include waits behind decode steps and spread more, so only one beyond
-/// `speed::PACE_SAME_WITHIN` of the median counts, and only once `PrefillPace::PLACE_SAMPLES`
-/// prompts made it. The configured rate stands in for the
+/// seconds, while the first tokens the pace counts come right after the prefill. For the
+/// same reason a server that slowed down (throttling, a noisy neighbour) is scored by its
+/// pace while its learned rate still says otherwise. Paces include waits behind decode
+/// steps and spread more, so only one beyond `speed::PACE_SAME_WITHIN` of the median (and,
+/// against a learned rate, below it by that much) counts, and only once
+/// `PrefillPace::PLACE_SAMPLES` prompts made it. The configured rate stands in for the
 /// typical rate while none is learned, and is used alone when learning is off.
 fn server_rate(config: &Config, c: &Candidate, ctx: &ScoreContext) -> f64 {
     let prior = config.cost().prefill_tokens_per_s;
@@ -220,12 +222,15 @@ fn server_rate(config: &Config, c: &Candidate, ctx: &ScoreContext) -> f64 {
         let (pace, typical_pace) = (c.endpoint.pace.per_ms(ctx.now)?, ctx.typical_pace?);
         Some((typical * pace / typical_pace, PACE_SAME_WITHIN))
     };
-    let own = c
-        .endpoint
-        .speed
-        .learned(ctx.now)
-        .map(|rate| (rate, SAME_WITHIN))
-        .or_else(by_pace);
+    // vLLM's sums lag a slowdown by a request's whole life; the pace follows it within a
+    // few first tokens, so a pace slower than the learned rate by more than its band wins.
+    // Not the other way: identical servers' paces read faster than their rates often
+    // enough to break their tie (replay, 8 H100s, Azure 80%: TTFT p95 +8.9%).
+    let own = match (c.endpoint.speed.learned(ctx.now), by_pace()) {
+        (Some(learned), Some((paced, within))) if learned / paced > within => Some((paced, within)),
+        (Some(learned), _) => Some((learned, SAME_WITHIN)),
+        (None, paced) => paced,
+    };
     match own {
         Some((own, within)) if (own / typical).max(typical / own) > within => own,
         _ => typical,
@@ -372,5 +377,58 @@ mod tests {
         assert!((near - 50.0).abs() < 1e-9, "{near}");
         let unpaced = ctx(None);
         assert!(ms(&unpaced).iter().all(|m| (m - 50.0).abs() < 1e-9));
+    }
+
+    #[test]
+    fn a_learned_rate_gives_way_to_a_pace_far_off_it() {
+        let config = Config::from_json(b"{}").unwrap();
+        let mut table = EndpointTable::default();
+        let ids: Vec<EndpointId> = (1..=3).map(|i| EndpointId::new(format!("10.0.0.{i}:8000"))).collect();
+        table.replace(&ids);
+        // All three learned 40k tokens/s from vLLM's sums; then the third slowed 3x: its
+        // first tokens show it at once, its sums only when its requests finish. The first
+        // reads 3x faster than the median pace: a pace never speeds a learned rate up.
+        for (row, ms) in [(0, 50), (1, 150), (2, 450)] {
+            table.rows_mut()[row].speed = crate::speed::Speed::exact(40_000.0, Millis(0));
+            for _ in 0..PrefillPace::PLACE_SAMPLES {
+                table.rows_mut()[row].pace.observe(3000, 3000.0, ms, Millis(0));
+            }
+        }
+        let idle = VllmMetrics::default();
+        let cands: Vec<Candidate> = table
+            .rows()
+            .iter()
+            .map(|endpoint| Candidate {
+                endpoint,
+                metrics: &idle,
+                matched_blocks: 0,
+                uncached: Tokens(1000),
+            })
+            .collect();
+        let ctx = ScoreContext {
+            total_blocks: 0,
+            fleet_backlog: 0.0,
+            mean_uncached_tokens: 0.0,
+            rotation: 0,
+            seed: 0,
+            now: Millis(0),
+            typical_rate: typical_rate(&config, &cands, Millis(0)),
+            typical_pace: typical_pace(&config, &cands, Millis(0)),
+        };
+        let [fast, near, slow] = cands
+            .iter()
+            .map(|c| predicted_ttft(&config, c, &ctx).ttft_ms)
+            .collect::<Vec<_>>()[..]
+        else {
+            panic!()
+        };
+        assert!(
+            (fast - 25.0).abs() < 1e-9 && fast == near,
+            "1000 tokens at the learned 40k/s: {fast}, {near}"
+        );
+        assert!(
+            (slow / near - 3.0).abs() < 1e-9,
+            "3x the median pace: its pace ({slow} vs {near})"
+        );
     }
 }

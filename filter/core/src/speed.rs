@@ -61,7 +61,10 @@
 //! A100, rag at 130%: the A100s had computed nothing in vLLM's sums 13 s into the run). Until
 //! a rate is learned, `PrefillPace` (one request at a time, timed from when the server could
 //! start on it, so prefills under way do not count) places a server that is far off the
-//! fleet's median pace (`policy::server_rate`).
+//! fleet's median pace (`policy::server_rate`). The same lag hides a server that slows
+//! down: its sums still hold the requests it prefilled before (replay, rag at 50% load, one
+//! of 8 H100s slowed 3×: the learned rate moved 14 s later, the pace within 2 s), so a
+//! pace far slower than the learned rate places the server too.
 
 use crate::types::Millis;
 
