@@ -267,8 +267,9 @@ pub struct RawHold {
     /// at once, to the least bad server when all are full).
     pub max_wait_ms: u64,
     /// A server is full for a new request when the prefill the gateway has queued or
-    /// running there (its requests without a first token yet, at the server's own prefill
-    /// rate; `policy::pending_prefill_ms`) would take this long, or at `overload.kv_limit`.
+    /// running there (its requests without a first token yet, less the progress credited
+    /// to the one in prefill, at the server's own prefill rate; `policy::pending_prefill_ms`)
+    /// would take this long, or at `overload.kv_limit`.
     pub wait_limit_ms: u64,
     /// Requests one Envoy worker holds at most.
     pub max_requests: usize,

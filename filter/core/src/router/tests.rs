@@ -1144,6 +1144,38 @@ fn a_first_token_gives_its_server_room_again() {
     }
 }
 
+#[test]
+fn the_prompt_in_prefill_makes_room_for_a_held_request_as_it_progresses() {
+    let mut r = holding(&[load(0, 0, 0.1)]);
+    // Three prompts of 64 blocks prefilled one after another, 100 ms each: the pace.
+    let mut at = T0;
+    for id in 1..=3 {
+        let q = req(id, 64);
+        let d = r.route(&q, at);
+        r.on_routed(id, &q, &d, at);
+        at = at.plus(100);
+        r.on_first_token(id, at);
+        r.on_completed(id, &done_at(Some(ep(0)), None), at);
+    }
+    // Prompts of 32 blocks (about 100 ms each at the configured 20,000 tokens/s) until the
+    // server holds 500 ms of them.
+    let mut id = 10;
+    loop {
+        let q = req(id + 100, 32);
+        let d = r.route(&q, at);
+        if d.outcome == Outcome::Hold {
+            break;
+        }
+        r.on_routed(id, &q, &d, at);
+        id += 1;
+    }
+    // No first token yet, but 400 ms on the oldest is past its prefill at the pace the
+    // earlier ones showed: the hold counts it done (as the cost does), and there is room.
+    let d = r.route(&req(1, 8), at.plus(400));
+    assert_ne!(d.outcome, Outcome::Hold, "room once the prompt in prefill is credited");
+    assert_eq!(d.best(), Some(&ep(0)));
+}
+
 fn served(at: &EndpointId, status: u16) -> Completion {
     Completion {
         served_by: Some(at.clone()),
