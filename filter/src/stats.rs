@@ -102,7 +102,7 @@ pub struct RequestStats {
     pub refused_moved: Metric,
     pub refused_by_server: Metric,
     per_endpoint: RefCell<BTreeMap<String, Metric>>,
-    /// Per-server gauges (learned rate, pace) by full name, and the value each was last set to.
+    /// Per-server gauges (learned rate, pace, step) by full name, and the value each was last set to.
     speeds: RefCell<BTreeMap<String, (Metric, u64)>>,
 }
 
@@ -175,6 +175,12 @@ impl RequestStats {
     /// per second (`kvroute.endpoint.<ip_port>.prefill_pace`; `speed::PrefillPace`).
     pub fn pace(&self, endpoint: &str, tokens_per_s: u64) {
         self.per_endpoint_gauge(endpoint, "prefill_pace", tokens_per_s);
+    }
+
+    /// Sets `endpoint`'s recent step time from its metrics, in microseconds
+    /// (`kvroute.endpoint.<ip_port>.step_us`; `speed::StepTime`).
+    pub fn step(&self, endpoint: &str, us: u64) {
+        self.per_endpoint_gauge(endpoint, "step_us", us);
     }
 
     fn per_endpoint_gauge(&self, endpoint: &str, name: &str, value: u64) {

@@ -276,6 +276,9 @@ impl Worker {
                 if let Some(per_ms) = e.pace.per_ms(now) {
                     stats.pace(e.id.as_str(), (per_ms * 1000.0) as u64);
                 }
+                if let Some(ms) = e.step.ms(now) {
+                    stats.step(e.id.as_str(), (ms * 1000.0) as u64);
+                }
             }
         }
         let cached = self.shared.predicted_cached.get().saturating_mul(1000);

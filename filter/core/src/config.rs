@@ -232,6 +232,10 @@ pub struct RawCost {
     /// The context length at which a prompt token's attention costs as much as the rest of
     /// its compute (`speed::prefill_work`; 0: every token alike).
     pub attention_tokens: f64,
+    /// The server's steps a new request waits for its first token beyond its prefill (the
+    /// step in progress, then its own), at the step time its metrics show
+    /// (`speed::StepTime`); 0 leaves step time out.
+    pub first_token_steps: f64,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -433,6 +437,7 @@ impl Default for RawCost {
             // hidden size × position: equal at params / (2 × layers × hidden). Llama-3.1-8B:
             // 8.0e9 / (2 × 32 × 4096) ≈ 30.6k; 70B: 53k.
             attention_tokens: 30_000.0,
+            first_token_steps: 1.5,
         }
     }
 }

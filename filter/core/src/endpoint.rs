@@ -10,7 +10,7 @@ use crate::health::Health;
 use crate::metrics::VllmMetrics;
 use std::collections::BTreeMap;
 
-use crate::speed::{self, PrefillPace, Speed, TtftBias};
+use crate::speed::{self, PrefillPace, Speed, StepTime, TtftBias};
 use crate::types::{EndpointId, Millis, Tokens};
 
 pub type Slot = u16;
@@ -49,6 +49,8 @@ pub struct Endpoint {
     pub models: Option<Vec<String>>,
     /// Its prefill rate as this router learned it (see `speed`).
     pub speed: Speed,
+    /// Its recent step time from its metrics (see `speed::StepTime`).
+    pub step: StepTime,
     /// Observed ÷ predicted TTFT of this router's requests here (see `speed::TtftBias`).
     pub ttft_bias: TtftBias,
     /// Until when it counts as refusing work: a request sent here was served elsewhere
@@ -84,6 +86,7 @@ impl Endpoint {
             priority: 0,
             models: None,
             speed: Speed::default(),
+            step: StepTime::default(),
             ttft_bias: TtftBias::default(),
             refused_until: None,
         }

@@ -49,6 +49,11 @@ pub struct VllmMetrics {
     /// prefill speed (see `speed`).
     pub prefill_seconds: Option<f64>,
     pub prefill_computed_tokens: Option<f64>,
+    /// Since the server started: the seconds between consecutive output tokens, summed
+    /// (`vllm:inter_token_latency_seconds_sum`) and counted (`_count`). vLLM observes them
+    /// every step, so their growth between scrapes is the server's recent step time.
+    pub itl_seconds: Option<f64>,
+    pub itl_count: Option<f64>,
 }
 
 impl VllmMetrics {
@@ -102,6 +107,8 @@ struct Acc {
     engines: BTreeMap<String, Engine>,
     prefill_seconds: Option<f64>,
     prefill_tokens: Option<f64>,
+    itl_seconds: Option<f64>,
+    itl_count: Option<f64>,
     lora: Option<(f64, LoraInfo)>,
     models: Vec<String>,
 }
@@ -112,6 +119,8 @@ const RUNNING: &str = "vllm:num_requests_running";
 const WAITING: &str = "vllm:num_requests_waiting";
 const PREFILL_SECONDS: &str = "vllm:request_prefill_time_seconds_sum";
 const PREFILL_TOKENS: &str = "vllm:request_prefill_kv_computed_tokens_sum";
+const ITL_SECONDS: &str = "vllm:inter_token_latency_seconds_sum";
+const ITL_COUNT: &str = "vllm:inter_token_latency_seconds_count";
 
 /// Parses a `/metrics` body of at most `max_bytes` bytes.
 pub fn parse_metrics(body: &[u8], max_bytes: usize) -> Result<VllmMetrics, MetricsError> {
@@ -148,6 +157,8 @@ fn is_wanted(name: &str) -> bool {
             | "vllm:lora_requests_info"
             | PREFILL_SECONDS
             | PREFILL_TOKENS
+            | ITL_SECONDS
+            | ITL_COUNT
     )
 }
 
@@ -178,6 +189,14 @@ impl Acc {
         }
         if s.name == PREFILL_TOKENS {
             *self.prefill_tokens.get_or_insert(0.0) += gauge(s, PREFILL_TOKENS, line, f64::MAX)?;
+            return Ok(());
+        }
+        if s.name == ITL_SECONDS {
+            *self.itl_seconds.get_or_insert(0.0) += gauge(s, ITL_SECONDS, line, f64::MAX)?;
+            return Ok(());
+        }
+        if s.name == ITL_COUNT {
+            *self.itl_count.get_or_insert(0.0) += gauge(s, ITL_COUNT, line, f64::MAX)?;
             return Ok(());
         }
         if s.name == "vllm:lora_requests_info" {
@@ -238,6 +257,8 @@ impl Acc {
             lora: self.lora.map(|(_, l)| l),
             prefill_seconds: self.prefill_seconds,
             prefill_computed_tokens: self.prefill_tokens,
+            itl_seconds: self.itl_seconds,
+            itl_count: self.itl_count,
             ..VllmMetrics::default()
         };
         let (mut kv_weighted, mut kv_weight, mut any_current, mut any_legacy) = (0.0, 0.0, false, false);

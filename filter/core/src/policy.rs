@@ -59,6 +59,10 @@ pub struct ScoreContext {
     pub typical_rate: Option<f64>,
     /// The candidates' median prefill pace (`typical_pace`), if any has one.
     pub typical_pace: Option<f64>,
+    /// The median step time of the candidates at the typical rate, and the shortest step
+    /// time charged to any candidate (`with_steps`, `server_step`).
+    pub typical_step: Option<f64>,
+    pub fastest_step: Option<f64>,
 }
 
 /// A policy's score split into its terms (all zero but `cost` for non-`cost` policies).
@@ -122,6 +126,7 @@ pub fn predicted_ttft(config: &Config, c: &Candidate, ctx: &ScoreContext) -> Ter
     let prefill_ms = (queued_tokens + own) * 1000.0 / rate;
     let running = c.metrics.running as f64 + f64::from(c.endpoint.sent_since_scrape);
     let decode_ms = running * p.decode_ms_per_running * p.prefill_tokens_per_s / rate;
+    let decode_ms = decode_ms + p.first_token_steps * server_step(config, c, ctx);
     let over = ((c.metrics.kv_usage - p.kv_pressure_threshold) / (1.0 - p.kv_pressure_threshold)).max(0.0);
     let kv_ms = p.kv_pressure_ms * over * over;
     let ttft_ms = (queued_tokens + c.uncached.0 as f64) * 1000.0 / rate + decode_ms + kv_ms;
@@ -190,6 +195,62 @@ pub fn typical_rate(config: &Config, cands: &[Candidate], now: Millis) -> Option
 /// The median of the candidates' prefill paces (`speed::PrefillPace`), if any has one.
 pub fn typical_pace(config: &Config, cands: &[Candidate], now: Millis) -> Option<f64> {
     median_of(config, cands, |c| c.endpoint.pace.per_ms(now))
+}
+
+/// `ctx` with its step times filled in (`typical_step`, `fastest_step`; see `server_step`).
+pub fn with_steps(config: &Config, cands: &[Candidate], ctx: ScoreContext) -> ScoreContext {
+    let ctx = ScoreContext {
+        typical_step: typical_step(config, cands, &ctx),
+        ..ctx
+    };
+    ScoreContext {
+        fastest_step: cands
+            .iter()
+            .filter_map(|c| charged_step(config, c, &ctx))
+            .reduce(f64::min),
+        ..ctx
+    }
+}
+
+/// The median step time (`speed::StepTime`) of the candidates scored at the typical
+/// prefill rate.
+fn typical_step(config: &Config, cands: &[Candidate], ctx: &ScoreContext) -> Option<f64> {
+    median_of(config, cands, |c| {
+        is_typical(config, c, ctx)
+            .then(|| c.endpoint.step.ms(ctx.now))
+            .flatten()
+    })
+}
+
+fn is_typical(config: &Config, c: &Candidate, ctx: &ScoreContext) -> bool {
+    server_rate(config, c, ctx) == ctx.typical_rate.unwrap_or(config.cost().prefill_tokens_per_s)
+}
+
+/// The steps a request waits for beyond its prefill (`cost.first_token_steps` of them) on
+/// this candidate, past those of the fastest candidate, in ms. A short prompt's first token
+/// costs the step in progress and then its own step more than its prefill, and an A100's
+/// steps take about 1.7× an H100's (the same weights read from slower memory): on a mixed
+/// fleet at 80% load, multi-turn's turns took 30–37 ms to a first token on the A100s and 14
+/// on the H100s, which the prefill rate alone did not show. Only a server already scored at
+/// its own prefill rate (an unlike GPU, a server that slowed down) is charged its own step
+/// time, and only beyond `speed::SAME_WITHIN` of the typical servers' median; the others
+/// are charged that median. Among like servers a busier batch already shows in the queue
+/// terms, and charging its longer steps too cost 8 identical H100s up to +10% TTFT p95
+/// (replay; BENCHMARKS, "Steady state apart from cold start"). Only the excess over the
+/// fastest candidate counts, so like servers score as without it.
+fn server_step(config: &Config, c: &Candidate, ctx: &ScoreContext) -> f64 {
+    match (charged_step(config, c, ctx), ctx.fastest_step) {
+        (Some(step), Some(fastest)) => (step - fastest).max(0.0),
+        _ => 0.0,
+    }
+}
+
+fn charged_step(config: &Config, c: &Candidate, ctx: &ScoreContext) -> Option<f64> {
+    let typical = ctx.typical_step?;
+    Some(match c.endpoint.step.ms(ctx.now) {
+        Some(own) if !is_typical(config, c, ctx) && (own / typical).max(typical / own) > SAME_WITHIN => own,
+        _ => typical,
+    })
 }
 
 /// The (upper) median of what `value` says of the candidates that have one; none when
@@ -368,6 +429,8 @@ mod tests {
             now: Millis(0),
             typical_rate: None,
             typical_pace,
+            typical_step: None,
+            fastest_step: None,
         };
         let ms = |ctx: &ScoreContext| -> Vec<f64> {
             cands.iter().map(|c| predicted_ttft(&config, c, ctx).ttft_ms).collect()
@@ -383,6 +446,60 @@ mod tests {
         assert!((near - 50.0).abs() < 1e-9, "{near}");
         let unpaced = ctx(None);
         assert!(ms(&unpaced).iter().all(|m| (m - 50.0).abs() < 1e-9));
+    }
+
+    #[test]
+    fn an_unlike_server_is_charged_its_longer_steps_and_like_servers_are_not() {
+        let config = Config::from_json(b"{}").unwrap();
+        let mut table = EndpointTable::default();
+        let ids: Vec<EndpointId> = (1..=4).map(|i| EndpointId::new(format!("10.0.0.{i}:8000"))).collect();
+        table.replace(&ids);
+        // Three H100s (40k tokens/s), one with a busy batch's 9 ms steps, and an A100
+        // (12k tokens/s) with 9 ms steps.
+        for (row, rate, step) in [
+            (0, 40_000.0, 5.0),
+            (1, 40_000.0, 5.0),
+            (2, 40_000.0, 9.0),
+            (3, 12_000.0, 9.0),
+        ] {
+            table.rows_mut()[row].speed = crate::speed::Speed::exact(rate, Millis(0));
+            table.rows_mut()[row].step = crate::speed::StepTime::exact(step, Millis(0));
+        }
+        let idle = VllmMetrics::default();
+        let cands: Vec<Candidate> = table
+            .rows()
+            .iter()
+            .map(|endpoint| Candidate {
+                endpoint,
+                metrics: &idle,
+                matched_blocks: 0,
+                uncached: Tokens(1200),
+            })
+            .collect();
+        let ctx = ScoreContext {
+            total_blocks: 0,
+            fleet_backlog: 0.0,
+            mean_uncached_tokens: 0.0,
+            rotation: 0,
+            seed: 0,
+            now: Millis(0),
+            typical_rate: typical_rate(&config, &cands, Millis(0)),
+            typical_pace: None,
+            typical_step: None,
+            fastest_step: None,
+        };
+        let ctx = with_steps(&config, &cands, ctx);
+        let ms: Vec<f64> = cands.iter().map(|c| predicted_ttft(&config, c, &ctx).ttft_ms).collect();
+        assert!(
+            (ms[0] - 30.0).abs() < 1e-9,
+            "1200 tokens at 40k/s, no step charge: {}",
+            ms[0]
+        );
+        assert_eq!(ms[0], ms[2], "a like server's longer steps are not charged");
+        // 100 ms of prefill at 12k/s, then 1.5 steps of 9 ms against the H100s' 5 ms.
+        assert!((ms[3] - (100.0 + 1.5 * 4.0)).abs() < 1e-9, "{}", ms[3]);
+        let off = Config::from_json(br#"{"cost": {"first_token_steps": 0}}"#).unwrap();
+        assert!((predicted_ttft(&off, &cands[3], &ctx).ttft_ms - 100.0).abs() < 1e-9);
     }
 
     #[test]
@@ -420,6 +537,8 @@ mod tests {
             now: Millis(0),
             typical_rate: typical_rate(&config, &cands, Millis(0)),
             typical_pace: typical_pace(&config, &cands, Millis(0)),
+            typical_step: None,
+            fastest_step: None,
         };
         let [fast, near, slow] = cands
             .iter()

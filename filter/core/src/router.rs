@@ -304,7 +304,10 @@ impl Router {
             now,
             typical_rate: policy::typical_rate(&self.config, &just_cands, now),
             typical_pace: policy::typical_pace(&self.config, &just_cands, now),
+            typical_step: None,
+            fastest_step: None,
         };
+        let ctx = policy::with_steps(&self.config, &just_cands, ctx);
         if let Some(outcome) = self.hold(&just_cands, &ctx) {
             return Decision {
                 endpoints: Vec::new(),

@@ -201,6 +201,74 @@ impl Speed {
     }
 }
 
+/// A server's recent step time: the growth of vLLM's summed inter-token latencies over the
+/// growth of their count between scrapes (ms per output token; a decode step, or a step
+/// that also prefilled, seen from the requests decoding in it). vLLM observes them every
+/// step, so unlike the prefill sums (observed when a request finishes) they follow a
+/// slowdown at the next scrape. A new request waits for the step in progress and then
+/// takes at least one step for its first token, so the cost charges a few of them
+/// (`cost.first_token_steps`, `policy::server_step`): an A100's steps take about 1.7× an
+/// H100's (they read the same weights from slower memory), which the prefill rate alone
+/// does not show for short prompts.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StepTime {
+    ms: Option<f64>,
+    last: Option<Millis>,
+    baseline: Option<(f64, f64)>,
+}
+
+impl StepTime {
+    /// Output tokens a sample needs at least (fewer say little about a step).
+    pub const MIN_TOKENS: f64 = 32.0;
+    /// Weight of a new sample in the average.
+    const ALPHA: f64 = 0.5;
+
+    /// A scrape's cumulative inter-token seconds and count, at `now`. A counter that went
+    /// down (the server restarted) starts a new baseline.
+    pub fn on_counters(&mut self, seconds: Option<f64>, count: Option<f64>, now: Millis) {
+        let (Some(seconds), Some(count)) = (seconds, count) else {
+            return;
+        };
+        let Some((s0, c0)) = self.baseline else {
+            self.baseline = Some((seconds, count));
+            return;
+        };
+        if seconds < s0 || count < c0 {
+            self.baseline = Some((seconds, count));
+            return;
+        }
+        let (ds, dc) = (seconds - s0, count - c0);
+        if dc < Self::MIN_TOKENS {
+            return;
+        }
+        self.baseline = Some((seconds, count));
+        let sample = ds * 1000.0 / dc;
+        if !sample.is_finite() {
+            return;
+        }
+        let fresh = self.last.is_some_and(|t| now.since(t) <= FORGET_MS);
+        self.ms = Some(match self.ms {
+            Some(m) if fresh => m + Self::ALPHA * (sample - m),
+            _ => sample,
+        });
+        self.last = Some(now);
+    }
+
+    /// A step time known exactly as of `now` (a reference that knows every server's truth).
+    pub fn exact(ms: f64, now: Millis) -> StepTime {
+        StepTime {
+            ms: Some(ms),
+            last: Some(now),
+            baseline: None,
+        }
+    }
+
+    /// The recent step time in ms, if a sample came in the last `FORGET_MS`.
+    pub fn ms(&self, now: Millis) -> Option<f64> {
+        self.ms.filter(|_| self.last.is_some_and(|t| now.since(t) <= FORGET_MS))
+    }
+}
+
 /// How far off a server's predicted TTFT has been: observed ÷ predicted first-token times of
 /// this router's own requests there, averaged in the log domain. The cost policy predicts
 /// from lower bounds of the work queued ahead (`policy::predicted_ttft`), good for ranking
@@ -368,6 +436,34 @@ mod tests {
         // 0.81 × 1000 + 0.9 × 1000 + 1000 over 0.81 × 100 + 0.9 × 100 + 1 (a 0 ms sample
         // counts as 1 ms).
         assert!((per_ms - 2710.0 / 172.0).abs() < 1e-9, "{per_ms}");
+    }
+
+    #[test]
+    fn a_step_time_is_the_growth_of_the_inter_token_sums_and_follows_a_slowdown() {
+        let mut step = StepTime::default();
+        let t = Millis(1000);
+        step.on_counters(Some(10.0), Some(1000.0), t);
+        assert_eq!(step.ms(t), None, "the first scrape is the baseline");
+        step.on_counters(Some(10.1), Some(1010.0), t.plus(200));
+        assert_eq!(step.ms(t.plus(200)), None, "10 tokens are no sample; carried");
+        // 0.5 s over 100 tokens since the baseline: 5 ms a step.
+        step.on_counters(Some(10.5), Some(1100.0), t.plus(400));
+        assert_eq!(step.ms(t.plus(400)), Some(5.0));
+        // Slowed 3x: 15 ms a step; half of each new sample counts.
+        step.on_counters(Some(12.0), Some(1200.0), t.plus(600));
+        assert_eq!(step.ms(t.plus(600)), Some(10.0));
+        step.on_counters(Some(13.5), Some(1300.0), t.plus(800));
+        assert_eq!(step.ms(t.plus(800)), Some(12.5));
+        // A restart (counters went down) starts a new baseline; a silent server is forgotten.
+        step.on_counters(Some(0.1), Some(10.0), t.plus(1000));
+        assert_eq!(step.ms(t.plus(1000)), Some(12.5));
+        assert_eq!(step.ms(t.plus(800 + FORGET_MS + 1)), None);
+        step.on_counters(None, Some(20.0), t.plus(1200));
+        assert_eq!(
+            step.ms(t.plus(1200)),
+            Some(12.5),
+            "a body without the sums changes nothing"
+        );
     }
 
     const PRIOR: f64 = 20_000.0;

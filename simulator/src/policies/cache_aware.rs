@@ -16,8 +16,8 @@
 //!   cached prefix, queues, KV usage and speed.
 
 use kvroute_core::endpoint::EndpointTable;
-use kvroute_core::policy::{fleet_backlog, predicted_ttft, typical_rate, Candidate, ScoreContext};
-use kvroute_core::speed::Speed;
+use kvroute_core::policy::{fleet_backlog, predicted_ttft, typical_rate, with_steps, Candidate, ScoreContext};
+use kvroute_core::speed::{Speed, StepTime};
 use kvroute_core::{Config, EndpointId, Millis, Tokens, VllmMetrics};
 
 use super::{argmin_random, chunk_hashes, ApproxIndex, Incoming, Outstanding, Policy, Rng};
@@ -181,6 +181,10 @@ impl Policy for Oracle {
                 let row = &mut self.table.rows_mut()[s];
                 row.pending_prefill_tokens = Tokens(e.pending_prefill_tokens());
                 row.speed = Speed::exact(e.profile().prefill_tokens_per_s(2048) / e.slow(), now);
+                // A decode step of the batch running now, reading the KV cache in use.
+                let context = e.kv().usage() * e.profile().num_gpu_blocks as f64 * BLOCK_TOKENS as f64;
+                let step = e.profile().step_ms(e.num_running() as u64, 0.0, context as u64) * e.slow();
+                row.step = StepTime::exact(step, now);
                 let metrics = VllmMetrics {
                     kv_usage: e.kv().usage(),
                     running: e.num_running() as u64,
@@ -215,7 +219,10 @@ impl Policy for Oracle {
             now,
             typical_rate: typical_rate(&self.config, &cands, now),
             typical_pace: None,
+            typical_step: None,
+            fastest_step: None,
         };
+        let ctx = with_steps(&self.config, &cands, ctx);
         let costs: Vec<f64> = cands
             .iter()
             .map(|c| predicted_ttft(&self.config, c, &ctx).cost.0)

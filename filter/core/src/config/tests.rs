@@ -81,6 +81,7 @@ fn out_of_range_numbers_are_rejected() {
         (r#"{"cost": {"progress_credit": 1.5}}"#, "cost.progress_credit"),
         (r#"{"cost": {"progress_credit": -0.1}}"#, "cost.progress_credit"),
         (r#"{"cost": {"attention_tokens": -1}}"#, "cost.attention_tokens"),
+        (r#"{"cost": {"first_token_steps": -1}}"#, "cost.first_token_steps"),
     ] {
         assert_eq!(parse(json).unwrap_err().field, field, "{json}");
     }

@@ -154,6 +154,7 @@ pub(super) fn validate_scoring(raw: &RawConfig) -> Result<(), ConfigError> {
         ("cost.lora_load_ms", c.lora_load_ms),
         ("cost.phase_weight", c.phase_weight),
         ("cost.attention_tokens", c.attention_tokens),
+        ("cost.first_token_steps", c.first_token_steps),
     ] {
         if !(v.is_finite() && v >= 0.0) {
             return Err(reject(field, format!("({v}) must be a non-negative number")));

@@ -398,6 +398,7 @@ impl Router {
             prior,
             scraped_at,
         );
+        e.step.on_counters(metrics.itl_seconds, metrics.itl_count, scraped_at);
         let capacity_blocks = metrics.capacity_tokens().unwrap_or(default_capacity) / tpb;
         e.metrics = Some(metrics);
         e.scraped_at = Some(scraped_at);
