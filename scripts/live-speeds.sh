@@ -51,7 +51,7 @@ for run in $(seq 1 "$RUNS"); do
     config "$mode"
     start --fleet 2xh100-80g:llama-3.1-8b,2xa100-80g:llama-3.1-8b
     bench 0 60 "$OUT/mixed-$mode-$run.json"
-    curl -s "127.0.0.1:24901/stats?filter=prefill_" >"$OUT/mixed-$mode-$run-rates.txt"
+    curl -s "127.0.0.1:24901/stats?filter=kvroute.endpoint" >"$OUT/mixed-$mode-$run-rates.txt"
     stop
   done
 done
@@ -63,7 +63,7 @@ for mode in learned constant; do
   curl -s -X POST 127.0.0.1:24000/servers/0/fault -H content-type:application/json -d '{"slow": 3}' >/dev/null
   bench 2 5 "$OUT/slowed-$mode-first5.json"
   bench 3 25 "$OUT/slowed-$mode-after.json"
-  curl -s "127.0.0.1:24901/stats?filter=prefill_" >"$OUT/slowed-$mode-rates.txt"
+  curl -s "127.0.0.1:24901/stats?filter=kvroute.endpoint" >"$OUT/slowed-$mode-rates.txt"
   stop
 done
 
