@@ -222,6 +222,8 @@ fn typical_step(config: &Config, cands: &[Candidate], ctx: &ScoreContext) -> Opt
     })
 }
 
+/// Whether `server_rate` scores the candidate at the typical rate (it returns that very
+/// value then, so the comparison is exact).
 fn is_typical(config: &Config, c: &Candidate, ctx: &ScoreContext) -> bool {
     server_rate(config, c, ctx) == ctx.typical_rate.unwrap_or(config.cost().prefill_tokens_per_s)
 }
