@@ -354,6 +354,43 @@ mod tests {
     use super::*;
     use crate::endpoint::EndpointTable;
 
+    fn table_of(n: usize) -> EndpointTable {
+        let mut table = EndpointTable::default();
+        let ids: Vec<EndpointId> = (1..=n).map(|i| EndpointId::new(format!("10.0.0.{i}:8000"))).collect();
+        table.replace(&ids);
+        table
+    }
+
+    /// Every endpoint of `table` as an idle candidate for a prompt of `uncached` tokens.
+    fn idle_cands<'a>(table: &'a EndpointTable, idle: &'a VllmMetrics, uncached: u64) -> Vec<Candidate<'a>> {
+        table
+            .rows()
+            .iter()
+            .map(|endpoint| Candidate {
+                endpoint,
+                metrics: idle,
+                matched_blocks: 0,
+                uncached: Tokens(uncached),
+            })
+            .collect()
+    }
+
+    /// A context at time 0 with no backlog and the given typical rate and pace.
+    fn ctx_at_zero(typical_rate: Option<f64>, typical_pace: Option<f64>) -> ScoreContext {
+        ScoreContext {
+            total_blocks: 0,
+            fleet_backlog: 0.0,
+            mean_uncached_tokens: 0.0,
+            rotation: 0,
+            seed: 0,
+            now: Millis(0),
+            typical_rate,
+            typical_pace,
+            typical_step: None,
+            fastest_step: None,
+        }
+    }
+
     fn cands<'a>(table: &'a EndpointTable, metrics: [&'a VllmMetrics; 2]) -> Vec<Candidate<'a>> {
         table
             .rows()
@@ -402,9 +439,7 @@ mod tests {
     #[test]
     fn a_server_with_no_learned_rate_is_placed_by_its_pace_when_it_is_far_off() {
         let config = Config::from_json(b"{}").unwrap();
-        let mut table = EndpointTable::default();
-        let ids: Vec<EndpointId> = (1..=3).map(|i| EndpointId::new(format!("10.0.0.{i}:8000"))).collect();
-        table.replace(&ids);
+        let mut table = table_of(3);
         // First tokens came 4× slower from the third server, 1.5× from the second.
         for (row, ms) in [(0, 100), (1, 150), (2, 400)] {
             for _ in 0..PrefillPace::PLACE_SAMPLES {
@@ -412,28 +447,8 @@ mod tests {
             }
         }
         let idle = VllmMetrics::default();
-        let cands: Vec<Candidate> = table
-            .rows()
-            .iter()
-            .map(|endpoint| Candidate {
-                endpoint,
-                metrics: &idle,
-                matched_blocks: 0,
-                uncached: Tokens(1000),
-            })
-            .collect();
-        let ctx = |typical_pace| ScoreContext {
-            total_blocks: 0,
-            fleet_backlog: 0.0,
-            mean_uncached_tokens: 0.0,
-            rotation: 0,
-            seed: 0,
-            now: Millis(0),
-            typical_rate: None,
-            typical_pace,
-            typical_step: None,
-            fastest_step: None,
-        };
+        let cands = idle_cands(&table, &idle, 1000);
+        let ctx = |typical_pace| ctx_at_zero(None, typical_pace);
         let ms = |ctx: &ScoreContext| -> Vec<f64> {
             cands.iter().map(|c| predicted_ttft(&config, c, ctx).ttft_ms).collect()
         };
@@ -453,9 +468,7 @@ mod tests {
     #[test]
     fn an_unlike_server_is_charged_its_longer_steps_and_like_servers_are_not() {
         let config = Config::from_json(b"{}").unwrap();
-        let mut table = EndpointTable::default();
-        let ids: Vec<EndpointId> = (1..=4).map(|i| EndpointId::new(format!("10.0.0.{i}:8000"))).collect();
-        table.replace(&ids);
+        let mut table = table_of(4);
         // Three H100s (40k tokens/s), one with a busy batch's 9 ms steps, and an A100
         // (12k tokens/s) with 9 ms steps.
         for (row, rate, step) in [
@@ -468,28 +481,8 @@ mod tests {
             table.rows_mut()[row].step = crate::speed::StepTime::exact(step, Millis(0));
         }
         let idle = VllmMetrics::default();
-        let cands: Vec<Candidate> = table
-            .rows()
-            .iter()
-            .map(|endpoint| Candidate {
-                endpoint,
-                metrics: &idle,
-                matched_blocks: 0,
-                uncached: Tokens(1200),
-            })
-            .collect();
-        let ctx = ScoreContext {
-            total_blocks: 0,
-            fleet_backlog: 0.0,
-            mean_uncached_tokens: 0.0,
-            rotation: 0,
-            seed: 0,
-            now: Millis(0),
-            typical_rate: typical_rate(&config, &cands, Millis(0)),
-            typical_pace: None,
-            typical_step: None,
-            fastest_step: None,
-        };
+        let cands = idle_cands(&table, &idle, 1200);
+        let ctx = ctx_at_zero(typical_rate(&config, &cands, Millis(0)), None);
         let ctx = with_steps(&config, &cands, ctx);
         let ms: Vec<f64> = cands.iter().map(|c| predicted_ttft(&config, c, &ctx).ttft_ms).collect();
         assert!(
@@ -507,9 +500,7 @@ mod tests {
     #[test]
     fn a_learned_rate_gives_way_to_a_pace_far_off_it() {
         let config = Config::from_json(b"{}").unwrap();
-        let mut table = EndpointTable::default();
-        let ids: Vec<EndpointId> = (1..=3).map(|i| EndpointId::new(format!("10.0.0.{i}:8000"))).collect();
-        table.replace(&ids);
+        let mut table = table_of(3);
         // All three learned 40k tokens/s from vLLM's sums; then the third slowed 3x: its
         // first tokens show it at once, its sums only when its requests finish. The first
         // reads 3x faster than the median pace: a pace never speeds a learned rate up.
@@ -520,28 +511,11 @@ mod tests {
             }
         }
         let idle = VllmMetrics::default();
-        let cands: Vec<Candidate> = table
-            .rows()
-            .iter()
-            .map(|endpoint| Candidate {
-                endpoint,
-                metrics: &idle,
-                matched_blocks: 0,
-                uncached: Tokens(1000),
-            })
-            .collect();
-        let ctx = ScoreContext {
-            total_blocks: 0,
-            fleet_backlog: 0.0,
-            mean_uncached_tokens: 0.0,
-            rotation: 0,
-            seed: 0,
-            now: Millis(0),
-            typical_rate: typical_rate(&config, &cands, Millis(0)),
-            typical_pace: typical_pace(&config, &cands, Millis(0)),
-            typical_step: None,
-            fastest_step: None,
-        };
+        let cands = idle_cands(&table, &idle, 1000);
+        let ctx = ctx_at_zero(
+            typical_rate(&config, &cands, Millis(0)),
+            typical_pace(&config, &cands, Millis(0)),
+        );
         let [fast, near, slow] = cands
             .iter()
             .map(|c| predicted_ttft(&config, c, &ctx).ttft_ms)
