@@ -47,6 +47,9 @@ impl Metric {
     }
 }
 
+/// One per-server gauge family: each server's gauge and the value it was last set to.
+type Gauges = BTreeMap<String, (Metric, u64)>;
+
 /// The request-path stats of a worker VM.
 #[derive(Debug, Default)]
 pub struct RequestStats {
@@ -102,8 +105,9 @@ pub struct RequestStats {
     pub refused_moved: Metric,
     pub refused_by_server: Metric,
     per_endpoint: RefCell<BTreeMap<String, Metric>>,
-    /// Per-server gauges (learned rate, pace, step) by full name, and the value each was last set to.
-    speeds: RefCell<BTreeMap<String, (Metric, u64)>>,
+    /// Per-server gauges (learned rate, pace, step) by name and server, and the value each
+    /// was last set to.
+    speeds: RefCell<BTreeMap<&'static str, Gauges>>,
 }
 
 impl RequestStats {
@@ -183,22 +187,25 @@ impl RequestStats {
         self.per_endpoint_gauge(endpoint, "step_us", us);
     }
 
-    fn per_endpoint_gauge(&self, endpoint: &str, name: &str, value: u64) {
+    fn per_endpoint_gauge(&self, endpoint: &str, name: &'static str, value: u64) {
         let Ok(mut map) = self.speeds.try_borrow_mut() else {
             return;
         };
-        let key = format!("kvroute.endpoint.{}.{name}", safe_name(endpoint));
+        let gauges = map.entry(name).or_default();
         // Reported every 100 ms for every server: a host call only when the value moved.
-        if let Some((metric, last)) = map.get_mut(&key) {
+        if let Some((metric, last)) = gauges.get_mut(endpoint) {
             if *last != value {
                 *last = value;
                 metric.set(value);
             }
             return;
         }
-        let metric = Metric::define(MetricType::Gauge, &key);
+        let metric = Metric::define(
+            MetricType::Gauge,
+            &format!("kvroute.endpoint.{}.{name}", safe_name(endpoint)),
+        );
         metric.set(value);
-        map.insert(key, (metric, value));
+        gauges.insert(endpoint.to_string(), (metric, value));
     }
 
     /// Counts a request sent to `endpoint` (`kvroute.endpoint.<ip_port>.chosen`).

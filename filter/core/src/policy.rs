@@ -199,6 +199,9 @@ pub fn typical_pace(config: &Config, cands: &[Candidate], now: Millis) -> Option
 
 /// `ctx` with its step times filled in (`typical_step`, `fastest_step`; see `server_step`).
 pub fn with_steps(config: &Config, cands: &[Candidate], ctx: ScoreContext) -> ScoreContext {
+    if config.cost().first_token_steps == 0.0 {
+        return ctx;
+    }
     let ctx = ScoreContext {
         typical_step: typical_step(config, cands, &ctx),
         ..ctx
