@@ -279,7 +279,13 @@ fn median_of(config: &Config, cands: &[Candidate], value: impl Fn(&Candidate) ->
 /// pace while its learned rate still says otherwise. Paces include waits behind decode
 /// steps and spread more, so only one beyond `speed::PACE_SAME_WITHIN` of the median (and,
 /// against a learned rate, below it by that much) counts, and only once
-/// `PrefillPace::PLACE_SAMPLES` prompts made it. The configured rate stands in for the
+/// `PrefillPace::PLACE_SAMPLES` prompts made it, or sooner if even its fastest sample
+/// (`PrefillPace::best_per_ms`) is that far below the median pace: a slower GPU is then
+/// known from its first three prompts. Waiting for eight sent a new conversation to the
+/// A100s of a mixed fleet in the first 6 s of a cold start, where it stayed for every
+/// later turn (replay, 4 H100 + 4 A100, multi-turn at 80%: steady-state TTFT p95 30.8 →
+/// 20.3 ms, the oracle 18.2); identical fleets never pass that test (8 H100s and 2
+/// gateways × 8 workers: every cell unchanged). The configured rate stands in for the
 /// typical rate while none is learned, and is used alone when learning is off.
 fn server_rate(config: &Config, c: &Candidate, ctx: &ScoreContext) -> f64 {
     let prior = config.cost().prefill_tokens_per_s;
@@ -288,11 +294,10 @@ fn server_rate(config: &Config, c: &Candidate, ctx: &ScoreContext) -> f64 {
     }
     let typical = ctx.typical_rate.unwrap_or(prior);
     let by_pace = || {
-        if c.endpoint.pace.samples() < PrefillPace::PLACE_SAMPLES {
-            return None;
-        }
         let (pace, typical_pace) = (c.endpoint.pace.per_ms(ctx.now)?, ctx.typical_pace?);
-        Some((typical * pace / typical_pace, PACE_SAME_WITHIN))
+        let placed = c.endpoint.pace.samples() >= PrefillPace::PLACE_SAMPLES
+            || c.endpoint.pace.best_per_ms(ctx.now)? * PACE_SAME_WITHIN < typical_pace;
+        placed.then_some((typical * pace / typical_pace, PACE_SAME_WITHIN))
     };
     // vLLM's sums lag a slowdown by a request's whole life; the pace follows it within a
     // few first tokens, so a pace slower than the learned rate by more than its band wins.
@@ -466,6 +471,41 @@ mod tests {
         assert!((near - 50.0).abs() < 1e-9, "{near}");
         let unpaced = ctx(None);
         assert!(ms(&unpaced).iter().all(|m| (m - 50.0).abs() < 1e-9));
+    }
+
+    #[test]
+    fn a_slower_gpu_is_placed_from_its_first_prompts_and_an_unlucky_like_server_is_not() {
+        let config = Config::from_json(b"{}").unwrap();
+        let mut table = table_of(4);
+        for row in 0..2 {
+            for _ in 0..PrefillPace::PLACE_SAMPLES {
+                table.rows_mut()[row].pace.observe(3000, 3000.0, 100, Millis(0));
+            }
+        }
+        // Three prompts each: the third server waited behind others twice but was as fast
+        // once; the fourth was 3× slower every time.
+        for (row, times) in [(2, [300, 300, 100]), (3, [300, 300, 300])] {
+            for ms in times {
+                table.rows_mut()[row].pace.observe(3000, 3000.0, ms, Millis(0));
+            }
+        }
+        let idle = VllmMetrics::default();
+        let cands = idle_cands(&table, &idle, 1000);
+        let ctx = ctx_at_zero(None, typical_pace(&config, &cands, Millis(0)));
+        let [fast, _, unlucky, slow] = cands
+            .iter()
+            .map(|c| predicted_ttft(&config, c, &ctx).ttft_ms)
+            .collect::<Vec<_>>()[..]
+        else {
+            panic!()
+        };
+        let unlucky_pace = table.rows()[2].pace.per_ms(Millis(0)).unwrap();
+        assert!(
+            unlucky_pace * PACE_SAME_WITHIN < 30.0,
+            "its pace alone reads over 2x slow ({unlucky_pace})"
+        );
+        assert_eq!(unlucky, fast, "one fast sample of three: typical");
+        assert!((slow / fast - 3.0).abs() < 1e-9, "{slow} vs {fast}");
     }
 
     #[test]

@@ -362,6 +362,8 @@ pub fn tokens_for_work(cached: f64, work: f64, attention_tokens: f64) -> f64 {
 pub struct PrefillPace {
     work: f64,
     ms: f64,
+    /// The fastest sample's work per ms.
+    best: f64,
     samples: u32,
     last: Option<Millis>,
 }
@@ -376,7 +378,8 @@ impl PrefillPace {
     /// Samples needed before the pace may place a server with no learned rate
     /// (`policy::server_rate`): with three, early paces of identical servers read over 2×
     /// apart (replay, 2 gateways × 8 workers, shared-prefix at 130%: TTFT p95 227 → 268 ms,
-    /// p99 303 → 597; with eight 228 / 322).
+    /// p99 303 → 597; with eight 228 / 322). Before then only a server whose fastest sample
+    /// is far off is placed (`best_per_ms`).
     pub const PLACE_SAMPLES: u32 = 8;
 
     /// A request of `tokens` uncached tokens, `work` as `prefill_work` counts them, took
@@ -387,8 +390,18 @@ impl PrefillPace {
         }
         self.work = 0.9 * self.work + work;
         self.ms = 0.9 * self.ms + ms.max(1) as f64;
+        self.best = self.best.max(work / ms.max(1) as f64);
         self.samples = self.samples.saturating_add(1);
         self.last = Some(now);
+    }
+
+    /// The fastest sample's work per ms, under the same conditions as `per_ms`. Whatever
+    /// slows a prefill down (a decode step, a prompt from elsewhere) only makes its first
+    /// token later, so a server's fastest sample bounds its speed from above: an unlucky
+    /// server that is as fast as the others shows it in one sample of a few, a slower GPU
+    /// in none. That makes a few samples enough to tell a slower GPU from noise.
+    pub fn best_per_ms(&self, now: Millis) -> Option<f64> {
+        self.per_ms(now).map(|_| self.best)
     }
 
     /// Samples taken so far.
