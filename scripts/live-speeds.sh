@@ -71,8 +71,12 @@ python3 - "$OUT" <<'PY'
 import glob, json, os, sys
 out = sys.argv[1]
 for f in sorted(glob.glob(f"{out}/*.json")):
-    r = json.load(open(f))["runs"][0]
+    doc = json.load(open(f))
+    r = doc["runs"][0]
     t = r["ttft_ms"]
+    # The bench lists only the servers that answered, so a server that got nothing is
+    # missing: look server 0 (port 24001) up by name.
+    shares = dict(zip(doc["servers"], (s["share"] for s in r["per_server"])))
     print(f"{os.path.basename(f)}: {r['completed']} done, {r['failed']} failed, TTFT p50 {t['p50']:.1f} p95 {t['p95']:.1f} p99 {t['p99']:.1f} ms, "
-          f"hit {100 * r['prefix_hit_rate']:.1f}%, server 0 share {100 * r['per_server'][0]['share']:.1f}%")
+          f"hit {100 * r['prefix_hit_rate']:.1f}%, server 0 share {100 * shares.get('127.0.0.1:24001', 0.0):.1f}%")
 PY
