@@ -214,6 +214,11 @@ pub struct RawCost {
     pub kv_pressure_threshold: f64,
     pub kv_pressure_ms: f64,
     pub cold_tolerance: f64,
+    /// A candidate that holds at least `holder_min_share` of the prompt's blocks (and more
+    /// than the best-scored candidate) goes first when its cost is within this fraction of
+    /// the best (`Router::prefer_prefix_holder`); 0 turns it off.
+    pub holder_tolerance: f64,
+    pub holder_min_share: f64,
     pub default_prompt_tokens: u64,
     pub work_weight: f64,
     /// Added to a server's cost when the request's LoRA adapter is not loaded there.
@@ -425,6 +430,8 @@ impl Default for RawCost {
             kv_pressure_threshold: 0.8,
             kv_pressure_ms: 200.0,
             cold_tolerance: 0.1,
+            holder_tolerance: 0.3,
+            holder_min_share: 0.7,
             default_prompt_tokens: 512,
             work_weight: 1.0,
             // vLLM loads an adapter from its CPU cache in milliseconds and from disk in tens

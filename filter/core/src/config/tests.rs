@@ -82,6 +82,8 @@ fn out_of_range_numbers_are_rejected() {
         (r#"{"cost": {"progress_credit": -0.1}}"#, "cost.progress_credit"),
         (r#"{"cost": {"attention_tokens": -1}}"#, "cost.attention_tokens"),
         (r#"{"cost": {"first_token_steps": -1}}"#, "cost.first_token_steps"),
+        (r#"{"cost": {"holder_tolerance": 1.5}}"#, "cost.holder_tolerance"),
+        (r#"{"cost": {"holder_min_share": -0.1}}"#, "cost.holder_min_share"),
     ] {
         assert_eq!(parse(json).unwrap_err().field, field, "{json}");
     }

@@ -172,11 +172,14 @@ pub(super) fn validate_scoring(raw: &RawConfig) -> Result<(), ConfigError> {
             format!("({}) must be in [0, 1]", c.progress_credit),
         ));
     }
-    if !(0.0..=1.0).contains(&c.cold_tolerance) {
-        return Err(reject(
-            "cost.cold_tolerance",
-            format!("({}) must be in [0, 1]", c.cold_tolerance),
-        ));
+    for (field, v) in [
+        ("cost.cold_tolerance", c.cold_tolerance),
+        ("cost.holder_tolerance", c.holder_tolerance),
+        ("cost.holder_min_share", c.holder_min_share),
+    ] {
+        if !(0.0..=1.0).contains(&v) {
+            return Err(reject(field, format!("({v}) must be in [0, 1]")));
+        }
     }
     let w = &raw.weighted;
     if [w.queue, w.kv, w.prefix].iter().any(|v| !(v.is_finite() && *v >= 0.0)) || w.queue + w.kv + w.prefix <= 0.0 {

@@ -135,6 +135,46 @@ fn when_every_endpoint_has_a_queue_recomputing_a_prefix_costs_more() {
 }
 
 #[test]
+fn the_holder_of_most_of_a_prompt_goes_first_when_it_costs_a_little_more() {
+    // Server 0 holds the first 32 blocks of prefix 5; it is busier than server 1 by enough
+    // that plain cost prefers server 1, by less than `cost.holder_tolerance`.
+    let route = |config: Config, blocks: usize, waiting: u64| {
+        let mut r = Router::new(config);
+        r.on_metrics(&ep(0), load(0, 0, 0.0), T0);
+        r.on_metrics(&ep(1), load(0, 0, 0.0), T0);
+        let placed = r.route(&req(5, 32), T0);
+        let holder = placed.best().unwrap().clone();
+        r.on_routed(1, &req(5, 32), &placed, T0);
+        r.on_completed(1, &done_at(Some(holder.clone()), Some(32 * 64)), T0);
+        let other = if holder == ep(0) { ep(1) } else { ep(0) };
+        let later = Millis(T0.0 + 1);
+        r.on_metrics(&holder, load(4, waiting, 0.3), later);
+        r.on_metrics(&other, load(4, 0, 0.3), later);
+        let d = r.route(&req(5, blocks), later);
+        let cost = |id: &EndpointId| d.breakdown.iter().find(|s| s.endpoint == *id).unwrap().cost.0;
+        (d.best() == Some(&holder), cost(&holder) / cost(&other))
+    };
+    let with = |json: &str| {
+        let mut raw: RawConfig = serde_json::from_str(json).unwrap();
+        raw.endpoints = vec![ep(0).as_str().into(), ep(1).as_str().into()];
+        Config::try_from(raw).unwrap()
+    };
+    // The queue at the holder that makes it cost 1–1.3× the other for a 40-block prompt.
+    let waiting = (0..200)
+        .find(|w| {
+            let (_, ratio) = route(with("{}"), 40, *w);
+            ratio > 1.0 && ratio < 1.3
+        })
+        .expect("some queue puts the holder within 30% of the other server");
+    // 32 of 40 blocks (80%) held: the holder goes first; without the rule it would not.
+    assert!(route(with("{}"), 40, waiting).0);
+    assert!(!route(with(r#"{"cost": {"holder_tolerance": 0}}"#), 40, waiting).0);
+    // 32 of 64 (50%) is below `holder_min_share`: plain cost decides.
+    let (stays, ratio) = route(with("{}"), 64, waiting);
+    assert!(!stays || ratio <= 1.0, "{ratio}");
+}
+
+#[test]
 fn cost_rises_with_every_kind_of_load() {
     let base = router(PolicyKind::Cost, &[load(2, 2, 0.5)])
         .route(&req(1, 8), T0)
