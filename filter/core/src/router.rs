@@ -462,7 +462,7 @@ impl Router {
     /// holder of a long shared context is usually such a server (Mooncake trace at 50%: 49.9k
     /// tokens pending on average where 23.6k were left). Recomputing most of a long prompt
     /// elsewhere also spends capacity the fleet needs once it is loaded. On the Mooncake
-    /// trace this took the captured share of reachable reuse from 95% / 92% to 97% / 98% at
+    /// trace this took the captured share of reachable reuse from 95% / 92% to 97% / 97% at
     /// 50 / 80% load, with TTFT p95 the same there and 7% lower at 110%; a wider rule (any
     /// holder, or a half share) cost rag +5% to +31% (BENCHMARKS, "The holder of most of a
     /// prompt").
@@ -480,7 +480,7 @@ impl Router {
         let holder = (0..near).max_by_key(|pos| (cands[order[*pos]].matched_blocks, std::cmp::Reverse(*pos)));
         if let Some(pos) = holder {
             let matched = cands[order[pos]].matched_blocks;
-            if matched > first && f64::from(matched) >= need && matched > 0 {
+            if matched > first && f64::from(matched) >= need {
                 order[..=pos].rotate_right(1);
             }
         }
