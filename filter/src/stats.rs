@@ -55,6 +55,9 @@ type Gauges = BTreeMap<String, (Metric, u64)>;
 pub struct RequestStats {
     pub prefix_hit: Metric,
     pub cold: Metric,
+    /// Decisions where the holder of most of the prompt went first at a higher cost
+    /// (`cost.holder_tolerance`).
+    pub holder_first: Metric,
     pub fallback: Metric,
     pub shed: Metric,
     pub skipped_over_limit: Metric,
@@ -117,6 +120,7 @@ impl RequestStats {
         RequestStats {
             prefix_hit: c("decision.prefix_hit"),
             cold: c("decision.cold"),
+            holder_first: c("decision.holder_first"),
             fallback: c("decision.fallback"),
             shed: c("decision.shed"),
             skipped_over_limit: c("skipped.over_limit"),

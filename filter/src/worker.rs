@@ -105,6 +105,9 @@ impl Shared {
             self.stats.skipped_error.inc();
             return None;
         }
+        if decision.holder_first {
+            self.stats.holder_first.inc();
+        }
         let request_id = self.next_request_id();
         router.on_routed(request_id, req, decision, now);
         self.peers.after_route(router, &self.stats, now);

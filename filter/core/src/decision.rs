@@ -124,6 +124,9 @@ pub struct Decision {
     pub breakdown: Vec<EndpointScore>,
     /// Set when tiers are configured and candidates were scored.
     pub tier: Option<Tiering>,
+    /// The holder of most of the prompt went first at a higher cost than the best-scored
+    /// candidate (`cost.holder_tolerance`).
+    pub holder_first: bool,
 }
 
 impl Decision {

@@ -215,6 +215,7 @@ impl Router {
                 matched_blocks: 0,
                 breakdown: Vec::new(),
                 tier: None,
+                holder_first: false,
             };
         }
 
@@ -285,6 +286,7 @@ impl Router {
                     matched_blocks: 0,
                     breakdown,
                     tier: None,
+                    holder_first: false,
                 };
             }
         } else {
@@ -315,6 +317,7 @@ impl Router {
                 matched_blocks: 0,
                 breakdown,
                 tier: None,
+                holder_first: false,
             };
         }
         let mut terms = policy::score(&self.config, &just_cands, &ctx);
@@ -346,9 +349,11 @@ impl Router {
         if let Some(first) = req.blocks.first() {
             self.prefer_rendezvous_owner(*first, &mut order, &just_cands, &terms);
         }
-        self.prefer_prefix_holder(req.blocks.len(), &mut order, &just_cands, &terms);
+        let holder_first = self.prefer_prefix_holder(req.blocks.len(), &mut order, &just_cands, &terms);
+        let holder = order[0];
         let tier = self.choose_tier(req, &mut order, &just_cands, &terms, now);
         let best = order[0];
+        let holder_first = holder_first && best == holder;
         let matched_blocks = just_cands[best].matched_blocks;
         let endpoints = order
             .iter()
@@ -366,6 +371,7 @@ impl Router {
             matched_blocks,
             breakdown,
             tier,
+            holder_first,
         }
     }
 
@@ -466,10 +472,17 @@ impl Router {
     /// 50 / 80% load, with TTFT p95 the same there and 7% lower at 110%; a wider rule (any
     /// holder, or a half share) cost rag +5% to +31% (BENCHMARKS, "The holder of most of a
     /// prompt").
-    fn prefer_prefix_holder(&self, blocks: usize, order: &mut [usize], cands: &[Candidate], terms: &[policy::Terms]) {
+    /// Whether it moved one.
+    fn prefer_prefix_holder(
+        &self,
+        blocks: usize,
+        order: &mut [usize],
+        cands: &[Candidate],
+        terms: &[policy::Terms],
+    ) -> bool {
         let c = self.config.cost();
         if self.config.policy() != PolicyKind::Cost || c.holder_tolerance <= 0.0 || order.is_empty() {
-            return;
+            return false;
         }
         let need = c.holder_min_share * blocks as f64;
         let first = cands[order[0]].matched_blocks;
@@ -482,8 +495,10 @@ impl Router {
             let matched = cands[order[pos]].matched_blocks;
             if matched > first && f64::from(matched) >= need {
                 order[..=pos].rotate_right(1);
+                return true;
             }
         }
+        false
     }
 
     /// Tiers (`tiers`): the servers of the cheapest tier whose best predicted TTFT meets the
@@ -545,6 +560,7 @@ impl Router {
             matched_blocks: 0,
             breakdown,
             tier: None,
+            holder_first: false,
         }
     }
 }

@@ -152,7 +152,13 @@ fn the_holder_of_most_of_a_prompt_goes_first_when_it_costs_a_little_more() {
         r.on_metrics(&other, load(4, 0, 0.3), later);
         let d = r.route(&req(5, blocks), later);
         let cost = |id: &EndpointId| d.breakdown.iter().find(|s| s.endpoint == *id).unwrap().cost.0;
-        (d.best() == Some(&holder), cost(&holder) / cost(&other))
+        let first = d.best() == Some(&holder);
+        assert_eq!(
+            d.holder_first,
+            first && cost(&holder) > cost(&other),
+            "the decision says so"
+        );
+        (first, cost(&holder) / cost(&other))
     };
     let with = |json: &str| {
         let mut raw: RawConfig = serde_json::from_str(json).unwrap();
@@ -206,6 +212,7 @@ fn unhealthy_ejected_and_stale_endpoints_are_never_picked() {
                 matched_blocks: 0,
                 breakdown: vec![],
                 tier: None,
+                holder_first: false,
             },
             T0,
         );
