@@ -120,7 +120,7 @@ impl RequestStats {
         RequestStats {
             prefix_hit: c("decision.prefix_hit"),
             cold: c("decision.cold"),
-            holder_first: c("decision.holder_first"),
+            holder_first: c("holder_first"),
             fallback: c("decision.fallback"),
             shed: c("decision.shed"),
             skipped_over_limit: c("skipped.over_limit"),
