@@ -451,9 +451,7 @@ impl Router {
         if !affinity_policy || cands.iter().any(|c| c.matched_blocks > 0) {
             return;
         }
-        let best = terms[order[0]].cost.0;
-        let limit = best + best.abs() * self.config.cost().cold_tolerance + 1e-9;
-        let near = order.iter().take_while(|i| terms[**i].cost.0 <= limit).count();
+        let near = near_best(order, terms, self.config.cost().cold_tolerance);
         let owner = (0..near).max_by_key(|pos| policy::rendezvous_weight(first, &cands[order[*pos]].endpoint.id));
         if let Some(pos) = owner {
             order[..=pos].rotate_right(1);
@@ -471,8 +469,7 @@ impl Router {
     /// trace this took the captured share of reachable reuse from 95% / 92% to 97% / 97% at
     /// 50 / 80% load, with TTFT p95 the same there and 7% lower at 110%; a wider rule (any
     /// holder, or a half share) cost rag +5% to +31% (BENCHMARKS, "The holder of most of a
-    /// prompt").
-    /// Whether it moved one.
+    /// prompt"). Returns whether it moved one.
     fn prefer_prefix_holder(
         &self,
         blocks: usize,
@@ -486,9 +483,7 @@ impl Router {
         }
         let need = c.holder_min_share * blocks as f64;
         let first = cands[order[0]].matched_blocks;
-        let best = terms[order[0]].cost.0;
-        let limit = best + best.abs() * c.holder_tolerance + 1e-9;
-        let near = order.iter().take_while(|i| terms[**i].cost.0 <= limit).count();
+        let near = near_best(order, terms, c.holder_tolerance);
         // The most blocks, then the lower cost (`order` is sorted by cost).
         let holder = (0..near).max_by_key(|pos| (cands[order[*pos]].matched_blocks, std::cmp::Reverse(*pos)));
         if let Some(pos) = holder {
@@ -566,6 +561,14 @@ impl Router {
 }
 
 mod events;
+
+/// How many candidates at the front of `order` (sorted by cost) cost at most `tolerance`
+/// more than the first.
+fn near_best(order: &[usize], terms: &[policy::Terms], tolerance: f64) -> usize {
+    let best = terms[order[0]].cost.0;
+    let limit = best + best.abs() * tolerance + 1e-9;
+    order.iter().take_while(|i| terms[**i].cost.0 <= limit).count()
+}
 
 #[cfg(test)]
 mod tests;
