@@ -350,10 +350,11 @@ impl Router {
             self.prefer_rendezvous_owner(*first, &mut order, &just_cands, &terms);
         }
         let holder_first = self.prefer_prefix_holder(req.blocks.len(), &mut order, &just_cands, &terms);
-        let holder = order[0];
+        let before_tiers = order[0];
         let tier = self.choose_tier(req, &mut order, &just_cands, &terms, now);
         let best = order[0];
-        let holder_first = holder_first && best == holder;
+        // Tiers may put another server first.
+        let holder_first = holder_first && best == before_tiers;
         let matched_blocks = just_cands[best].matched_blocks;
         let endpoints = order
             .iter()
