@@ -63,6 +63,7 @@ pub fn matrix_cmd(a: &MatrixArgs) -> anyhow::Result<()> {
     let (profile, servers, mixed) = a.fleet.fleet()?;
     let setup = ReplaySetup {
         classes: None,
+        pool_changes: Vec::new(),
         profile,
         servers,
         mixed,

@@ -102,6 +102,7 @@ pub fn plan_cmd(a: &PlanArgs) -> anyhow::Result<()> {
     let planner = Planner {
         base: ReplaySetup {
             classes: None,
+            pool_changes: Vec::new(),
             profile: profiles[0].clone(),
             servers: 1,
             mixed: Vec::new(),

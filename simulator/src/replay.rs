@@ -42,6 +42,47 @@ pub struct ReplaySetup {
     /// Tenants and priority bands (overload runs); none: every request is priority 0 of
     /// tenant 0.
     pub classes: Option<Classes>,
+    /// Servers that join or leave the pool mid-run (`check_pool_changes`).
+    pub pool_changes: Vec<PoolChange>,
+}
+
+/// Server `server` joins the pool at `at_ms` (it is out of it before: no router knows it,
+/// nothing scrapes it), or leaves it (from then on no router sends it anything and nothing
+/// scrapes it; what it is running finishes, as a terminating pod drains). Every router
+/// learns of it at once, as from its discovery.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PoolChange {
+    pub server: usize,
+    pub at_ms: f64,
+    pub joins: bool,
+}
+
+/// Pool changes name servers of the fleet, each at most once, and leave one server in the
+/// pool throughout.
+pub fn check_pool_changes(servers: usize, changes: &[PoolChange]) -> anyhow::Result<()> {
+    for (k, c) in changes.iter().enumerate() {
+        anyhow::ensure!(
+            c.server < servers,
+            "server {} joins or leaves, but the fleet has servers 0..{}",
+            c.server,
+            servers.saturating_sub(1)
+        );
+        anyhow::ensure!(
+            c.at_ms >= 0.0,
+            "server {} joins or leaves before the run starts",
+            c.server
+        );
+        anyhow::ensure!(
+            changes[..k].iter().all(|o| o.server != c.server),
+            "server {} joins or leaves twice: one change per server",
+            c.server
+        );
+    }
+    anyhow::ensure!(
+        (0..servers).any(|s| changes.iter().all(|c| c.server != s)),
+        "every server joins or leaves: keep one in the pool throughout"
+    );
+    Ok(())
 }
 
 /// From `at_ms` on, server `server`'s steps take `factor` times as long.
@@ -63,6 +104,8 @@ impl ReplaySetup {
 enum Kind {
     /// The configured slowdown starts.
     Slow,
+    /// Pool change `k` (`ReplaySetup::pool_changes`): before arrivals at the same moment.
+    Pool(usize),
     /// Gateway `g` scrapes every server.
     Scrape(usize),
     /// Router `r` applies its gateway's latest snapshot.
@@ -146,6 +189,12 @@ pub fn run_until(
         requests.len(),
     );
     let mut busy = vec![false; setup.servers];
+    let mut pool: Vec<bool> = (0..setup.servers)
+        .map(|s| !setup.pool_changes.iter().any(|c| c.server == s && c.joins))
+        .collect();
+    if pool.contains(&false) {
+        routers.on_pool(&pool, 0.0);
+    }
     let mut records: Vec<Option<Record>> = vec![None; requests.len()];
     let mut reachable = vec![0u64; requests.len()];
     let mut q = Queue {
@@ -162,6 +211,9 @@ pub fn run_until(
     }
     if let Some(slow) = setup.slowdown {
         q.push(slow.at_ms, Kind::Slow);
+    }
+    for (k, c) in setup.pool_changes.iter().enumerate() {
+        q.push(c.at_ms, Kind::Pool(k));
     }
     for g in 0..topo.gateways.max(1) {
         q.push(topo.scrape_phase_ms(g, setup.scrape_interval_ms), Kind::Scrape(g));
@@ -191,10 +243,16 @@ pub fn run_until(
                     }
                 }
             }
+            Kind::Pool(k) => {
+                let c = setup.pool_changes[k];
+                pool[c.server] = c.joins;
+                routers.on_pool(&pool, now);
+            }
             Kind::Scrape(g) => {
                 let snapshot = engines
                     .iter()
                     .enumerate()
+                    .filter(|(s, _)| pool[*s])
                     .map(|(s, e)| {
                         let text = e.metrics_text(false, 0.0);
                         match parse_metrics(text.as_bytes(), 1 << 20) {
@@ -222,6 +280,9 @@ pub fn run_until(
             Kind::Snapshot(r) => apply_snapshot(&mut routers, r, &scraped[topo.gateway_of(r)]),
             Kind::Restart => {
                 routers.restart();
+                if pool.contains(&false) {
+                    routers.on_pool(&pool, now);
+                }
                 // What the old routers sent each other dies with them.
                 mail.floor = mail.events.len();
             }
@@ -237,7 +298,9 @@ pub fn run_until(
                 let (body, parsed, blocks) = prepare(model, &requests[i], i);
                 reachable[i] = engines
                     .iter()
-                    .map(|e| e.kv().cached_prefix(&blocks) as u64 * BLOCK_TOKENS)
+                    .zip(&pool)
+                    .filter(|(_, in_pool)| **in_pool)
+                    .map(|(e, _)| e.kv().cached_prefix(&blocks) as u64 * BLOCK_TOKENS)
                     .max()
                     .unwrap_or(0)
                     .min(parsed.prompt_tokens.0.saturating_sub(1));
@@ -251,6 +314,7 @@ pub fn run_until(
                         canonical: &parsed.canonical,
                         prompt_tokens: parsed.prompt_tokens.0,
                         engine_blocks: &blocks,
+                        pool: &pool,
                     };
                     routers.deciding(r, now);
                     let pick = routers.all[r].admit(&incoming, &engines, now, sheddable);
@@ -259,7 +323,7 @@ pub fn run_until(
                 } else {
                     Pick::Hold
                 };
-                match pick {
+                match in_pool(pick, &pool) {
                     Pick::Server(s) => start(
                         &mut engines,
                         &mut busy,
@@ -288,12 +352,13 @@ pub fn run_until(
                         canonical: &parsed.canonical,
                         prompt_tokens: parsed.prompt_tokens.0,
                         engine_blocks: &blocks,
+                        pool: &pool,
                     };
                     routers.routing(i);
                     routers.deciding(r, now);
                     let pick = routers.all[r].admit(&incoming, &engines, now, false);
                     mail.send(&mut q, &mut routers, r, now);
-                    let Pick::Server(s) = pick else { break };
+                    let Pick::Server(s) = in_pool(pick, &pool) else { break };
                     gate.holds[r].pop();
                     gate.held_ms[i] = now - requests[i].arrival_ms;
                     start(
@@ -506,6 +571,17 @@ impl Mailbox {
 #[allow(clippy::panic)]
 fn simulator_bug(what: &str) -> ! {
     panic!("replay: {what}")
+}
+
+/// A policy that picks a server out of the pool is a bug in the simulator (Envoy would not
+/// send there).
+fn in_pool(pick: Pick, pool: &[bool]) -> Pick {
+    if let Pick::Server(s) = pick {
+        if !pool.get(s).copied().unwrap_or(false) {
+            simulator_bug(&format!("a policy picked server {s}, which is not in the pool"));
+        }
+    }
+    pick
 }
 
 fn apply_snapshot(routers: &mut Routers, r: usize, (at, servers): &Scraped) {

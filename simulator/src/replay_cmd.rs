@@ -39,6 +39,14 @@ pub struct ReplayArgs {
     /// steps take 3× as long from 60 s on).
     #[arg(long)]
     slow: Option<String>,
+    /// A server joins the pool mid-run: `SERVER@SECONDS`, e.g. `7@30` (server 7 is out of
+    /// the pool until 30 s: no router knows it, nothing scrapes it). Repeatable.
+    #[arg(long)]
+    join: Vec<String>,
+    /// A server leaves the pool mid-run: `SERVER@SECONDS`, e.g. `0@30` (from 30 s on no
+    /// router sends it anything; what it is running finishes). Repeatable.
+    #[arg(long)]
+    leave: Vec<String>,
     /// Write the runs as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -76,6 +84,13 @@ pub fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.scrape_interval_ms > 0.0, "--scrape-interval-ms must be positive");
     anyhow::ensure!(a.replicas >= 1, "--replicas must be at least 1");
     let (profile, servers, mixed) = a.fleet.fleet()?;
+    let pool_changes: Vec<replay::PoolChange> = a
+        .join
+        .iter()
+        .map(|spec| parse_pool_change("--join", spec, true))
+        .chain(a.leave.iter().map(|spec| parse_pool_change("--leave", spec, false)))
+        .collect::<anyhow::Result<_>>()?;
+    replay::check_pool_changes(servers, &pool_changes)?;
     let setup = ReplaySetup {
         profile,
         servers,
@@ -92,6 +107,7 @@ pub fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
                 p.as_deref().unwrap_or("0:1"),
             )?),
         },
+        pool_changes,
     };
     let span_s = requests.iter().map(|r| r.arrival_ms).fold(0.0, f64::max) / 1000.0;
     if setup.mixed.is_empty() {
@@ -163,6 +179,11 @@ pub fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
         .zip(extra)
         .map(|(r0, rest)| std::iter::once(r0.clone()).chain(rest).collect())
         .collect();
+    for (policy, rs) in a.policy.iter().zip(&replicas) {
+        for c in &setup.pool_changes {
+            print_pool_change(&policy.to_string(), c, rs);
+        }
+    }
     let medians = |f: &dyn Fn(&RunReport) -> RunReport| -> Vec<RunReport> {
         replicas
             .iter()
@@ -218,6 +239,57 @@ pub fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
     Ok(())
+}
+
+/// `SERVER@SECONDS`.
+fn parse_pool_change(flag: &str, spec: &str, joins: bool) -> anyhow::Result<replay::PoolChange> {
+    let bad = || anyhow::anyhow!("{flag} {spec:?}: expected SERVER@SECONDS, e.g. 7@30");
+    let (server, at) = spec.split_once('@').ok_or_else(bad)?;
+    let at_s: f64 = at.trim().parse().map_err(|_| bad())?;
+    anyhow::ensure!(
+        at_s.is_finite() && at_s >= 0.0,
+        "{flag} {spec:?}: the time must be 0 s or later"
+    );
+    Ok(replay::PoolChange {
+        server: server.trim().parse().map_err(|_| bad())?,
+        at_ms: at_s * 1000.0,
+        joins,
+    })
+}
+
+/// What a pool change did, as medians over the replicas: the server's share of arrivals
+/// in windows after it (a joining server's ramp; a leaving one's is 0), and TTFT p95 and
+/// the captured share of reachable reuse of the arrivals in the 10 s before and after.
+fn print_pool_change(policy: &str, c: &replay::PoolChange, runs: &[RunReport]) {
+    let at = c.at_ms;
+    let median = |f: &dyn Fn(&RunReport) -> f64| {
+        let mut v: Vec<f64> = runs.iter().map(f).collect();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    };
+    let shares: Vec<String> = [(0.0, 1000.0), (1000.0, 2000.0), (2000.0, 5000.0), (5000.0, 15_000.0)]
+        .iter()
+        .map(|(a, b)| format!("{:.1}%", 100.0 * median(&|r| r.share_between(c.server, at + a, at + b))))
+        .collect();
+    let before = |r: &RunReport| r.phase(at - 10_000.0, at);
+    let after = |r: &RunReport| r.phase(at, at + 10_000.0);
+    println!(
+        "{policy}: server {} {} at {:.0} s (medians of {}); its share of arrivals: first second {}, \
+         1–2 s {}, 2–5 s {}, 5–15 s {}; arrivals 10 s before / after: TTFT p95 {:.0} / {:.0} ms, \
+         captured reuse {:.1}% / {:.1}%",
+        c.server,
+        if c.joins { "joined" } else { "left" },
+        at / 1000.0,
+        runs.len(),
+        shares[0],
+        shares[1],
+        shares[2],
+        shares[3],
+        median(&|r| before(r).ttft_ms.p95),
+        median(&|r| after(r).ttft_ms.p95),
+        100.0 * median(&|r| before(r).captured_reuse),
+        100.0 * median(&|r| after(r).captured_reuse),
+    );
 }
 
 /// `SERVER:FACTOR@SECONDS`.

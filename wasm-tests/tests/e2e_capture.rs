@@ -84,6 +84,7 @@ fn a_captured_run_replays_to_the_live_hit_rate_and_ttft() {
     );
     let setup = ReplaySetup {
         classes: None,
+        pool_changes: Vec::new(),
         profile,
         servers: 4,
         mixed: Vec::new(),

@@ -124,6 +124,7 @@ fn planner(requests: &[SimRequest], ttft_ms: f64, early_stop: bool) -> Planner<'
     Planner {
         base: ReplaySetup {
             classes: None,
+            pool_changes: Vec::new(),
             profile,
             servers: 1,
             mixed: Vec::new(),

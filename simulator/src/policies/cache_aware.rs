@@ -20,7 +20,7 @@ use kvroute_core::policy::{fleet_backlog, predicted_ttft, typical_rate, with_ste
 use kvroute_core::speed::{Speed, StepTime};
 use kvroute_core::{Config, EndpointId, Millis, Tokens, VllmMetrics};
 
-use super::{argmin_random, chunk_hashes, ApproxIndex, Incoming, Outstanding, Policy, Rng};
+use super::{argmin_random, chunk_hashes, members, ApproxIndex, Incoming, Outstanding, Policy, Rng};
 use crate::engine::{Engine, Finished};
 use crate::profile::BLOCK_TOKENS;
 
@@ -46,10 +46,10 @@ impl Policy for GieWeighted {
     fn pick(&mut self, req: &Incoming, servers: &[Engine], _: f64) -> usize {
         let mut blocks = chunk_hashes(req.canonical, 64);
         blocks.truncate(256);
-        let (lo, hi) = self
-            .waiting
+        let (lo, hi) = members(req.pool)
             .iter()
-            .fold((f64::MAX, f64::MIN), |(lo, hi), q| (lo.min(*q), hi.max(*q)));
+            .map(|s| self.waiting[*s])
+            .fold((f64::MAX, f64::MIN), |(lo, hi), q| (lo.min(q), hi.max(q)));
         let scores: Vec<f64> = (0..servers.len())
             .map(|s| {
                 let queue = if hi > lo {
@@ -66,7 +66,7 @@ impl Policy for GieWeighted {
                 -(2.0 * queue + 2.0 * kv + 3.0 * prefix)
             })
             .collect();
-        let s = argmin_random(&scores, &mut self.rng);
+        let s = argmin_random(&scores, req.pool, &mut self.rng);
         self.index.insert(s, &blocks);
         s
     }
@@ -91,15 +91,19 @@ impl SglangCacheAware {
 }
 
 impl Policy for SglangCacheAware {
-    fn pick(&mut self, req: &Incoming, servers: &[Engine], _: f64) -> usize {
+    fn pick(&mut self, req: &Incoming, _: &[Engine], _: f64) -> usize {
         let load = self.outstanding.get();
-        let (min, max) = (*load.iter().min().unwrap_or(&0), *load.iter().max().unwrap_or(&0));
+        let pool = members(req.pool);
+        let min = pool.iter().map(|s| load[*s]).min().unwrap_or(0);
+        let max = pool.iter().map(|s| load[*s]).max().unwrap_or(0);
         let blocks = chunk_hashes(req.canonical, 64);
         let s = if max - min > 64 && max as f64 > 1.5 * min as f64 {
-            load.iter().position(|l| *l == min).unwrap_or(0)
+            pool.iter().copied().find(|s| load[*s] == min).unwrap_or(0)
         } else {
-            let matches: Vec<usize> = (0..servers.len()).map(|s| self.index.matched(s, &blocks)).collect();
-            let best = (0..servers.len())
+            let matches: Vec<usize> = (0..load.len()).map(|s| self.index.matched(s, &blocks)).collect();
+            let best = pool
+                .iter()
+                .copied()
                 .max_by_key(|s| (matches[*s], std::cmp::Reverse(*s)))
                 .unwrap_or(0);
             let ratio = if blocks.is_empty() {
@@ -110,7 +114,8 @@ impl Policy for SglangCacheAware {
             if ratio > 0.5 {
                 best
             } else {
-                (0..servers.len())
+                pool.iter()
+                    .copied()
                     .min_by_key(|s| (self.index.size(*s), *s))
                     .unwrap_or(0)
             }
@@ -137,7 +142,8 @@ impl Policy for DynamoKv {
                 (total - overlap) + active
             })
             .collect();
-        (0..costs.len())
+        members(req.pool)
+            .into_iter()
             .min_by(|a, b| costs[*a].total_cmp(&costs[*b]))
             .unwrap_or(0)
     }
@@ -196,11 +202,10 @@ impl Policy for Oracle {
                 (metrics, hit)
             })
             .collect();
-        let cands: Vec<Candidate> = self
-            .table
-            .rows()
+        let pool = members(req.pool);
+        let cands: Vec<Candidate> = pool
             .iter()
-            .zip(&truth)
+            .map(|s| (&self.table.rows()[*s], &truth[*s]))
             .map(|(endpoint, (metrics, hit))| Candidate {
                 endpoint,
                 metrics,
@@ -233,6 +238,6 @@ impl Policy for Oracle {
         if let Some(c) = cands.get(chosen) {
             self.mean_uncached = 0.9 * self.mean_uncached + 0.1 * c.uncached.0 as f64;
         }
-        chosen
+        pool.get(chosen).copied().unwrap_or(0)
     }
 }

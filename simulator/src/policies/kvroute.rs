@@ -4,7 +4,7 @@
 use kvroute_core::request::{parse, ApiKind};
 use kvroute_core::{Completion, Config, EndpointId, Millis, Outcome, PeerEvent, Router, VllmMetrics};
 
-use super::{Incoming, Outstanding, Pick, Policy};
+use super::{members, Incoming, Outstanding, Pick, Policy};
 use crate::engine::{Engine, Finished};
 
 pub struct Kvroute {
@@ -34,9 +34,9 @@ impl Kvroute {
     }
 
     /// Where a request goes when the router chooses nothing (no endpoint may serve).
-    fn least_outstanding(&self) -> usize {
+    fn least_outstanding(&self, pool: &[bool]) -> usize {
         let load = self.outstanding.get();
-        (0..load.len()).min_by_key(|s| load[*s]).unwrap_or(0)
+        members(pool).into_iter().min_by_key(|s| load[*s]).unwrap_or(0)
     }
 
     fn index_of(&self, id: &EndpointId) -> Option<usize> {
@@ -49,7 +49,7 @@ impl Policy for Kvroute {
         match self.admit(req, servers, now_ms, false) {
             Pick::Server(s) => s,
             // Not reached: `pick` is only called with holding off.
-            Pick::Hold | Pick::Shed => self.least_outstanding(),
+            Pick::Hold | Pick::Shed => self.least_outstanding(req.pool),
         }
     }
     fn admit(&mut self, req: &Incoming, _: &[Engine], now_ms: f64, sheddable: bool) -> Pick {
@@ -70,7 +70,7 @@ impl Policy for Kvroute {
         if let Some(p) = held {
             return p;
         }
-        let s = chosen.unwrap_or_else(|| self.least_outstanding());
+        let s = chosen.unwrap_or_else(|| self.least_outstanding(req.pool));
         self.outstanding.sent(s);
         Pick::Server(s)
     }
@@ -99,5 +99,10 @@ impl Policy for Kvroute {
     }
     fn on_peer_event(&mut self, event: &PeerEvent, now_ms: f64) {
         self.router.on_peer_event(event, Millis(now_ms as u64));
+    }
+    fn on_pool(&mut self, pool: &[bool], _: f64) {
+        // What the filter's discovery hands the router: the cluster's hosts now.
+        let ids: Vec<EndpointId> = members(pool).into_iter().map(|s| self.ids[s].clone()).collect();
+        self.router.on_endpoints(&ids);
     }
 }

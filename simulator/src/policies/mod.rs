@@ -24,6 +24,15 @@ pub struct Incoming<'a> {
     pub canonical: &'a [u8],
     pub prompt_tokens: u64,
     pub engine_blocks: &'a [u64],
+    /// The servers in the pool now (`pool[s]`): a policy picks only among them. Servers
+    /// join and leave mid-run in the replay (`replay::PoolChange`); every router learns of
+    /// a change at once, as from its discovery.
+    pub pool: &'a [bool],
+}
+
+/// The indices of the servers in `pool`, in order.
+pub fn members(pool: &[bool]) -> Vec<usize> {
+    (0..pool.len()).filter(|s| pool[*s]).collect()
 }
 
 /// What a policy does with a request.
@@ -58,6 +67,9 @@ pub trait Policy {
         Vec::new()
     }
     fn on_peer_event(&mut self, _event: &PeerEvent, _now_ms: f64) {}
+    /// The pool changed (a server joined or left): what a router with per-endpoint state
+    /// learns from its discovery. `Incoming::pool` carries the same at every pick.
+    fn on_pool(&mut self, _pool: &[bool], _now_ms: f64) {}
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
@@ -143,10 +155,15 @@ impl Rng {
     }
 }
 
-/// Index of the minimum of `keys`, ties broken by `rng` among equals.
-pub fn argmin_random<K: PartialOrd + Copy>(keys: &[K], rng: &mut Rng) -> usize {
+/// Index of the minimum of `keys` among the servers in `pool`, ties broken by `rng` among
+/// equals.
+pub fn argmin_random<K: PartialOrd + Copy>(keys: &[K], pool: &[bool], rng: &mut Rng) -> usize {
     let mut best: Vec<usize> = Vec::new();
-    for (i, k) in keys.iter().enumerate() {
+    for (i, k) in keys
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| pool.get(*i).copied().unwrap_or(true))
+    {
         match best.first().map(|b| keys[*b]) {
             None => best.push(i),
             Some(b) if *k < b => best = vec![i],

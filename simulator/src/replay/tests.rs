@@ -5,6 +5,7 @@ use crate::workload::{generate, GenParams, Generator};
 fn setup(servers: usize) -> ReplaySetup {
     ReplaySetup {
         classes: None,
+        pool_changes: Vec::new(),
         profile: Profile::new(Gpu::H100_80g, Model::Llama31_8b, 1).unwrap(),
         servers,
         mixed: Vec::new(),
@@ -261,4 +262,50 @@ fn a_gateway_restart_forgets_placements_reports_the_requests_after_it_and_at_zer
         run(&setup(4), PolicyName::Kvroute, &reqs, &|_| {}),
         "a restart before the first request is no restart"
     );
+}
+
+#[test]
+fn no_policy_sends_a_request_to_a_server_out_of_the_pool() {
+    let reqs = small_shared_prefix(20.0);
+    let last = reqs.iter().map(|r| r.arrival_ms).fold(0.0, f64::max);
+    let (join_ms, leave_ms) = (last / 3.0, 2.0 * last / 3.0);
+    let changed = ReplaySetup {
+        pool_changes: vec![
+            PoolChange {
+                server: 3,
+                at_ms: join_ms,
+                joins: true,
+            },
+            PoolChange {
+                server: 0,
+                at_ms: leave_ms,
+                joins: false,
+            },
+        ],
+        ..setup(4)
+    };
+    for policy in PolicyName::all() {
+        let r = run(&changed, policy, &reqs, &|_| {});
+        assert_eq!((r.completed, r.failed), (64, 0), "{policy}");
+        let on = |s: usize| r.records.iter().filter(move |x| x.server == s);
+        assert!(
+            on(3).all(|x| x.arrival_ms >= join_ms),
+            "{policy}: server 3 served before it joined"
+        );
+        assert!(on(3).count() > 0, "{policy}: the server that joined got nothing");
+        assert!(
+            on(0).all(|x| x.arrival_ms < leave_ms),
+            "{policy}: server 0 served after it left"
+        );
+    }
+}
+
+#[test]
+fn pool_changes_are_checked() {
+    let c = |server, at_ms, joins| PoolChange { server, at_ms, joins };
+    assert!(check_pool_changes(4, &[c(3, 1000.0, true), c(0, 2000.0, false)]).is_ok());
+    let err = |changes: &[PoolChange]| check_pool_changes(4, changes).unwrap_err().to_string();
+    assert!(err(&[c(4, 0.0, true)]).contains("servers 0..3"));
+    assert!(err(&[c(1, 0.0, true), c(1, 5.0, false)]).contains("twice"));
+    assert!(err(&[c(0, 1.0, true), c(1, 1.0, true), c(2, 1.0, false), c(3, 1.0, false)]).contains("keep one"));
 }

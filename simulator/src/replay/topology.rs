@@ -261,6 +261,13 @@ impl Routers {
     /// The gateway restarted: every router starts over as built (nothing learned, no
     /// index, no in-flight requests). The first tokens and completions of requests routed
     /// before never reach the new routers (`routed_here`).
+    /// Every router learns the pool now.
+    pub fn on_pool(&mut self, pool: &[bool], now_ms: f64) {
+        for r in &mut self.all {
+            r.on_pool(pool, now_ms);
+        }
+    }
+
     pub fn restart(&mut self) {
         self.all = self.build.routers(self.topology);
         self.restarts += 1;
