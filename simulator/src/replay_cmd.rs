@@ -258,8 +258,9 @@ fn parse_pool_change(flag: &str, spec: &str, joins: bool) -> anyhow::Result<repl
 }
 
 /// What a pool change did, as medians over the replicas: the server's share of arrivals
-/// in windows after it (a joining server's ramp; a leaving one's is 0), and TTFT p95 and
-/// the captured share of reachable reuse of the arrivals in the 10 s before and after.
+/// in windows after it (a joining server's ramp; a leaving one's is 0), and TTFT p95, the
+/// reachable hit rate and the captured share of it of the arrivals in the 10 s before and
+/// after (a captured share means little where almost nothing is reachable).
 fn print_pool_change(policy: &str, c: &replay::PoolChange, runs: &[RunReport]) {
     let at = c.at_ms;
     let median = |f: &dyn Fn(&RunReport) -> f64| {
@@ -276,7 +277,7 @@ fn print_pool_change(policy: &str, c: &replay::PoolChange, runs: &[RunReport]) {
     println!(
         "{policy}: server {} {} at {:.0} s (medians of {}); its share of arrivals: first second {}, \
          1–2 s {}, 2–5 s {}, 5–15 s {}; arrivals 10 s before / after: TTFT p95 {:.0} / {:.0} ms, \
-         captured reuse {:.1}% / {:.1}%",
+         reachable hit rate {:.1}% / {:.1}%, captured reuse {:.1}% / {:.1}%",
         c.server,
         if c.joins { "joined" } else { "left" },
         at / 1000.0,
@@ -287,6 +288,8 @@ fn print_pool_change(policy: &str, c: &replay::PoolChange, runs: &[RunReport]) {
         shares[3],
         median(&|r| before(r).ttft_ms.p95),
         median(&|r| after(r).ttft_ms.p95),
+        100.0 * median(&|r| before(r).reachable_hit_rate),
+        100.0 * median(&|r| after(r).reachable_hit_rate),
         100.0 * median(&|r| before(r).captured_reuse),
         100.0 * median(&|r| after(r).captured_reuse),
     );
