@@ -160,11 +160,19 @@ fn bursts_of_5xx_eject_a_server_by_passive_health() {
     });
     f.fault(2, r#"{"error_rate": 1.0}"#);
     // Until the ejection (3 consecutive failures in each of Envoy's 2 workers, whose routers
-    // learn separately) some requests get the 500s: never more than 3 per worker. 60
-    // requests give each worker enough of them to eject the server.
-    let (_, early) = f.traffic(60, 2, 0);
+    // learn separately) some requests get the 500s: never more than 3 per worker. Envoy
+    // hands each connection to a worker as it accepts it, so how many requests a worker
+    // needs to see three failures varies (60 were once not enough for one of them): send
+    // until both have logged the ejection.
+    let ejections = |f: &Fleet| f.envoy.log_text().matches("passive health: Ejected").count();
+    let (mut early, mut sent) = (Vec::new(), 0);
+    while ejections(&f) < 2 && sent < 400 {
+        early.extend(f.traffic(20, 2, sent).1);
+        sent += 20;
+    }
+    assert_eq!(ejections(&f), 2, "after {sent} requests: {early:?}");
     assert!(early.iter().all(|s| *s == 500) && early.len() <= 6, "{early:?}");
-    let (chosen, failures) = f.traffic(30, 2, 100);
+    let (chosen, failures) = f.traffic(30, 2, 1000);
     assert_eq!((chosen, failures.len()), (0, 0), "the failing server was not ejected");
     let log = f.envoy.log_text();
     let wasm_lines: Vec<&str> = log.lines().filter(|l| l.contains("wasm")).collect();
