@@ -305,9 +305,10 @@ pub fn run_until(
                     .unwrap_or(0)
                     .min(parsed.prompt_tokens.0.saturating_sub(1));
                 let r = routers.assign(i);
+                let held_at = topo.hold_queue_of(r);
                 // Behind requests already held, an arrival waits its turn.
                 let sheddable = classes[i].0 < 0;
-                let pick = if gate.holds[r].is_empty() {
+                let pick = if gate.holds[held_at].is_empty() {
                     let incoming = Incoming {
                         id: i as u64,
                         body: body.as_bytes(),
@@ -336,7 +337,7 @@ pub fn run_until(
                         now,
                     ),
                     Pick::Shed => gate.reject(i, now, now),
-                    Pick::Hold => gate.hold(&mut q, r, i, now),
+                    Pick::Hold => gate.hold(&mut q, held_at, i, now),
                 }
             }
             Kind::Release(r) => {
@@ -360,6 +361,7 @@ pub fn run_until(
                     mail.send(&mut q, &mut routers, r, now);
                     let Pick::Server(s) = in_pool(pick, &pool) else { break };
                     gate.holds[r].pop();
+                    routers.routed_by(i, r);
                     gate.held_ms[i] = now - requests[i].arrival_ms;
                     start(
                         &mut engines,

@@ -62,6 +62,11 @@ pub struct Topology {
     /// The gateway restarts then: every router is rebuilt with nothing learned, while the
     /// fleet keeps its caches, queues and counters (`Routers::restart`).
     pub restart_at_ms: Option<f64>,
+    /// Held requests (`overload.hold`) wait in one queue per gateway, released by its first
+    /// worker at that worker's tick, instead of one queue per worker. A model of a design
+    /// the filter does not have (each of its workers holds its own requests), to measure
+    /// what one queue per Envoy process would be worth.
+    pub shared_hold: bool,
 }
 
 /// The scraping service's tick with `share.replicas.at_once`: batches leave on it.
@@ -81,6 +86,7 @@ impl Default for Topology {
             hits_when_quiet: false,
             read_once_per_ms: false,
             restart_at_ms: None,
+            shared_hold: false,
         }
     }
 }
@@ -97,6 +103,9 @@ impl std::fmt::Display for Topology {
         if self.workers > 1 {
             let how = if self.share_workers { "shared" } else { "unshared" };
             write!(f, ", workers {how} at a {} ms tick", self.tick_ms)?;
+        }
+        if self.shared_hold && self.workers > 1 {
+            f.write_str(", one hold queue per gateway")?;
         }
         if self.gateways > 1 && self.share_gateways {
             if self.gateway_interval_ms > 0.0 {
@@ -120,6 +129,15 @@ impl Topology {
 
     pub fn gateway_of(&self, router: usize) -> usize {
         router / self.workers.max(1)
+    }
+
+    /// The router whose hold queue a request arriving at `router` waits in (`shared_hold`).
+    pub fn hold_queue_of(&self, router: usize) -> usize {
+        if self.shared_hold {
+            self.gateway_of(router) * self.workers.max(1)
+        } else {
+            router
+        }
     }
 
     /// When gateway `g` takes its first scrape. Isolated replicas are not in step (phases
@@ -313,6 +331,14 @@ impl Routers {
     pub fn unread_until(&self, r: usize, now: f64) -> Option<f64> {
         let read = self.last_read.get(r)?;
         (self.topology.read_once_per_ms && read.floor() == now.floor() && now.fract() > 0.0).then(|| now.ceil())
+    }
+
+    /// Request `i` was routed by router `r` after all (a held request released by the
+    /// router that holds its queue): first tokens and completions go to `r`.
+    pub fn routed_by(&mut self, i: usize, r: usize) {
+        if let Some(o) = self.owner.get_mut(i) {
+            *o = r;
+        }
     }
 
     pub fn owner(&self, i: usize) -> usize {
