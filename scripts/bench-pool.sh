@@ -3,7 +3,7 @@
 # mid-run (a scale-in or an evicted pod: its cache is lost) or joins mid-run (a scale-out:
 # 7 servers before, 8 after), for kvroute beside the peers and the oracle, 3 replicas. Per
 # change: the server's share of arrivals after it and TTFT p95 / captured reuse of the
-# arrivals 10 s before and after; then the whole run's table. JSON in $OUT.
+# arrivals 10 s before and after; then the whole run's table. JSON and each run's stderr in $OUT.
 #   OUT=target/pool bash scripts/bench-pool.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +17,7 @@ cell() { # name, change args, workload args...
   local name=$1 change=$2; shift 2
   echo "### $name ${change:+($change)}"
   # shellcheck disable=SC2086 # the change is two words
-  "$SIM" replay "$@" $change --policy "$POLICIES" --replicas "$REPLICAS" --json "$OUT/$name.json" 2>/dev/null
+  "$SIM" replay "$@" $change --policy "$POLICIES" --replicas "$REPLICAS" --json "$OUT/$name.json" 2>"$OUT/$name.log"
 }
 
 # Multi-turn: 2,000 conversations of 6 turns (12,000 requests over 87 s, 138 req/s); their
@@ -42,7 +42,9 @@ MMT=(--workload multi-turn --groups 2000 --rate 200 --rate-scale 0.5 "${MIX[@]}"
 MAZ=(--trace simulator/traces/azure_code_2023.csv --format azure --prefix-overlay 32 --rate-scale 25 "${MIX[@]}" --join 4@60)
 cell mixed-multi-turn-join "" "${MMT[@]}"
 echo "kvroute with the constant speed:"
-"$SIM" replay "${MMT[@]}" --policy kvroute --router-config "$OUT/constant.json" --replicas "$REPLICAS" 2>/dev/null
+"$SIM" replay "${MMT[@]}" --policy kvroute --router-config "$OUT/constant.json" --replicas "$REPLICAS" \
+  2>"$OUT/mixed-multi-turn-constant.log"
 cell mixed-azure-join "" "${MAZ[@]}"
 echo "kvroute with the constant speed:"
-"$SIM" replay "${MAZ[@]}" --policy kvroute --router-config "$OUT/constant.json" --replicas "$REPLICAS" 2>/dev/null
+"$SIM" replay "${MAZ[@]}" --policy kvroute --router-config "$OUT/constant.json" --replicas "$REPLICAS" \
+  2>"$OUT/mixed-azure-constant.log"

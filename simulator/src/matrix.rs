@@ -75,7 +75,7 @@ impl Cell {
 }
 
 /// The median (the mean of the middle two for an even count; 0 for none).
-pub(crate) fn median(mut v: Vec<f64>) -> f64 {
+pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     match v.len() {
         0 => 0.0,

@@ -63,7 +63,7 @@ pub fn check_pool_changes(servers: usize, changes: &[PoolChange]) -> anyhow::Res
     for (k, c) in changes.iter().enumerate() {
         anyhow::ensure!(
             c.server < servers,
-            "server {} joins or leaves, but the fleet has servers 0..{}",
+            "server {} joins or leaves, but the fleet has {servers} servers, 0 to {}",
             c.server,
             servers.saturating_sub(1)
         );
@@ -104,7 +104,7 @@ impl ReplaySetup {
 enum Kind {
     /// The configured slowdown starts.
     Slow,
-    /// Pool change `k` (`ReplaySetup::pool_changes`): before arrivals at the same moment.
+    /// Pool change `k` (`ReplaySetup::pool_changes`).
     Pool(usize),
     /// Gateway `g` scrapes every server.
     Scrape(usize),
@@ -206,14 +206,16 @@ pub fn run_until(
     if let Some(at) = topo.restart_at_ms {
         q.push(at, Kind::Restart);
     }
+    // Queued before the arrivals too: a request arriving at the very moment of a change
+    // meets the new pool.
+    for (k, c) in setup.pool_changes.iter().enumerate() {
+        q.push(c.at_ms, Kind::Pool(k));
+    }
     for (i, r) in requests.iter().enumerate() {
         q.push(r.arrival_ms, Kind::Arrival(i));
     }
     if let Some(slow) = setup.slowdown {
         q.push(slow.at_ms, Kind::Slow);
-    }
-    for (k, c) in setup.pool_changes.iter().enumerate() {
-        q.push(c.at_ms, Kind::Pool(k));
     }
     for g in 0..topo.gateways.max(1) {
         q.push(topo.scrape_phase_ms(g, setup.scrape_interval_ms), Kind::Scrape(g));

@@ -174,13 +174,6 @@ fn bursts_of_5xx_eject_a_server_by_passive_health() {
     assert!(early.iter().all(|s| *s == 500) && early.len() <= 6, "{early:?}");
     let (chosen, failures) = f.traffic(30, 2, 1000);
     assert_eq!((chosen, failures.len()), (0, 0), "the failing server was not ejected");
-    let log = f.envoy.log_text();
-    let wasm_lines: Vec<&str> = log.lines().filter(|l| l.contains("wasm")).collect();
-    assert!(
-        log.contains("passive health"),
-        "the ejection was not logged: {:?}",
-        &wasm_lines[wasm_lines.len().saturating_sub(5)..]
-    );
     f.assert_vms_up();
 }
 

@@ -11,7 +11,7 @@ impl Policy for RoundRobin {
     fn pick(&mut self, req: &Incoming, servers: &[Engine], _: f64) -> usize {
         for _ in 0..servers.len() {
             self.0 = (self.0 + 1) % servers.len();
-            if req.pool.get(self.0).copied().unwrap_or(true) {
+            if req.pool.get(self.0).copied().unwrap_or(false) {
                 break;
             }
         }

@@ -24,9 +24,9 @@ pub struct Incoming<'a> {
     pub canonical: &'a [u8],
     pub prompt_tokens: u64,
     pub engine_blocks: &'a [u64],
-    /// The servers in the pool now (`pool[s]`): a policy picks only among them. Servers
-    /// join and leave mid-run in the replay (`replay::PoolChange`); every router learns of
-    /// a change at once, as from its discovery.
+    /// The servers in the pool now (`pool[s]`, one entry per server; one missing counts as
+    /// out): a policy picks only among them. Servers join and leave mid-run in the replay
+    /// (`replay::PoolChange`); every router learns of a change at once, as from its discovery.
     pub pool: &'a [bool],
 }
 
@@ -162,7 +162,7 @@ pub fn argmin_random<K: PartialOrd + Copy>(keys: &[K], pool: &[bool], rng: &mut 
     for (i, k) in keys
         .iter()
         .enumerate()
-        .filter(|(i, _)| pool.get(*i).copied().unwrap_or(true))
+        .filter(|(i, _)| pool.get(*i).copied().unwrap_or(false))
     {
         match best.first().map(|b| keys[*b]) {
             None => best.push(i),

@@ -276,9 +276,6 @@ impl Routers {
         }
     }
 
-    /// The gateway restarted: every router starts over as built (nothing learned, no
-    /// index, no in-flight requests). The first tokens and completions of requests routed
-    /// before never reach the new routers (`routed_here`).
     /// Every router learns the pool now.
     pub fn on_pool(&mut self, pool: &[bool], now_ms: f64) {
         for r in &mut self.all {
@@ -286,6 +283,9 @@ impl Routers {
         }
     }
 
+    /// The gateway restarted: every router starts over as built (nothing learned, no
+    /// index, no in-flight requests). The first tokens and completions of requests routed
+    /// before never reach the new routers (`routed_here`).
     pub fn restart(&mut self) {
         self.all = self.build.routers(self.topology);
         self.restarts += 1;
@@ -428,6 +428,19 @@ mod tests {
             uncached: kvroute_core::Tokens(uncached),
             at: kvroute_core::Millis(0),
         }
+    }
+
+    #[test]
+    fn a_shared_hold_queue_is_the_gateways_first_workers() {
+        let t = Topology {
+            gateways: 2,
+            workers: 4,
+            ..Topology::default()
+        };
+        let queues = |t: Topology| (0..8).map(|r| t.hold_queue_of(r)).collect::<Vec<_>>();
+        assert_eq!(queues(t), (0..8).collect::<Vec<_>>());
+        let shared = Topology { shared_hold: true, ..t };
+        assert_eq!(queues(shared), vec![0, 0, 0, 0, 4, 4, 4, 4]);
     }
 
     #[test]
