@@ -339,3 +339,55 @@ fn one_hold_queue_per_gateway_releases_what_its_workers_hold() {
         assert_eq!((r.completed, r.rejections.len()), (64, 0), "shared {shared_hold}");
     }
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
+    /// Any set of joins and leaves (server 0 stays), at arrival instants or between them,
+    /// under any policy, with or without holding and several workers: every request is
+    /// answered and none is served by a server out of the pool when it arrived.
+    #[test]
+    fn no_request_reaches_a_server_out_of_the_pool(
+        changes in proptest::collection::vec(proptest::option::of((proptest::bool::ANY, 0usize..64, proptest::bool::ANY)), 3),
+        policy in 0usize..9,
+        holding in proptest::bool::ANY,
+        workers in 1usize..4,
+    ) {
+        let reqs = small_shared_prefix(if holding { 200.0 } else { 20.0 });
+        let us = |ms: f64| (ms * 1000.0).round() as u64;
+        let pool_changes: Vec<PoolChange> = changes
+            .iter()
+            .enumerate()
+            .filter_map(|(k, c)| c.map(|(joins, at, exact)| PoolChange {
+                server: k + 1,
+                at_ms: reqs[at].arrival_ms + if exact { 0.0 } else { 0.4 },
+                joins,
+            }))
+            .collect();
+        let config: &[u8] = if holding {
+            br#"{"overload": {"hold": {"max_wait_ms": 1000, "wait_limit_ms": 100}}}"#
+        } else {
+            b""
+        };
+        let s = ReplaySetup {
+            pool_changes: pool_changes.clone(),
+            router_config: Config::from_json(config).unwrap(),
+            topology: Topology {
+                shared_hold: holding,
+                ..with_topology(workers, true, 2.0).topology
+            },
+            ..setup(4)
+        };
+        let policy = PolicyName::all()[policy];
+        let r = run(&s, policy, &reqs, &|_| {});
+        proptest::prop_assert_eq!(r.completed + r.rejections.len(), reqs.len());
+        for x in &r.records {
+            let change = pool_changes.iter().find(|c| c.server == x.server);
+            let ok = match change {
+                None => true,
+                Some(c) if c.joins => us(x.arrival_ms + x.held_ms) >= us(c.at_ms),
+                Some(c) => us(x.arrival_ms + x.held_ms) < us(c.at_ms),
+            };
+            proptest::prop_assert!(ok, "{policy}: server {} served a request arriving at {} ms ({:?})", x.server, x.arrival_ms, change);
+        }
+    }
+}
