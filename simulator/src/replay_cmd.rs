@@ -259,9 +259,9 @@ fn parse_pool_change(flag: &str, spec: &str, joins: bool) -> anyhow::Result<repl
 
 /// What a pool change did, as medians over the replicas: the server's share of the
 /// completed requests that arrived in windows after it (a joining server's ramp; a leaving
-/// one's is 0), and TTFT p95, the
-/// reachable hit rate and the captured share of it of the arrivals in the 10 s before and
-/// after (a captured share means little where almost nothing is reachable).
+/// one's is 0), and TTFT p95, the reachable hit rate and the captured share of it of the
+/// arrivals in the 10 s before and after (a captured share means little where almost
+/// nothing is reachable).
 fn print_pool_change(policy: &str, c: &replay::PoolChange, runs: &[RunReport]) {
     let at = c.at_ms;
     let median = |f: &dyn Fn(&RunReport) -> f64| kvroute_sim::matrix::median(runs.iter().map(f).collect());

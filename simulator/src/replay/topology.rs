@@ -309,9 +309,7 @@ impl Routers {
     pub fn assign(&mut self, i: usize) -> usize {
         let n = self.topology.routers();
         let r = if n == 1 { 0 } else { self.spread.below(n) };
-        if let Some(o) = self.owner.get_mut(i) {
-            *o = r;
-        }
+        self.routed_by(i, r);
         self.routing(i);
         r
     }
@@ -333,8 +331,8 @@ impl Routers {
         (self.topology.read_once_per_ms && read.floor() == now.floor() && now.fract() > 0.0).then(|| now.ceil())
     }
 
-    /// Request `i` was routed by router `r` after all (a held request released by the
-    /// router that holds its queue): first tokens and completions go to `r`.
+    /// Request `i` is routed by router `r`: its first tokens and completions go to `r` (the
+    /// router it arrived at, or the one whose hold queue released it).
     pub fn routed_by(&mut self, i: usize, r: usize) {
         if let Some(o) = self.owner.get_mut(i) {
             *o = r;
