@@ -14,7 +14,7 @@ use kvroute_core::{Completion, Millis, Outcome, RouteRequest};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, BufferType, LogLevel};
 
-use crate::hold::{Slot, Waiting};
+use crate::hold::{Held, Slot, Waiting};
 use crate::host;
 use crate::worker::Shared;
 use crate::DESTINATION_HEADER;
@@ -175,7 +175,8 @@ impl Http {
         Action::Continue
     }
 
-    /// Leaves the request paused in this worker's hold queue; 429 when the queue is full.
+    /// Leaves the request paused on the process's hold queue; 429 when the queue is full,
+    /// Envoy's balancing when it cannot be used.
     fn hold(&mut self, shared: &Shared, req: RouteRequest, now: Millis, retry_after_s: u64) -> Action {
         let waiting = Waiting {
             context_id: self.context_id,
@@ -183,11 +184,15 @@ impl Http {
             slot: Slot::default(),
         };
         match shared.hold(waiting, self.priority, &self.tenant, now, retry_after_s) {
-            Some(slot) => {
+            Held::Waiting(slot) => {
                 self.release = Some(slot);
                 Action::Pause
             }
-            None => {
+            Held::Unavailable => {
+                self.reason = "hold_unavailable";
+                Action::Continue
+            }
+            Held::Refused => {
                 self.reason = "hold_full";
                 if crate::hold::answer_429(retry_after_s) {
                     self.status = 429;

@@ -198,6 +198,12 @@ impl Peers {
         }
     }
 
+    /// Publishes what this worker did at once, whatever `share.on_request` says: a held
+    /// request's release, which the owner of the next held one must see before it routes.
+    pub fn publish_now(&self, router: &mut Router, now: Millis) {
+        self.push(router, now);
+    }
+
     /// Publishes this worker's changes and applies its peers'. Returns whether anything moved.
     fn exchange(&self, router: &mut Router, stats: &RequestStats, now: Millis) -> bool {
         let pushed = self.push(router, now);

@@ -100,6 +100,7 @@ pub struct RequestStats {
     pub hold_expired: Metric,
     pub hold_refused: Metric,
     pub hold_gone: Metric,
+    pub hold_unavailable: Metric,
     pub hold_wait_ms: Metric,
     pub hold_waiting: Metric,
     /// Responses from another server than the one chosen (Envoy retried after a refusal:
@@ -163,6 +164,7 @@ impl RequestStats {
             hold_expired: c("hold.expired"),
             hold_refused: c("hold.refused"),
             hold_gone: c("hold.gone"),
+            hold_unavailable: c("hold.unavailable"),
             hold_wait_ms: c("hold.wait_ms"),
             hold_waiting: g("hold.waiting"),
             refused_moved: c("refused.moved"),

@@ -9,11 +9,10 @@ use std::rc::Rc;
 
 use kvroute_core::capture::Capturer;
 use kvroute_core::config::ClusterShape;
-use kvroute_core::hold::HoldQueue;
 use kvroute_core::{Config, Decision, FleetState, Millis, Outcome, RouteRequest, Router};
 use proxy_wasm::types::LogLevel;
 
-use crate::hold::Waiting;
+use crate::hold::Holds;
 use crate::host;
 use crate::lease::Lease;
 use crate::peers::Peers;
@@ -39,7 +38,7 @@ pub struct Shared {
     predicted_cached: Cell<u64>,
     /// Requests held while every server is full (`overload.hold`, see `hold`), and the
     /// count last added to the gateway-wide gauge.
-    pub held: RefCell<HoldQueue<Waiting>>,
+    pub holds: Holds,
     pub reported_held: Cell<u64>,
     /// The fleet state version applied last, when it was published, and when it was
     /// last looked for.
@@ -186,10 +185,7 @@ impl Worker {
             next_request: Cell::new(0),
             prompt_tokens: Cell::new(0),
             predicted_cached: Cell::new(0),
-            held: RefCell::new(HoldQueue::new(
-                config.overload().hold.max_requests,
-                config.overload().hold.priority_weight,
-            )),
+            holds: Holds::new(&config),
             reported_held: Cell::new(0),
             seen_version: Cell::new(0),
             published_at: Cell::new(Millis(0)),

@@ -4,6 +4,8 @@
 //! (`wait_limit_ms: 1`): a second request is held in the worker, routed by the worker's
 //! tick once the first answers, or answered 429 past `max_wait_ms`; a higher priority
 //! leaves first; one whose client hangs up leaves the queue without reaching the server.
+//! With 4 worker threads the held requests of all workers wait in one queue per process:
+//! they leave in order, one at a time, whichever worker each connection landed on.
 
 #![allow(clippy::disallowed_methods)] // wall-time end-to-end tests read the clock
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] functions
@@ -23,11 +25,15 @@ fn body() -> String {
     format!(r#"{{"model":"{MODEL}","max_tokens":8,"messages":[{{"role":"user","content":"{prompt}"}}]}}"#)
 }
 
-/// One server answering after `delay_ms`, behind Envoy with holding on.
+/// One server answering after `delay_ms`, behind Envoy (one worker) with holding on.
 fn start(delay_ms: u64, max_wait_ms: u64) -> (FakeVllm, Envoy) {
+    start_with_workers(1, delay_ms, max_wait_ms)
+}
+
+fn start_with_workers(workers: u32, delay_ms: u64, max_wait_ms: u64) -> (FakeVllm, Envoy) {
     let server = FakeVllm::start(Load::idle()).unwrap();
     let hold = format!(r#""overload": {{"hold": {{"max_wait_ms": {max_wait_ms}, "wait_limit_ms": 1}}}},"#);
-    let envoy = Envoy::start_workers("envoy.yaml", &[server.port], 1, move |text| {
+    let envoy = Envoy::start_workers("envoy.yaml", &[server.port], workers, move |text| {
         text.replace("\"policy\": \"cost\",", &format!("\"policy\": \"cost\", {hold}"))
     })
     .unwrap();
@@ -149,4 +155,64 @@ fn a_client_that_hangs_up_while_held_leaves_the_queue_and_nothing_reaches_the_se
     server.set_delay_ms(0);
     let (status, _, _) = send(&envoy, vec![]).join().unwrap();
     assert_eq!(status, 200, "the gateway still routes");
+}
+
+/// Sends `headers[i]` requests 100 ms apart (each on its own connection, so Envoy's
+/// workers share them) after one that fills the server; when each finished, in send order.
+fn held_on_many_workers(envoy: &Envoy, headers: &[Vec<(&'static str, &'static str)>]) -> Vec<Duration> {
+    let t0 = Instant::now();
+    let first = send(envoy, vec![]);
+    thread::sleep(Duration::from_millis(150));
+    let held: Vec<_> = headers
+        .iter()
+        .map(|h| {
+            let sent = (t0.elapsed(), send(envoy, h.clone()));
+            thread::sleep(Duration::from_millis(100));
+            sent
+        })
+        .collect();
+    assert_eq!(first.join().unwrap().0, 200, "{}", envoy.log_text());
+    held.into_iter()
+        .map(|(sent_at, h)| {
+            let (status, took, _) = h.join().unwrap();
+            assert_eq!(status, 200, "{}", envoy.log_text());
+            sent_at + took
+        })
+        .collect()
+}
+
+#[test]
+fn with_four_workers_held_requests_leave_in_arrival_order_one_at_a_time() {
+    let (server, envoy) = start_with_workers(4, 400, 20_000);
+    let done = held_on_many_workers(&envoy, &vec![vec![]; 6]);
+    for (i, pair) in done.windows(2).enumerate() {
+        assert!(
+            pair[1] >= pair[0] + Duration::from_millis(300),
+            "request {} finished {:?} after request {}: released out of order or two at once ({done:?})",
+            i + 1,
+            pair[1].saturating_sub(pair[0]),
+            i,
+        );
+    }
+    assert_eq!(envoy.stat("wasmcustom.kvroute.hold.held"), 6);
+    assert_eq!(envoy.stat("wasmcustom.kvroute.hold.released"), 6);
+    assert_eq!(envoy.stat("wasmcustom.kvroute.hold.unavailable"), 0);
+    assert_eq!(server.inference_requests(), 7, "each request reached the server once");
+}
+
+#[test]
+fn with_four_workers_a_later_higher_priority_request_passes_every_held_one() {
+    let (server, envoy) = start_with_workers(4, 400, 20_000);
+    let mut headers = vec![vec![]; 5];
+    headers.push(vec![("x-kvroute-priority", "1")]);
+    let done = held_on_many_workers(&envoy, &headers);
+    let high = done[5];
+    let before = done[..5].iter().filter(|d| **d < high).count();
+    assert!(
+        before <= 1,
+        "the high-priority request, held last, went out at the first release after it came \
+         (at most the one released while it was being sent is ahead): {done:?}"
+    );
+    assert_eq!(envoy.stat("wasmcustom.kvroute.hold.released"), 6);
+    assert_eq!(server.inference_requests(), 7);
 }

@@ -267,7 +267,7 @@ pub struct RawOverload {
 }
 
 /// `overload.hold`: while every candidate is full, a request that may not be shed waits in
-/// the worker that received it (fair across tenants, weighted by priority) and is routed at
+/// one queue per Envoy process (fair across tenants, weighted by priority) and is routed at
 /// the first tick that finds room, up to `max_wait_ms`; then 429 with `Retry-After`.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -280,7 +280,7 @@ pub struct RawHold {
     /// to the one in prefill, at the server's own prefill rate; `policy::pending_prefill_ms`)
     /// would take this long, or at `overload.kv_limit`.
     pub wait_limit_ms: u64,
-    /// Requests one Envoy worker holds at most.
+    /// Requests one Envoy process holds at most.
     pub max_requests: usize,
     /// One priority band up gets this many times the dispatches of the band below.
     pub priority_weight: f64,

@@ -21,13 +21,15 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+use serde::{Deserialize, Serialize};
+
 use crate::types::Millis;
 
 /// Priorities beyond ±this weigh as ±this (weights stay finite and ordered).
 pub const MAX_PRIORITY: i64 = 8;
 
 /// One held request.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Held<T> {
     pub item: T,
     pub priority: i64,
@@ -45,17 +47,22 @@ pub enum Admit<T> {
     Refused(T),
 }
 
-#[derive(Debug)]
+#[derive(Debug, Serialize, Deserialize)]
 struct Flow<T> {
     queue: VecDeque<Held<T>>,
     /// Virtual finish of the flow's last stamped request.
     finish: f64,
 }
 
-/// The held requests of one router, in fair order.
-#[derive(Debug)]
+/// The held requests of one router (or of one Envoy process: the filter keeps it in shared
+/// data, serialized), in fair order.
+#[derive(Debug, Serialize, Deserialize)]
 pub struct HoldQueue<T> {
-    /// Keyed by (priority, tenant).
+    /// Keyed by (priority, tenant); as a list of pairs in bytes (a tuple is no JSON key).
+    #[serde(
+        with = "pairs",
+        bound(serialize = "T: Serialize", deserialize = "T: Deserialize<'de>")
+    )]
     flows: BTreeMap<(i64, String), Flow<T>>,
     /// Virtual time: the start tag of the last request out.
     now_v: f64,
@@ -77,6 +84,18 @@ impl<T> HoldQueue<T> {
 
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// Takes the bounds of the configuration in force (a queue kept across a configuration
+    /// change keeps its requests and their order).
+    pub fn set_limits(&mut self, max_requests: usize, priority_weight: f64) {
+        self.max_requests = max_requests.max(1);
+        self.priority_weight = priority_weight.max(1.0);
+    }
+
+    /// Every held request, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = &Held<T>> {
+        self.flows.values().flat_map(|f| f.queue.iter())
     }
 
     pub fn is_empty(&self) -> bool {
@@ -142,6 +161,24 @@ impl<T> HoldQueue<T> {
         Some(held)
     }
 
+    /// Takes the first request `which` names as if it went out next (virtual time moves to
+    /// its start tag, as `pop` does): a request released from the head by one holder while
+    /// others may have changed the queue since.
+    pub fn take(&mut self, mut which: impl FnMut(&T) -> bool) -> Option<Held<T>> {
+        let (key, at) = self
+            .flows
+            .iter()
+            .find_map(|(k, f)| f.queue.iter().position(|h| which(&h.item)).map(|i| (k.clone(), i)))?;
+        let flow = self.flows.get_mut(&key)?;
+        let held = flow.queue.remove(at)?;
+        self.len -= 1;
+        self.now_v = self.now_v.max(held.start);
+        if flow.queue.is_empty() && flow.finish <= self.now_v {
+            self.flows.remove(&key);
+        }
+        Some(held)
+    }
+
     fn take_front(&mut self, key: &(i64, String)) -> Option<Held<T>> {
         let flow = self.flows.get_mut(key)?;
         let held = flow.queue.pop_front()?;
@@ -196,6 +233,26 @@ impl<T> HoldQueue<T> {
         let now_v = self.now_v;
         self.flows.retain(|_, f| !f.queue.is_empty() || f.finish > now_v);
         out
+    }
+}
+
+/// A map serialized as the list of its pairs.
+mod pairs {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<K: Serialize, V: Serialize, S: Serializer>(map: &BTreeMap<K, V>, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(map.iter())
+    }
+
+    pub fn deserialize<'de, K, V, D>(d: D) -> Result<BTreeMap<K, V>, D::Error>
+    where
+        K: Deserialize<'de> + Ord,
+        V: Deserialize<'de>,
+        D: Deserializer<'de>,
+    {
+        Ok(Vec::<(K, V)>::deserialize(d)?.into_iter().collect())
     }
 }
 
