@@ -350,10 +350,10 @@ pub struct TopologyArgs {
     /// whole run). Must fall before the last arrival.
     #[arg(long)]
     restart_at_s: Option<f64>,
-    /// Held requests (`overload.hold`) wait in one queue per gateway instead of one per
-    /// worker: a model of a design the filter does not have, to measure what it is worth.
+    /// Held requests (`overload.hold`) wait in one queue per worker instead of one per
+    /// gateway (the filter's earlier design, to compare; the filter holds one per process).
     #[arg(long)]
-    shared_hold: bool,
+    hold_per_worker: bool,
 }
 
 impl TopologyArgs {
@@ -384,7 +384,7 @@ impl TopologyArgs {
             hits_when_quiet: self.hits_when_quiet,
             read_once_per_ms: self.read_once_per_ms,
             restart_at_ms: self.restart_at_s.map(|s| s * 1000.0),
-            shared_hold: self.shared_hold,
+            hold_per_worker: self.hold_per_worker,
         })
     }
 }

@@ -339,15 +339,16 @@ pub fn run_until(
                         now,
                     ),
                     Pick::Shed => gate.reject(i, now, now),
-                    Pick::Hold => gate.hold(&mut q, held_at, i, now),
+                    Pick::Hold => gate.hold(&mut q, held_at, r, i, now),
                 }
             }
             Kind::Release(r) => {
                 gate.due[r] = false;
-                for h in gate.holds[r].expire(kvroute_core::Millis(now as u64), gate.max_wait_ms) {
-                    gate.reject(h.item, h.since.0 as f64, now);
-                }
-                while let Some(i) = gate.holds[r].peek().map(|h| h.item) {
+                let held_at = topo.hold_queue_of(r);
+                gate.expire(held_at, now);
+                // The worker releases the head while it is its own (only the worker that
+                // holds a stream can resume it) and a server has room.
+                while let Some((i, _)) = gate.holds[held_at].peek().map(|h| h.item).filter(|h| h.1 == r) {
                     let (body, parsed, blocks) = prepare(model, &requests[i], i);
                     let incoming = Incoming {
                         id: i as u64,
@@ -362,7 +363,7 @@ pub fn run_until(
                     let pick = routers.all[r].admit(&incoming, &engines, now, false);
                     mail.send(&mut q, &mut routers, r, now);
                     let Pick::Server(s) = in_pool(pick, &pool) else { break };
-                    gate.holds[r].pop();
+                    gate.take_head(held_at);
                     routers.routed_by(i, r);
                     gate.held_ms[i] = now - requests[i].arrival_ms;
                     start(
@@ -495,10 +496,15 @@ fn start(
     }
 }
 
-/// The gateway's side of `overload.hold` in the replay: each router's held requests, woken
-/// by that router's tick (`share.tick_ms`, as the filter's worker tick) while any wait.
+/// The gateway's side of `overload.hold` in the replay: the held requests (one queue per
+/// gateway, at its first router's index, or one per router with `hold_per_worker`), each
+/// with the router that holds it, which is woken by its tick (`share.tick_ms`, as the
+/// filter's worker tick) while it holds any.
 struct Gate {
-    holds: Vec<HoldQueue<usize>>,
+    /// `(request, the router holding it)`.
+    holds: Vec<HoldQueue<(usize, usize)>>,
+    /// Requests each router holds.
+    owned: Vec<usize>,
     due: Vec<bool>,
     held_ms: Vec<f64>,
     /// `(request, held since, answered 429 at)`.
@@ -516,6 +522,7 @@ impl Gate {
             holds: (0..routers)
                 .map(|_| HoldQueue::new(hold.max_requests, hold.priority_weight))
                 .collect(),
+            owned: vec![0; routers],
             due: vec![false; routers],
             held_ms: vec![0.0; requests],
             rejected: Vec::new(),
@@ -526,14 +533,34 @@ impl Gate {
         }
     }
 
-    fn hold(&mut self, q: &mut Queue, r: usize, i: usize, now: f64) {
+    /// Router `r` holds request `i` in queue `queue`.
+    fn hold(&mut self, q: &mut Queue, queue: usize, r: usize, i: usize, now: f64) {
         let since = kvroute_core::Millis(now as u64);
-        match self.holds[r].push(i, self.priorities[i], &self.tenants[i], since) {
-            Admit::Held => {}
-            Admit::Displaced(h) => self.reject(h.item, h.since.0 as f64, now),
-            Admit::Refused(i) => self.reject(i, now, now),
+        match self.holds[queue].push((i, r), self.priorities[i], &self.tenants[i], since) {
+            Admit::Held => self.owned[r] += 1,
+            Admit::Displaced(h) => {
+                self.owned[r] += 1;
+                self.owned[h.item.1] -= 1;
+                self.reject(h.item.0, h.since.0 as f64, now);
+            }
+            Admit::Refused((i, _)) => self.reject(i, now, now),
         }
         self.tick(q, r, now);
+    }
+
+    /// Answers 429 every request of queue `queue` past the wait bound.
+    fn expire(&mut self, queue: usize, now: f64) {
+        for h in self.holds[queue].expire(kvroute_core::Millis(now as u64), self.max_wait_ms) {
+            self.owned[h.item.1] -= 1;
+            self.reject(h.item.0, h.since.0 as f64, now);
+        }
+    }
+
+    /// The head of queue `queue` leaves it, released.
+    fn take_head(&mut self, queue: usize) {
+        if let Some(h) = self.holds[queue].pop() {
+            self.owned[h.item.1] -= 1;
+        }
     }
 
     fn reject(&mut self, i: usize, since: f64, now: f64) {
@@ -542,7 +569,7 @@ impl Gate {
 
     /// Wakes router `r` at its next tick while it holds anything.
     fn tick(&mut self, q: &mut Queue, r: usize, now: f64) {
-        if !self.holds[r].is_empty() && !self.due[r] {
+        if self.owned[r] > 0 && !self.due[r] {
             self.due[r] = true;
             q.push(now + self.tick_ms, Kind::Release(r));
         }

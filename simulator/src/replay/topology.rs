@@ -62,11 +62,11 @@ pub struct Topology {
     /// The gateway restarts then: every router is rebuilt with nothing learned, while the
     /// fleet keeps its caches, queues and counters (`Routers::restart`).
     pub restart_at_ms: Option<f64>,
-    /// Held requests (`overload.hold`) wait in one queue per gateway, released by its first
-    /// worker at that worker's tick, instead of one queue per worker. A model of a design
-    /// the filter does not have (each of its workers holds its own requests), to measure
-    /// what one queue per Envoy process would be worth.
-    pub shared_hold: bool,
+    /// Held requests (`overload.hold`) wait in one queue per worker instead of one per
+    /// gateway. By default, as in the filter, a gateway's workers hold their requests in one
+    /// queue (the Envoy process's board) and each worker releases its own when they reach
+    /// the head; per-worker queues are the filter's earlier design, kept to compare.
+    pub hold_per_worker: bool,
 }
 
 /// The scraping service's tick with `share.replicas.at_once`: batches leave on it.
@@ -86,7 +86,7 @@ impl Default for Topology {
             hits_when_quiet: false,
             read_once_per_ms: false,
             restart_at_ms: None,
-            shared_hold: false,
+            hold_per_worker: false,
         }
     }
 }
@@ -104,8 +104,8 @@ impl std::fmt::Display for Topology {
             let how = if self.share_workers { "shared" } else { "unshared" };
             write!(f, ", workers {how} at a {} ms tick", self.tick_ms)?;
         }
-        if self.shared_hold && self.workers > 1 {
-            f.write_str(", one hold queue per gateway")?;
+        if self.hold_per_worker && self.workers > 1 {
+            f.write_str(", one hold queue per worker")?;
         }
         if self.gateways > 1 && self.share_gateways {
             if self.gateway_interval_ms > 0.0 {
@@ -131,12 +131,13 @@ impl Topology {
         router / self.workers.max(1)
     }
 
-    /// The router whose hold queue a request arriving at `router` waits in (`shared_hold`).
+    /// The index of the hold queue a request arriving at `router` waits in: its gateway's
+    /// (at the gateway's first router), or its own with `hold_per_worker`.
     pub fn hold_queue_of(&self, router: usize) -> usize {
-        if self.shared_hold {
-            self.gateway_of(router) * self.workers.max(1)
-        } else {
+        if self.hold_per_worker {
             router
+        } else {
+            self.gateway_of(router) * self.workers.max(1)
         }
     }
 
@@ -429,16 +430,19 @@ mod tests {
     }
 
     #[test]
-    fn a_shared_hold_queue_is_the_gateways_first_workers() {
+    fn a_gateways_hold_queue_is_at_its_first_worker_unless_each_holds_its_own() {
         let t = Topology {
             gateways: 2,
             workers: 4,
             ..Topology::default()
         };
         let queues = |t: Topology| (0..8).map(|r| t.hold_queue_of(r)).collect::<Vec<_>>();
-        assert_eq!(queues(t), (0..8).collect::<Vec<_>>());
-        let shared = Topology { shared_hold: true, ..t };
-        assert_eq!(queues(shared), vec![0, 0, 0, 0, 4, 4, 4, 4]);
+        assert_eq!(queues(t), vec![0, 0, 0, 0, 4, 4, 4, 4]);
+        let per_worker = Topology {
+            hold_per_worker: true,
+            ..t
+        };
+        assert_eq!(queues(per_worker), (0..8).collect::<Vec<_>>());
     }
 
     #[test]
