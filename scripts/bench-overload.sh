@@ -3,6 +3,8 @@
 # (and kvroute without it) at 80/110/130% of capacity, tenants and priority bands assigned,
 # 3 replicas per cell. Prints each cell's table and per-class table; JSON in $OUT.
 #   OUT=target/overload bash scripts/bench-overload.sh
+# With WORKERS=1 it then runs kvroute with holding on 2 gateways x 8 workers at 130%, with
+# one hold queue per process (the filter) and with one per worker (--hold-per-worker).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SIM=${SIM:-target/release/kvroute-sim}
@@ -43,3 +45,20 @@ for load in 110:111.6 130:131.9; do
   cell "azure-${load%%:*}" 2000 --trace simulator/traces/azure_code_2023.csv --format azure --prefix-overlay 32 \
     --rate-scale "${load##*:}" --servers 8
 done
+
+if [ "${WORKERS:-0}" = 1 ]; then
+  TOPO=(--gateways 2 --workers 8 --share-gateways --gateway-interval-ms 5 --gateway-delay-ms 0.25 --tick-ms 2)
+  for queues in process worker; do
+    per=(); [ $queues = worker ] && per=(--hold-per-worker)
+    hold28() { # name, slo_ms, workload args...
+      local name=$1 slo=$2; shift 2
+      echo "### $name on 2 x 8 workers, one hold queue per $queues"
+      "$SIM" replay "$@" "${CLASSES[@]}" "${TOPO[@]}" "${per[@]}" --ttft-slo-ms "$slo" --policy kvroute \
+        --router-config "$OUT/hold.json" --json "$OUT/$name-2x8-$queues.json" 2>/dev/null
+    }
+    hold28 shared-prefix-400-130 2000 "${SP[@]}" --rate 210
+    hold28 mooncake-130 10000 --trace simulator/traces/mooncake_synthetic.jsonl --format mooncake --rate-scale 3.39 --servers 8
+    hold28 azure-130 2000 --trace simulator/traces/azure_code_2023.csv --format azure --prefix-overlay 32 \
+      --rate-scale 131.9 --servers 8
+  done
+fi

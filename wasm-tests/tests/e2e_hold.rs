@@ -31,8 +31,13 @@ fn start(delay_ms: u64, max_wait_ms: u64) -> (FakeVllm, Envoy) {
 }
 
 fn start_with_workers(workers: u32, delay_ms: u64, max_wait_ms: u64) -> (FakeVllm, Envoy) {
+    start_holding(workers, delay_ms, &format!(r#""max_wait_ms": {max_wait_ms}"#))
+}
+
+/// `hold` is the JSON members of `overload.hold` besides `wait_limit_ms`.
+fn start_holding(workers: u32, delay_ms: u64, hold: &str) -> (FakeVllm, Envoy) {
     let server = FakeVllm::start(Load::idle()).unwrap();
-    let hold = format!(r#""overload": {{"hold": {{"max_wait_ms": {max_wait_ms}, "wait_limit_ms": 1}}}},"#);
+    let hold = format!(r#""overload": {{"hold": {{{hold}, "wait_limit_ms": 1}}}},"#);
     let envoy = Envoy::start_workers("envoy.yaml", &[server.port], workers, move |text| {
         text.replace("\"policy\": \"cost\",", &format!("\"policy\": \"cost\", {hold}"))
     })
@@ -215,4 +220,38 @@ fn with_four_workers_a_later_higher_priority_request_passes_every_held_one() {
     );
     assert_eq!(envoy.stat("wasmcustom.kvroute.hold.released"), 6);
     assert_eq!(server.inference_requests(), 7);
+}
+
+#[test]
+fn with_four_workers_a_full_queue_answers_the_request_it_displaces_whichever_worker_holds_it() {
+    let (server, envoy) = start_holding(4, 1_500, r#""max_wait_ms": 20000, "max_requests": 2"#);
+    let first = send(&envoy, vec![]);
+    thread::sleep(Duration::from_millis(150));
+    let old = send(&envoy, vec![]);
+    thread::sleep(Duration::from_millis(100));
+    let newest = send(&envoy, vec![]);
+    thread::sleep(Duration::from_millis(100));
+    let high = send(&envoy, vec![("x-kvroute-priority", "1")]);
+    let (s_newest, took, retry) = newest.join().unwrap();
+    assert_eq!(
+        s_newest,
+        429,
+        "the newest of the lower priority made room: {}",
+        envoy.log_text()
+    );
+    assert_eq!(retry.as_deref(), Some("1"));
+    assert!(
+        took < Duration::from_millis(1000),
+        "answered when displaced, not when the server freed: {took:?}"
+    );
+    let statuses = [first, high, old].map(|h| h.join().unwrap().0);
+    assert_eq!(statuses, [200, 200, 200], "{}", envoy.log_text());
+    assert_eq!(envoy.stat("wasmcustom.kvroute.hold.held"), 3);
+    assert_eq!(envoy.stat("wasmcustom.kvroute.hold.refused"), 1);
+    assert_eq!(envoy.stat("wasmcustom.kvroute.hold.released"), 2);
+    assert_eq!(
+        server.inference_requests(),
+        3,
+        "the displaced request never reached the server"
+    );
 }
