@@ -10,46 +10,56 @@
 //! Why one board and not one queue per worker: with a queue per worker, an arrival at a
 //! worker that holds nothing is routed past requests the other workers hold, and every
 //! worker releases its own head into the same freed room at once. The replay measured it
-//! (`replay --shared-hold`, 2 gateways × 8 workers at 130%: BENCHMARKS "Holding on
-//! 2 gateways × 8 workers").
+//! (`replay --hold-per-worker` against the default, 2 gateways × 8 workers at 130%:
+//! BENCHMARKS "One hold queue per Envoy process, built").
 //!
 //! Only the VM that owns a stream can resume it (`proxy_set_effective_context` reaches the
 //! streams of its own VM), so a ticket names its owner (`Ticket::vm`) and only the owner
-//! takes it off the board to release it, one at a time, publishing the placement to the
-//! other workers at once (`share.on_request`) so the next head's owner sees the server it
-//! filled. What the tick did is left in the request's `Release` slot, which its HTTP
-//! context reads back for its own accounting (`Http::adopt_release`); a stream that ends
-//! while held marks the slot gone and the owner's next tick takes its ticket off without a
-//! host call on the stream.
+//! takes it off the board to release it, one at a time: it reads its peers' latest
+//! placements, routes, publishes the placement at once (`Peers::publish_now`) and only then
+//! takes the ticket off, so the next head's owner sees the server it filled. What the tick
+//! did is left in the request's `Release` slot, which its HTTP context reads back for its
+//! own accounting (`Http::adopt_release`); a stream that ends while held marks the slot
+//! gone and the owner's next tick takes its ticket off without a host call on the stream.
 //!
 //! Failure: a ticket whose request the owner no longer holds (an arrival displaced it, see
 //! `HoldQueue::push`) is answered 429 by the owner when it sees the ticket gone. A worker
-//! VM that died leaves its tickets; any worker drops them `STALE_GRACE_MS` after their
-//! wait bound (until then they hold back the requests behind them, at most `max_wait_ms`).
-//! When shared data cannot be used, a request that would be held is left to Envoy's
+//! that holds tickets writes a heartbeat on the board every `BEAT_MS`; the tickets of one
+//! silent for `SILENT_MS` (its VM failed, or its tick stopped) are dropped by whoever reads
+//! the board, as are tickets `STALE_GRACE_MS` past their wait bound, so a dead worker holds
+//! back the requests behind it for `SILENT_MS` at most. A worker whose own tick stopped
+//! (Envoy reloads a crashed VM without one) holds nothing new, since no one could release
+//! it. When shared data cannot be used, a request that would be held is left to Envoy's
 //! balancing (`hold.unavailable`), and a held request past its bound is still answered.
+//! Roots with different `overload.hold` settings in one process share the board: the
+//! reader's bounds apply.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 
-use kvroute_core::hold::{Admit, HoldQueue};
+use kvroute_core::hold::{take, Admit, HoldQueue};
 use kvroute_core::{Config, Millis, Outcome, RouteRequest, Router};
 use proxy_wasm::types::{LogLevel, Status};
-use serde::{Deserialize, Serialize};
 
 use crate::host;
 use crate::worker::Shared;
 
-/// The process's board of held requests.
-const BOARD_KEY: &str = "kvroute.hold.board";
+/// The process's board of held requests (the version changes with its layout, so builds
+/// side by side in one process during a reload keep separate boards).
+const BOARD_KEY: &str = "kvroute.hold.board.v1";
 /// The counter that names worker VMs on the board.
 const IDS_KEY: &str = "kvroute.hold.ids";
 /// Another worker's ticket this long past its wait bound is dropped by whoever sees it:
 /// its owner answers its own at the bound, from a tick of at most `HOLD_TICK_MS`.
 const STALE_GRACE_MS: u64 = 250;
+/// A worker with tickets on the board writes its heartbeat this often.
+const BEAT_MS: u64 = 100;
+/// A worker whose heartbeat is this old is gone: its tickets are dropped.
+const SILENT_MS: u64 = 500;
+/// A worker whose own tick is this late holds nothing new (no one would release it).
+const TICK_MISSING_MS: u64 = 250;
 /// Compare-and-swap attempts on the board before giving up for this call.
-const CAS_TRIES: usize = 16;
+const CAS_TRIES: usize = 32;
 /// Requests one tick releases at most (the next tick goes on).
 const MAX_RELEASES_PER_TICK: usize = 64;
 /// A worker that holds nothing reads the board this often, to know whether an arrival must
@@ -57,13 +67,85 @@ const MAX_RELEASES_PER_TICK: usize = 64;
 const IDLE_READ_MS: u64 = 10;
 
 /// A held request on the board: the worker VM that holds its stream, and its number there.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Ticket {
     pub vm: u64,
     pub seq: u64,
 }
 
-type Board = HoldQueue<Ticket>;
+/// What the process's workers share: the held requests in fair order, and when each worker
+/// with tickets there last showed it lives.
+struct Board {
+    queue: HoldQueue<Ticket>,
+    /// `(vm, ms)`.
+    beats: Vec<(u64, u64)>,
+}
+
+impl Board {
+    /// The queue (`HoldQueue::encode`, a ticket as its two numbers), then the heartbeats.
+    #[inline(never)]
+    fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(64 + 40 * self.queue.len());
+        self.queue.encode(&mut out, |t, out| {
+            out.extend(t.vm.to_le_bytes());
+            out.extend(t.seq.to_le_bytes());
+        });
+        out.extend((self.beats.len() as u32).to_le_bytes());
+        for (vm, at) in &self.beats {
+            out.extend(vm.to_le_bytes());
+            out.extend(at.to_le_bytes());
+        }
+        out
+    }
+
+    #[inline(never)]
+    fn decode(mut bytes: &[u8], max_requests: usize, priority_weight: f64) -> Option<Board> {
+        let b = &mut bytes;
+        let queue = HoldQueue::decode(b, max_requests, priority_weight, |b| {
+            Some(Ticket {
+                vm: u64::from_le_bytes(take(b)?),
+                seq: u64::from_le_bytes(take(b)?),
+            })
+        })?;
+        let n = u32::from_le_bytes(take(b)?);
+        let beats = (0..n)
+            .map(|_| Some((u64::from_le_bytes(take(b)?), u64::from_le_bytes(take(b)?))))
+            .collect::<Option<Vec<_>>>()?;
+        b.is_empty().then_some(Board { queue, beats })
+    }
+
+    fn beat_of(&self, vm: u64) -> Option<u64> {
+        self.beats.iter().find(|b| b.0 == vm).map(|b| b.1)
+    }
+
+    fn beat(&mut self, vm: u64, now: Millis) {
+        match self.beats.iter_mut().find(|b| b.0 == vm) {
+            Some(b) => b.1 = now.0,
+            None => self.beats.push((vm, now.0)),
+        }
+    }
+
+    /// Drops other workers' tickets when their worker went silent or they are well past
+    /// the wait bound (their owner answers its own at the bound), and the heartbeats of
+    /// workers without tickets; whether anything changed.
+    #[inline(never)]
+    fn drop_stale(&mut self, me: u64, now: Millis, max_wait_ms: u64) -> bool {
+        let beats = &self.beats;
+        let silent = |vm: u64| {
+            beats
+                .iter()
+                .find(|b| b.0 == vm)
+                .is_none_or(|b| now.0.saturating_sub(b.1) >= SILENT_MS)
+        };
+        let dropped = self.queue.remove_where(|h| {
+            h.item.vm != me && (silent(h.item.vm) || now.since(h.since) >= max_wait_ms.saturating_add(STALE_GRACE_MS))
+        });
+        let queue = &self.queue;
+        let before = self.beats.len();
+        self.beats.retain(|b| queue.iter().any(|h| h.item.vm == b.0));
+        !dropped.is_empty() || self.beats.len() != before
+    }
+}
 
 /// What became of a held request.
 #[derive(Debug, Default)]
@@ -93,6 +175,43 @@ struct Mine {
     since: Millis,
 }
 
+/// The requests this worker holds, in the order of their numbers (a ticket's number only
+/// grows). Vectors, not B-trees or sorting: the filter's size is bounded.
+#[derive(Default)]
+struct Mines(Vec<(u64, Mine)>);
+
+impl Mines {
+    fn insert(&mut self, seq: u64, m: Mine) {
+        self.0.push((seq, m));
+    }
+
+    fn at(&self, seq: u64) -> Option<usize> {
+        self.0.binary_search_by_key(&seq, |(s, _)| *s).ok()
+    }
+
+    fn get(&self, seq: &u64) -> Option<&Mine> {
+        self.at(*seq).map(|i| &self.0[i].1)
+    }
+
+    fn remove(&mut self, seq: &u64) -> Option<Mine> {
+        self.at(*seq).map(|i| self.0.remove(i).1)
+    }
+
+    /// The numbers of the requests `which` picks, in order.
+    fn numbers(&self, mut which: impl FnMut(u64, &Mine) -> bool) -> Numbers {
+        Numbers(self.0.iter().filter(|(s, m)| which(*s, m)).map(|(s, _)| *s).collect())
+    }
+}
+
+/// Some of this worker's request numbers, in order.
+struct Numbers(Vec<u64>);
+
+impl Numbers {
+    fn contains(&self, x: &u64) -> bool {
+        self.0.binary_search(x).is_ok()
+    }
+}
+
 /// What `Shared::hold` did with a request.
 pub enum Held {
     /// On the board: its slot tells what the tick did.
@@ -109,10 +228,12 @@ pub struct Holds {
     /// unavailable here).
     me: Option<u64>,
     next_seq: Cell<u64>,
-    mine: RefCell<BTreeMap<u64, Mine>>,
+    mine: RefCell<Mines>,
     /// The board's length when this worker last read or wrote it.
     board_len: Cell<usize>,
     read_at: Cell<Millis>,
+    /// When this worker's tick last ran (or the worker started).
+    ticked_at: Cell<Millis>,
     max_requests: usize,
     priority_weight: f64,
 }
@@ -131,60 +252,58 @@ impl Holds {
         let holds = Holds {
             me,
             next_seq: Cell::new(0),
-            mine: RefCell::new(BTreeMap::new()),
+            mine: RefCell::new(Mines::default()),
             board_len: Cell::new(0),
             read_at: Cell::new(Millis(0)),
+            ticked_at: Cell::new(host::now()),
             max_requests: hold.max_requests,
             priority_weight: hold.priority_weight,
         };
         // Created here, before any request: shared data has no create-if-absent, so two
         // workers creating it at once would lose a ticket, and an empty board costs nothing.
         if me.is_some() && matches!(host::shared_data_cas(BOARD_KEY), Ok((None, _))) {
-            let _ = host::set_shared_data_cas(BOARD_KEY, &holds.encode(&holds.empty()), None);
+            let _ = host::set_shared_data_cas(BOARD_KEY, &holds.empty().encode(), None);
         }
         holds
     }
 
     /// Whether this worker holds no request.
     pub fn is_empty(&self) -> bool {
-        self.mine.try_borrow().is_ok_and(|m| m.is_empty())
+        self.mine.try_borrow().is_ok_and(|m| m.0.is_empty())
     }
 
     fn empty(&self) -> Board {
-        HoldQueue::new(self.max_requests, self.priority_weight)
-    }
-
-    fn encode(&self, board: &Board) -> Vec<u8> {
-        postcard::to_allocvec(board).unwrap_or_default()
+        Board {
+            queue: HoldQueue::new(self.max_requests, self.priority_weight),
+            beats: Vec::new(),
+        }
     }
 
     /// The board and its compare-and-swap token; an unreadable one (another build's) is
     /// replaced by an empty board.
+    #[inline(never)]
     fn read(&self, now: Millis) -> Option<(Board, Option<u32>)> {
         let (value, cas) = host::shared_data_cas(BOARD_KEY).ok()?;
-        let mut board = match value.as_deref().map(postcard::from_bytes::<Board>) {
+        let mut board = match value.as_deref() {
             None => self.empty(),
-            Some(Ok(b)) => b,
-            Some(Err(e)) => {
-                host::log(
-                    LogLevel::Error,
-                    &format!("cannot decode the hold queue, starting it afresh: {e}"),
-                );
+            Some(bytes) => Board::decode(bytes, self.max_requests, self.priority_weight).unwrap_or_else(|| {
+                host::log(LogLevel::Error, "cannot decode the hold queue, starting it afresh");
                 self.empty()
-            }
+            }),
         };
-        board.set_limits(self.max_requests, self.priority_weight);
+        board.queue.set_limits(self.max_requests, self.priority_weight);
         self.read_at.set(now);
-        self.board_len.set(board.len());
+        self.board_len.set(board.queue.len());
         Some((board, cas))
     }
 
     /// Takes a released request's ticket off the board. One that cannot be taken off (the
     /// board kept changing) is dropped by this worker when it reaches the head again.
+    #[inline(never)]
     fn take_off(&self, me: u64, seq: u64, now: Millis) {
         for _ in 0..CAS_TRIES {
             let Some((mut board, cas)) = self.read(now) else { return };
-            if board.take(|t| *t == Ticket { vm: me, seq }).is_none() {
+            if board.queue.take(|t| *t == Ticket { vm: me, seq }).is_none() {
                 return;
             }
             match self.write(&board, cas) {
@@ -194,9 +313,10 @@ impl Holds {
         }
     }
 
+    #[inline(never)]
     fn write(&self, board: &Board, cas: Option<u32>) -> Result<(), Status> {
-        host::set_shared_data_cas(BOARD_KEY, &self.encode(board), cas)?;
-        self.board_len.set(board.len());
+        host::set_shared_data_cas(BOARD_KEY, &board.encode(), cas)?;
+        self.board_len.set(board.queue.len());
         Ok(())
     }
 }
@@ -231,7 +351,8 @@ impl Shared {
     /// its owner at its tick.
     pub fn hold(&self, waiting: Waiting, priority: i64, tenant: &str, now: Millis, retry_after_s: u64) -> Held {
         let holds = &self.holds;
-        let Some(me) = holds.me else {
+        let ticking = now.since(holds.ticked_at.get()) <= TICK_MISSING_MS;
+        let (Some(me), true, Ok(mut mine)) = (holds.me, ticking, holds.mine.try_borrow_mut()) else {
             self.stats.hold_unavailable.inc();
             return Held::Unavailable;
         };
@@ -242,7 +363,7 @@ impl Shared {
         let flow = flow_of(tenant);
         for _ in 0..CAS_TRIES {
             let Some((mut board, cas)) = holds.read(now) else { break };
-            let displaced = match board.push(ticket, priority, &flow, now) {
+            let displaced = match board.queue.push(ticket, priority, &flow, now) {
                 Admit::Held => None,
                 Admit::Displaced(h) => Some(h.item),
                 Admit::Refused(_) => {
@@ -250,6 +371,7 @@ impl Shared {
                     return Held::Refused;
                 }
             };
+            board.beat(me, now);
             match holds.write(&board, cas) {
                 Ok(()) => {}
                 Err(Status::CasMismatch) => continue,
@@ -258,9 +380,6 @@ impl Shared {
             holds.next_seq.set(ticket.seq.wrapping_add(1));
             let context_id = waiting.context_id;
             let slot = Rc::clone(&waiting.slot);
-            let Ok(mut mine) = holds.mine.try_borrow_mut() else {
-                break;
-            };
             mine.insert(ticket.seq, Mine { waiting, since: now });
             if let Some(d) = displaced.filter(|d| d.vm == me).and_then(|d| mine.remove(&d.seq)) {
                 drop(mine);
@@ -281,24 +400,20 @@ impl Shared {
     pub fn release_held(&self, router: &mut Router, now: Millis) {
         let holds = &self.holds;
         let Some(me) = holds.me else { return };
+        holds.ticked_at.set(now);
         let Ok(mut mine) = holds.mine.try_borrow_mut() else {
             return;
         };
-        if mine.is_empty() && now.since(holds.read_at.get()) < IDLE_READ_MS {
+        if mine.0.is_empty() && now.since(holds.read_at.get()) < IDLE_READ_MS {
             return;
+        }
+        if !mine.0.is_empty() || holds.board_len.get() > 0 {
+            self.peers.stay_awake(now);
         }
         let overload = router.config().overload().clone();
         let max_wait_ms = overload.hold.max_wait_ms;
-        let gone: BTreeSet<u64> = mine
-            .iter()
-            .filter(|(_, m)| m.waiting.slot.borrow().gone)
-            .map(|(s, _)| *s)
-            .collect();
-        let expired: BTreeSet<u64> = mine
-            .iter()
-            .filter(|(s, m)| !gone.contains(s) && now.since(m.since) >= max_wait_ms)
-            .map(|(s, _)| *s)
-            .collect();
+        let gone = mine.numbers(|_, m| m.waiting.slot.borrow().gone);
+        let expired = mine.numbers(|s, m| !gone.contains(&s) && now.since(m.since) >= max_wait_ms);
         let mut settled = false;
         let mut released = 0;
         for _ in 0..MAX_RELEASES_PER_TICK + CAS_TRIES {
@@ -307,26 +422,26 @@ impl Shared {
             }
             let Some((mut board, cas)) = holds.read(now) else { break };
             let mut changed = !board
-                .remove_where(|h| {
-                    let t = h.item;
-                    if t.vm == me {
-                        gone.contains(&t.seq) || expired.contains(&t.seq)
-                    } else {
-                        now.since(h.since) >= max_wait_ms.saturating_add(STALE_GRACE_MS)
-                    }
-                })
+                .queue
+                .remove_where(|h| h.item.vm == me && (gone.contains(&h.item.seq) || expired.contains(&h.item.seq)))
                 .is_empty();
+            changed |= board.drop_stale(me, now, max_wait_ms);
+            let holding = board.queue.iter().any(|h| h.item.vm == me);
+            if holding && board.beat_of(me).is_none_or(|at| now.0.saturating_sub(at) >= BEAT_MS) {
+                board.beat(me, now);
+                changed = true;
+            }
             // The head, when it is this worker's and a server has room for it.
             let mut release = None;
-            if let Some(head) = board.peek().map(|h| h.item).filter(|t| t.vm == me) {
+            if let Some(head) = board.queue.peek().map(|h| h.item).filter(|t| t.vm == me) {
                 match mine.get(&head.seq).filter(|_| !gone.contains(&head.seq)) {
                     // A ticket of this worker with no request behind it: it goes.
                     None => {
-                        board.pop();
+                        board.queue.pop();
                         changed = true;
                     }
                     Some(m) => {
-                        self.peers.before_route(router, &self.stats, now);
+                        self.peers.pull_now(router, &self.stats, now);
                         let decision = router.route(&m.waiting.req, now);
                         if decision.outcome != Outcome::Hold {
                             release = Some((head.seq, decision));
@@ -343,8 +458,19 @@ impl Shared {
             }
             if !settled {
                 settled = true;
-                let on_board: BTreeSet<u64> = board.iter().filter(|h| h.item.vm == me).map(|h| h.item.seq).collect();
-                let missing: Vec<u64> = mine.keys().filter(|s| !on_board.contains(s)).copied().collect();
+                let mut on_board = vec![false; mine.0.len()];
+                for h in board.queue.iter().filter(|h| h.item.vm == me) {
+                    if let Some(i) = mine.at(h.item.seq) {
+                        on_board[i] = true;
+                    }
+                }
+                let missing: Vec<u64> = mine
+                    .0
+                    .iter()
+                    .zip(&on_board)
+                    .filter(|(_, on)| !**on)
+                    .map(|((s, _), _)| *s)
+                    .collect();
                 for seq in missing {
                     let Some(m) = mine.remove(&seq) else { continue };
                     if gone.contains(&seq) {
@@ -357,7 +483,7 @@ impl Shared {
                 }
             }
             let Some((seq, decision)) = release else {
-                if changed && board.peek().is_some_and(|h| h.item.vm == me) {
+                if changed && board.queue.peek().is_some_and(|h| h.item.vm == me) {
                     continue;
                 }
                 break;
@@ -371,7 +497,7 @@ impl Shared {
         }
         if !settled {
             // The board could not be used: this worker still answers its own requests.
-            for seq in gone.iter().chain(&expired) {
+            for seq in gone.0.iter().chain(&expired.0) {
                 let Some(m) = mine.remove(seq) else { continue };
                 if gone.contains(seq) {
                     self.stats.hold_gone.inc();
@@ -380,11 +506,12 @@ impl Shared {
                 }
             }
         }
-        let now_held = mine.len() as u64;
+        let now_held = mine.0.len() as u64;
         self.stats.hold_waiting.contribute(&self.reported_held, now_held);
     }
 
     /// Routes a released request and resumes its stream.
+    #[inline(never)]
     fn resume(&self, router: &mut Router, m: Mine, decision: &kvroute_core::Decision, now: Millis) {
         self.stats.hold_wait_ms.add(now.since(m.since));
         let w = m.waiting;
@@ -392,14 +519,26 @@ impl Shared {
             self.stats.hold_gone.inc();
             return;
         }
-        self.stats.hold_released.inc();
         let mut slot = w.slot.borrow_mut();
         slot.reason = Some(decision.outcome.label());
-        if matches!(decision.outcome, Outcome::PrefixHit | Outcome::Cold) {
-            slot.routed = self.apply_decision(router, &w.req, decision, now);
-            self.peers.publish_now(router, now);
-        } else {
-            self.count_outcome(&decision.outcome);
+        match decision.outcome {
+            Outcome::PrefixHit | Outcome::Cold => {
+                self.stats.hold_released.inc();
+                slot.routed = self.apply_decision(router, &w.req, decision, now);
+                self.peers.publish_now(router, now);
+            }
+            // A sheddable request past every server's limits by the scrape: 429, as on arrival.
+            Outcome::Shed { retry_after_s } => {
+                self.count_outcome(&decision.outcome);
+                slot.rejected = answer_429(retry_after_s);
+                if slot.rejected {
+                    return;
+                }
+            }
+            _ => {
+                self.stats.hold_released.inc();
+                self.count_outcome(&decision.outcome);
+            }
         }
         if host::resume_http_request().is_err() {
             host::log(LogLevel::Warn, "cannot resume a held request");
@@ -407,6 +546,7 @@ impl Shared {
     }
 
     /// Answers a held request 429: past the wait bound (`expired`) or displaced.
+    #[inline(never)]
     fn reject(&self, m: Mine, expired: bool, retry_after_s: u64) {
         if expired {
             self.stats.hold_expired.inc();

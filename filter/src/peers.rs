@@ -121,6 +121,27 @@ impl Peers {
         self.tick_ms
     }
 
+    /// The tick never slower than `ms` when awake (holding: a held request waits for it).
+    pub fn cap_tick_ms(&mut self, ms: u64) {
+        self.tick_ms = self.tick_ms.min(ms.max(1));
+    }
+
+    /// Keeps the fast tick while this worker needs it (it holds requests), even when its
+    /// peers are quiet.
+    pub fn stay_awake(&self, now: Millis) {
+        self.last_activity.set(now.0);
+        if self.idle.get() && host::set_tick_period_ms(self.tick_ms).is_ok() {
+            self.idle.set(false);
+        }
+    }
+
+    /// Applies what the peers published, even when this worker read them within this
+    /// millisecond: before releasing a held request, whose room another worker's release
+    /// may have just taken.
+    pub fn pull_now(&self, router: &mut Router, stats: &RequestStats, now: Millis) {
+        self.pull(router, stats, now);
+    }
+
     pub fn on_tick(&self, router: &mut Router, stats: &RequestStats, now: Millis) {
         self.leave_if_main_thread();
         let t0 = self_clock();

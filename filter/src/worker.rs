@@ -87,6 +87,7 @@ impl Shared {
     /// Sets the destination header of the current (or effective) stream for a routed
     /// decision and records it: the router's request id and the chosen server, or `None`
     /// when the header could not be set (Envoy then balances the request).
+    #[inline(never)] // one copy for the request path and the hold tick (the module's size is bounded)
     pub fn apply_decision(
         &self,
         router: &mut Router,
@@ -158,7 +159,10 @@ pub struct Worker {
 impl Worker {
     pub fn new(config: Config) -> Worker {
         let mut router = Router::new(config.clone());
-        let peers = Peers::join(&mut router);
+        let mut peers = Peers::join(&mut router);
+        if config.overload().hold.max_wait_ms > 0 {
+            peers.cap_tick_ms(HOLD_TICK_MS);
+        }
         let lease = Lease::new(false, config.discovery().lease_ms);
         if lease.is_none() {
             host::log(

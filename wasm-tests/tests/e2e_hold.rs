@@ -39,7 +39,13 @@ fn start_holding(workers: u32, delay_ms: u64, hold: &str) -> (FakeVllm, Envoy) {
     let server = FakeVllm::start(Load::idle()).unwrap();
     let hold = format!(r#""overload": {{"hold": {{{hold}, "wait_limit_ms": 1}}}},"#);
     let envoy = Envoy::start_workers("envoy.yaml", &[server.port], workers, move |text| {
+        // Each new connection to the worker with the fewest open: the held requests of one
+        // test sit on different workers (`spread_over_workers` checks it).
         text.replace("\"policy\": \"cost\",", &format!("\"policy\": \"cost\", {hold}"))
+            .replace(
+                "    - name: inference\n",
+                "    - name: inference\n      connection_balance_config: { exact_balance: {} }\n",
+            )
     })
     .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -162,6 +168,18 @@ fn a_client_that_hangs_up_while_held_leaves_the_queue_and_nothing_reaches_the_se
     assert_eq!(status, 200, "the gateway still routes");
 }
 
+/// How many of Envoy's workers accepted a connection on the inference listener.
+fn workers_used(envoy: &Envoy, workers: u32) -> usize {
+    (0..workers)
+        .filter(|w| {
+            envoy.stat(&format!(
+                "listener.127.0.0.1_{}.worker_{w}.downstream_cx_total",
+                envoy.port
+            )) > 0
+        })
+        .count()
+}
+
 /// Sends `headers[i]` requests 100 ms apart (each on its own connection, so Envoy's
 /// workers share them) after one that fills the server; when each finished, in send order.
 fn held_on_many_workers(envoy: &Envoy, headers: &[Vec<(&'static str, &'static str)>]) -> Vec<Duration> {
@@ -202,6 +220,7 @@ fn with_four_workers_held_requests_leave_in_arrival_order_one_at_a_time() {
     assert_eq!(envoy.stat("wasmcustom.kvroute.hold.held"), 6);
     assert_eq!(envoy.stat("wasmcustom.kvroute.hold.released"), 6);
     assert_eq!(envoy.stat("wasmcustom.kvroute.hold.unavailable"), 0);
+    assert_eq!(workers_used(&envoy, 4), 4, "the requests were spread over the workers");
     assert_eq!(server.inference_requests(), 7, "each request reached the server once");
 }
 
@@ -220,6 +239,7 @@ fn with_four_workers_a_later_higher_priority_request_passes_every_held_one() {
     );
     assert_eq!(envoy.stat("wasmcustom.kvroute.hold.released"), 6);
     assert_eq!(server.inference_requests(), 7);
+    assert_eq!(workers_used(&envoy, 4), 4, "the requests were spread over the workers");
 }
 
 #[test]

@@ -21,15 +21,13 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use serde::{Deserialize, Serialize};
-
 use crate::types::Millis;
 
 /// Priorities beyond ±this weigh as ±this (weights stay finite and ordered).
 pub const MAX_PRIORITY: i64 = 8;
 
 /// One held request.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Held<T> {
     pub item: T,
     pub priority: i64,
@@ -47,7 +45,7 @@ pub enum Admit<T> {
     Refused(T),
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug)]
 struct Flow<T> {
     queue: VecDeque<Held<T>>,
     /// Virtual finish of the flow's last stamped request.
@@ -55,14 +53,10 @@ struct Flow<T> {
 }
 
 /// The held requests of one router (or of one Envoy process: the filter keeps it in shared
-/// data, serialized), in fair order.
-#[derive(Debug, Serialize, Deserialize)]
+/// data, `encode` / `decode`), in fair order.
+#[derive(Debug)]
 pub struct HoldQueue<T> {
-    /// Keyed by (priority, tenant); as a list of pairs in bytes (a tuple is no JSON key).
-    #[serde(
-        with = "pairs",
-        bound(serialize = "T: Serialize", deserialize = "T: Deserialize<'de>")
-    )]
+    /// Keyed by (priority, tenant).
     flows: BTreeMap<(i64, String), Flow<T>>,
     /// Virtual time: the start tag of the last request out.
     now_v: f64,
@@ -236,24 +230,73 @@ impl<T> HoldQueue<T> {
     }
 }
 
-/// A map serialized as the list of its pairs.
-mod pairs {
-    use std::collections::BTreeMap;
-
-    use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
-    pub fn serialize<K: Serialize, V: Serialize, S: Serializer>(map: &BTreeMap<K, V>, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(map.iter())
+/// Bytes of a queue (`HoldQueue::encode`), little-endian: virtual time, then each flow's
+/// priority, tenant (length, UTF-8), finish tag and requests (count, then each one's item,
+/// priority, since and start tag). Written by hand: the filter's size is bounded (a
+/// Kubernetes ConfigMap carries it) and a derived serializer cost 40 KB of it.
+impl<T> HoldQueue<T> {
+    pub fn encode(&self, out: &mut Vec<u8>, mut item: impl FnMut(&T, &mut Vec<u8>)) {
+        out.extend(self.now_v.to_le_bytes());
+        out.extend((self.flows.len() as u32).to_le_bytes());
+        for ((priority, tenant), flow) in &self.flows {
+            out.extend(priority.to_le_bytes());
+            out.extend((tenant.len() as u32).to_le_bytes());
+            out.extend(tenant.as_bytes());
+            out.extend(flow.finish.to_le_bytes());
+            out.extend((flow.queue.len() as u32).to_le_bytes());
+            for h in &flow.queue {
+                item(&h.item, out);
+                out.extend(h.priority.to_le_bytes());
+                out.extend(h.since.0.to_le_bytes());
+                out.extend(h.start.to_le_bytes());
+            }
+        }
     }
 
-    pub fn deserialize<'de, K, V, D>(d: D) -> Result<BTreeMap<K, V>, D::Error>
-    where
-        K: Deserialize<'de> + Ord,
-        V: Deserialize<'de>,
-        D: Deserializer<'de>,
-    {
-        Ok(Vec::<(K, V)>::deserialize(d)?.into_iter().collect())
+    /// The queue `encode` wrote at the front of `bytes` (which then holds what follows), with
+    /// these bounds; `None` when the bytes are not one.
+    pub fn decode(
+        bytes: &mut &[u8],
+        max_requests: usize,
+        priority_weight: f64,
+        mut item: impl FnMut(&mut &[u8]) -> Option<T>,
+    ) -> Option<HoldQueue<T>> {
+        let mut q = HoldQueue::new(max_requests, priority_weight);
+        q.now_v = f64::from_le_bytes(take(bytes)?);
+        for _ in 0..u32::from_le_bytes(take(bytes)?) {
+            let priority = i64::from_le_bytes(take(bytes)?);
+            let len = u32::from_le_bytes(take(bytes)?) as usize;
+            let tenant = String::from_utf8(take_n(bytes, len)?.to_vec()).ok()?;
+            let finish = f64::from_le_bytes(take(bytes)?);
+            let mut queue = VecDeque::new();
+            for _ in 0..u32::from_le_bytes(take(bytes)?) {
+                queue.push_back(Held {
+                    item: item(bytes)?,
+                    priority: i64::from_le_bytes(take(bytes)?),
+                    since: Millis(u64::from_le_bytes(take(bytes)?)),
+                    start: f64::from_le_bytes(take(bytes)?),
+                });
+            }
+            q.len += queue.len();
+            q.flows.insert((priority, tenant), Flow { queue, finish });
+        }
+        Some(q)
     }
+}
+
+/// The next `N` bytes of `bytes`, taken off it.
+pub fn take<const N: usize>(bytes: &mut &[u8]) -> Option<[u8; N]> {
+    let head = take_n(bytes, N)?;
+    head.try_into().ok()
+}
+
+fn take_n<'a>(bytes: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+    if bytes.len() < n {
+        return None;
+    }
+    let (head, rest) = bytes.split_at(n);
+    *bytes = rest;
+    Some(head)
 }
 
 #[cfg(test)]
