@@ -423,7 +423,12 @@ impl Shared {
             let Some((mut board, cas)) = holds.read(now) else { break };
             let mut changed = !board
                 .queue
-                .remove_where(|h| h.item.vm == me && (gone.contains(&h.item.seq) || expired.contains(&h.item.seq)))
+                .remove_where(|h| {
+                    let seq = h.item.seq;
+                    // Also a ticket of this worker with no request behind it (its take-off
+                    // ran out of tries): a ticket and its request are added in one callback.
+                    h.item.vm == me && (gone.contains(&seq) || expired.contains(&seq) || mine.at(seq).is_none())
+                })
                 .is_empty();
             changed |= board.drop_stale(me, now, max_wait_ms);
             let holding = board.queue.iter().any(|h| h.item.vm == me);
@@ -554,9 +559,15 @@ impl Shared {
             self.stats.hold_refused.inc();
         }
         let mut slot = m.waiting.slot.borrow_mut();
-        if host::set_effective_context(m.waiting.context_id).is_ok() && answer_429(retry_after_s) {
+        if host::set_effective_context(m.waiting.context_id).is_err() {
+            return;
+        }
+        if answer_429(retry_after_s) {
             slot.rejected = true;
             slot.reason = Some(if expired { "hold_expired" } else { "hold_displaced" });
+        } else if host::resume_http_request().is_err() {
+            // Neither answered nor resumed: Envoy's own timeout ends the stream.
+            host::log(LogLevel::Warn, "cannot answer nor resume a held request");
         }
     }
 }

@@ -278,7 +278,9 @@ impl<T> HoldQueue<T> {
                 });
             }
             q.len += queue.len();
-            q.flows.insert((priority, tenant), Flow { queue, finish });
+            if q.flows.insert((priority, tenant), Flow { queue, finish }).is_some() {
+                return None;
+            }
         }
         Some(q)
     }

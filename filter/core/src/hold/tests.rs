@@ -179,3 +179,19 @@ fn taking_the_head_by_name_is_a_pop_and_a_later_request_can_be_taken_too() {
     assert_eq!(a.take(|i| *i == 2).map(|h| h.item), Some(2));
     assert_eq!(drain(&mut a, 10), vec![1]);
 }
+
+#[test]
+fn bytes_with_one_flow_twice_are_no_queue() {
+    let mut q = HoldQueue::new(8, 4.0);
+    q.push(1u64, 0, "a", Millis(0));
+    let mut one = Vec::new();
+    q.encode(&mut one, |i, out| out.extend(i.to_le_bytes()));
+    // The same flow written twice under a count of 2.
+    let flow = &one[12..];
+    let mut twice = one[..8].to_vec();
+    twice.extend(2u32.to_le_bytes());
+    twice.extend(flow);
+    twice.extend(flow);
+    let mut b = twice.as_slice();
+    assert!(HoldQueue::decode(&mut b, 8, 4.0, |b| take::<8>(b).map(u64::from_le_bytes)).is_none());
+}
