@@ -312,21 +312,25 @@ fn pool_changes_are_checked() {
     assert!(err(&[c(0, 1.0, true), c(1, 1.0, true), c(2, 1.0, false), c(3, 1.0, false)]).contains("keep one"));
 }
 
+/// 64 prompts of 2,180 tokens at 400 req/s on 2 servers (far past capacity), through 4
+/// workers holding with a 1 s bound, in one queue or one per worker.
+fn held_on_four_workers(hold_per_worker: bool) -> RunReport {
+    let hold = br#"{"overload": {"hold": {"max_wait_ms": 1000, "wait_limit_ms": 100}}}"#;
+    let s = ReplaySetup {
+        router_config: Config::from_json(hold).unwrap(),
+        topology: Topology {
+            hold_per_worker,
+            ..with_topology(4, true, 2.0).topology
+        },
+        ..setup(2)
+    };
+    run(&s, PolicyName::Kvroute, &small_shared_prefix(400.0), &|_| {})
+}
+
 #[test]
 fn held_requests_are_released_within_the_bound_with_one_queue_per_gateway_or_per_worker() {
-    // 64 prompts of 2,180 tokens at 400 req/s on 2 servers: far past capacity.
-    let reqs = small_shared_prefix(400.0);
-    let hold = br#"{"overload": {"hold": {"max_wait_ms": 1000, "wait_limit_ms": 100}}}"#;
     for hold_per_worker in [false, true] {
-        let s = ReplaySetup {
-            router_config: Config::from_json(hold).unwrap(),
-            topology: Topology {
-                hold_per_worker,
-                ..with_topology(4, true, 2.0).topology
-            },
-            ..setup(2)
-        };
-        let r = run(&s, PolicyName::Kvroute, &reqs, &|_| {});
+        let r = held_on_four_workers(hold_per_worker);
         let held = r.records.iter().filter(|x| x.held_ms > 0.0).count();
         // Most are held, and every one is released within the 1 s bound: the router that
         // releases a request hears its first tokens, so its view of the servers drains as
@@ -344,18 +348,8 @@ fn held_requests_are_released_within_the_bound_with_one_queue_per_gateway_or_per
 fn one_queue_per_gateway_releases_its_workers_requests_in_arrival_order() {
     // One priority and tenant: the fair order is arrival order. With one queue per worker,
     // each worker releases its own head when it sees room, whatever the others hold.
-    let reqs = small_shared_prefix(400.0);
-    let hold = br#"{"overload": {"hold": {"max_wait_ms": 1000, "wait_limit_ms": 100}}}"#;
     let inversions = |hold_per_worker: bool| {
-        let s = ReplaySetup {
-            router_config: Config::from_json(hold).unwrap(),
-            topology: Topology {
-                hold_per_worker,
-                ..with_topology(4, true, 2.0).topology
-            },
-            ..setup(2)
-        };
-        let r = run(&s, PolicyName::Kvroute, &reqs, &|_| {});
+        let r = held_on_four_workers(hold_per_worker);
         let mut held: Vec<(f64, f64)> = r
             .records
             .iter()
