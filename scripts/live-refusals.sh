@@ -9,7 +9,7 @@
 #   hold-no-retry, hold-retry: no-retry and retry with overload.hold on (max_wait_ms 1000,
 #                    wait_limit_ms 100)
 # RATE req/s of the steady-state workload (400 prefixes) for DURATION s; SLOW=k slows server
-# 0 k times (a hot spot in a fleet with room). Needs `make build setup-envoy`. OUT (default
+# 0 k times (a hot spot in a fleet with room); CONCURRENCY Envoy workers (2). Needs `make build setup-envoy`. OUT (default
 # target/live-refusals) gets each run's JSON. Ports 24000-24004, 24900, 24901 must be free.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -49,7 +49,7 @@ for run in $(seq 1 "$RUNS"); do
     wait_for "the simulated servers" all_sim_ports_open
     envoy_config envoy/envoy.yaml "$OUT/envoy.yaml" 0
     mode_config "$mode" "$OUT/envoy.yaml"
-    spawn "$OUT/envoy.log" "$ENVOY" -c "$OUT/envoy.yaml" --concurrency 2 --use-dynamic-base-id -l warning
+    spawn "$OUT/envoy.log" "$ENVOY" -c "$OUT/envoy.yaml" --concurrency "${CONCURRENCY:-2}" --use-dynamic-base-id -l warning
     wait_for "Envoy" envoy_ready "$ENVOY_PORT" "$ADMIN_PORT"
     sleep 1 # the first scrapes
     if [ -n "${SLOW:-}" ]; then # a hot spot: server 0 SLOW times slower than the others
