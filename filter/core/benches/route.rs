@@ -182,5 +182,48 @@ fn bench_capture(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_route, bench_parse, bench_hostile, bench_capture);
+/// The filter's hold board (`overload.hold`): what a holding worker does to it at each tick
+/// (decode, then encode after a change), at 64 and 1,024 held requests (the default bound)
+/// over 4 tenants × 3 priority bands; an item is 16 bytes, as the filter's ticket.
+fn bench_hold_board(c: &mut Criterion) {
+    use kvroute_core::hold::{take, HoldQueue};
+    let mut group = c.benchmark_group("hold_board");
+    for held in [64usize, 1024] {
+        let mut q = HoldQueue::new(1024, 4.0);
+        for i in 0..held as u64 {
+            q.push((i % 8, i), (i % 3) as i64 - 1, &format!("{:016x}", i % 4), Millis(i));
+        }
+        let mut bytes = Vec::new();
+        q.encode(&mut bytes, |t, out| {
+            out.extend(t.0.to_le_bytes());
+            out.extend(t.1.to_le_bytes());
+        });
+        group.throughput(Throughput::Bytes(bytes.len() as u64));
+        group.bench_function(BenchmarkId::new("decode_encode", held), |b| {
+            b.iter(|| {
+                let mut rest = black_box(bytes.as_slice());
+                let q = HoldQueue::decode(&mut rest, 1024, 4.0, |b| {
+                    Some((u64::from_le_bytes(take(b)?), u64::from_le_bytes(take(b)?)))
+                })
+                .expect("a board");
+                let mut out = Vec::with_capacity(bytes.len());
+                q.encode(&mut out, |t, out| {
+                    out.extend(t.0.to_le_bytes());
+                    out.extend(t.1.to_le_bytes());
+                });
+                out
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    bench_route,
+    bench_parse,
+    bench_hostile,
+    bench_capture,
+    bench_hold_board
+);
 criterion_main!(benches);
