@@ -6,7 +6,7 @@
 #   retry:           plus the opt-in 503 retry on kvroute's next server
 #   retry-avoid:     plus overload.refused_ms 1000 (a refusing server goes last for 1 s)
 #   retry-avoid-200: the same with 200 ms
-#   hold-no-retry, hold-retry: no-retry and retry with overload.hold on (max_wait_ms 1000,
+#   hold-no-retry, hold-retry: no-retry and retry with overload.hold on (max_wait_ms HOLD_WAIT_MS or 1000,
 #                    wait_limit_ms 100)
 # RATE req/s of the steady-state workload (400 prefixes) for DURATION s; SLOW=k slows server
 # 0 k times (a hot spot in a fleet with room); CONCURRENCY Envoy workers (2). Needs `make build setup-envoy`. OUT (default
@@ -24,14 +24,14 @@ source scripts/lib.sh
 
 mode_config() { # mode, envoy config → the same with the mode's changes
   python3 - "$1" "$2" <<'PY'
-import json, sys
+import json, os, sys
 mode, path = sys.argv[1:3]
 s = open(path).read()
 shipped = "retry_on: connect-failure,reset-before-request,refused-stream,reset\n"
 assert shipped in s
 overload = {}
 if "hold" in mode:
-    overload["hold"] = {"max_wait_ms": 1000, "wait_limit_ms": 100}
+    overload["hold"] = {"max_wait_ms": int(os.environ.get("HOLD_WAIT_MS", "1000")), "wait_limit_ms": 100}
 if "avoid" in mode:
     overload["refused_ms"] = 200 if mode.endswith("-200") else 1000
 if overload:
