@@ -7,6 +7,7 @@
 #   retry-avoid:     plus overload.refused_ms 1000 (a refusing server goes last for 1 s)
 #   retry-avoid-200: the same with 200 ms
 #   hold-no-retry, hold-retry: no-retry and retry with overload.hold on (max_wait_ms HOLD_WAIT_MS or 1000,
+#                    newest_first_after_ms HOLD_NEWEST_MS or 0,
 #                    wait_limit_ms 100)
 # RATE req/s of the steady-state workload (400 prefixes) for DURATION s; SLOW=k slows server
 # 0 k times (a hot spot in a fleet with room); CONCURRENCY Envoy workers (2). Needs `make build setup-envoy`. OUT (default
@@ -31,7 +32,8 @@ shipped = "retry_on: connect-failure,reset-before-request,refused-stream,reset\n
 assert shipped in s
 overload = {}
 if "hold" in mode:
-    overload["hold"] = {"max_wait_ms": int(os.environ.get("HOLD_WAIT_MS", "1000")), "wait_limit_ms": 100}
+    overload["hold"] = {"max_wait_ms": int(os.environ.get("HOLD_WAIT_MS", "1000")), "wait_limit_ms": 100,
+                        "newest_first_after_ms": int(os.environ.get("HOLD_NEWEST_MS", "0"))}
 if "avoid" in mode:
     overload["refused_ms"] = 200 if mode.endswith("-200") else 1000
 if overload:

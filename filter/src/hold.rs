@@ -236,6 +236,7 @@ pub struct Holds {
     ticked_at: Cell<Millis>,
     max_requests: usize,
     priority_weight: f64,
+    newest_first_after_ms: u64,
 }
 
 impl Holds {
@@ -258,6 +259,7 @@ impl Holds {
             ticked_at: Cell::new(host::now()),
             max_requests: hold.max_requests,
             priority_weight: hold.priority_weight,
+            newest_first_after_ms: hold.newest_first_after_ms,
         };
         // Created here, before any request: shared data has no create-if-absent, so two
         // workers creating it at once would lose a ticket, and an empty board costs nothing.
@@ -292,6 +294,8 @@ impl Holds {
             }),
         };
         board.queue.set_limits(self.max_requests, self.priority_weight);
+        board.queue.set_newest_first(self.newest_first_after_ms);
+        board.queue.set_now(now);
         self.read_at.set(now);
         self.board_len.set(board.queue.len());
         Some((board, cas))

@@ -520,7 +520,11 @@ impl Gate {
         let hold = &config.overload().hold;
         Gate {
             holds: (0..routers)
-                .map(|_| HoldQueue::new(hold.max_requests, hold.priority_weight))
+                .map(|_| {
+                    let mut q = HoldQueue::new(hold.max_requests, hold.priority_weight);
+                    q.set_newest_first(hold.newest_first_after_ms);
+                    q
+                })
                 .collect(),
             owned: vec![0; routers],
             due: vec![false; routers],

@@ -284,6 +284,9 @@ pub struct RawHold {
     pub max_requests: usize,
     /// One priority band up gets this many times the dispatches of the band below.
     pub priority_weight: f64,
+    /// Within one (priority, tenant) flow, the newest held request goes out first once the
+    /// oldest has waited this long; 0 (the default): first come, first served.
+    pub newest_first_after_ms: u64,
 }
 
 /// How the routers of one Envoy process (one per worker thread) share one view.
@@ -479,6 +482,7 @@ impl Default for RawHold {
             wait_limit_ms: 500,
             max_requests: 1024,
             priority_weight: 4.0,
+            newest_first_after_ms: 0,
         }
     }
 }

@@ -63,6 +63,11 @@ pub struct HoldQueue<T> {
     len: usize,
     max_requests: usize,
     priority_weight: f64,
+    /// Within a flow, the newest request goes out first once the oldest has waited this
+    /// long (0: first come, first served).
+    newest_first_after_ms: u64,
+    /// The time of the last `set_now` or `expire`.
+    now: Millis,
 }
 
 impl<T> HoldQueue<T> {
@@ -73,6 +78,30 @@ impl<T> HoldQueue<T> {
             len: 0,
             max_requests: max_requests.max(1),
             priority_weight: priority_weight.max(1.0),
+            newest_first_after_ms: 0,
+            now: Millis(0),
+        }
+    }
+
+    /// Within a flow, the newest request goes out first once the oldest has waited
+    /// `after_ms` (0: never). Under sustained overload the oldest would mostly miss their
+    /// objective anyway; they leave at the wait bound instead.
+    pub fn set_newest_first(&mut self, after_ms: u64) {
+        self.newest_first_after_ms = after_ms;
+    }
+
+    /// The time the order is judged at (`newest_first`).
+    pub fn set_now(&mut self, now: Millis) {
+        self.now = now;
+    }
+
+    /// Which of a flow's requests goes out when the flow is served.
+    fn index_out(&self, flow: &Flow<T>) -> usize {
+        let late =
+            |h: &Held<T>| self.newest_first_after_ms > 0 && self.now.since(h.since) >= self.newest_first_after_ms;
+        match flow.queue.front() {
+            Some(h) if late(h) => flow.queue.len() - 1,
+            _ => 0,
         }
     }
 
@@ -144,39 +173,40 @@ impl<T> HoldQueue<T> {
     /// The request that goes out next, without taking it.
     pub fn peek(&self) -> Option<&Held<T>> {
         let key = self.next_key()?;
-        self.flows.get(&key).and_then(|f| f.queue.front())
+        let flow = self.flows.get(&key)?;
+        flow.queue.get(self.index_out(flow))
     }
 
     /// Takes the request that goes out next.
     pub fn pop(&mut self) -> Option<Held<T>> {
         let key = self.next_key()?;
-        let held = self.take_front(&key)?;
-        self.now_v = self.now_v.max(held.start);
-        Some(held)
+        let at = self.index_out(self.flows.get(&key)?);
+        self.take_at(&key, at)
     }
 
-    /// Takes the first request `which` names as if it went out next (virtual time moves to
-    /// its start tag, as `pop` does): a request released from the head by one holder while
-    /// others may have changed the queue since.
+    /// Takes the first request `which` names as if it went out next: a request released
+    /// by one holder while others may have changed the queue since.
     pub fn take(&mut self, mut which: impl FnMut(&T) -> bool) -> Option<Held<T>> {
         let (key, at) = self
             .flows
             .iter()
             .find_map(|(k, f)| f.queue.iter().position(|h| which(&h.item)).map(|i| (k.clone(), i)))?;
-        let flow = self.flows.get_mut(&key)?;
-        let held = flow.queue.remove(at)?;
-        self.len -= 1;
-        self.now_v = self.now_v.max(held.start);
-        if flow.queue.is_empty() && flow.finish <= self.now_v {
-            self.flows.remove(&key);
-        }
-        Some(held)
+        self.take_at(&key, at)
     }
 
-    fn take_front(&mut self, key: &(i64, String)) -> Option<Held<T>> {
+    /// Takes request `at` of a flow in the flow's next slot: it leaves with the front's
+    /// start tag (virtual time moves to it), and the requests before it move up one slot.
+    fn take_at(&mut self, key: &(i64, String), at: usize) -> Option<Held<T>> {
         let flow = self.flows.get_mut(key)?;
-        let held = flow.queue.pop_front()?;
+        let slot = flow.queue.front()?.start;
+        for i in 0..at.min(flow.queue.len().saturating_sub(1)) {
+            let next = flow.queue[i + 1].start;
+            flow.queue[i].start = next;
+        }
+        let mut held = flow.queue.remove(at)?;
+        held.start = slot;
         self.len -= 1;
+        self.now_v = self.now_v.max(slot);
         // An empty flow's finish tag still bounds its next start while it stays ahead of
         // `now_v`; once `now_v` passes it, the entry carries nothing and goes.
         if flow.queue.is_empty() && flow.finish <= self.now_v {
@@ -212,6 +242,7 @@ impl<T> HoldQueue<T> {
 
     /// Takes every request held `max_wait_ms` or longer at `now`.
     pub fn expire(&mut self, now: Millis, max_wait_ms: u64) -> Vec<Held<T>> {
+        self.now = now;
         self.remove_where(|h| now.since(h.since) >= max_wait_ms)
     }
 

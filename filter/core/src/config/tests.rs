@@ -210,8 +210,13 @@ fn holding_settings_are_checked_only_when_holding_is_on() {
             r#"{"overload": {"hold": {"max_wait_ms": 3600000}}}"#,
             "overload.hold.max_wait_ms",
         ),
+        (
+            r#"{"overload": {"hold": {"max_wait_ms": 1000, "newest_first_after_ms": 1000}}}"#,
+            "overload.hold.newest_first_after_ms",
+        ),
     ] {
         assert_eq!(parse(json).unwrap_err().field, field, "{json}");
     }
     assert!(parse(r#"{"overload": {"hold": {"max_wait_ms": 2000, "wait_limit_ms": 300}}}"#).is_ok());
+    assert!(parse(r#"{"overload": {"hold": {"max_wait_ms": 1000, "newest_first_after_ms": 500}}}"#).is_ok());
 }

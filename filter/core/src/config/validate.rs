@@ -224,6 +224,15 @@ pub(super) fn validate_scoring(raw: &RawConfig) -> Result<(), ConfigError> {
                 format!("({}) must be at least 1", h.priority_weight),
             ));
         }
+        if h.newest_first_after_ms >= h.max_wait_ms {
+            return Err(reject(
+                "overload.hold.newest_first_after_ms",
+                format!(
+                    "({}) must be below max_wait_ms ({}), or 0 for first come, first served",
+                    h.newest_first_after_ms, h.max_wait_ms
+                ),
+            ));
+        }
         if h.max_wait_ms > 600_000 {
             return Err(reject(
                 "overload.hold.max_wait_ms",

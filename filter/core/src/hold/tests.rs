@@ -195,3 +195,30 @@ fn bytes_with_one_flow_twice_are_no_queue() {
     let mut b = twice.as_slice();
     assert!(HoldQueue::decode(&mut b, 8, 4.0, |b| take::<8>(b).map(u64::from_le_bytes)).is_none());
 }
+
+#[test]
+fn past_the_threshold_a_flow_serves_its_newest_first_and_keeps_its_share() {
+    let mut q = HoldQueue::new(64, 4.0);
+    q.set_newest_first(500);
+    for i in 0..4u64 {
+        q.push(("a", i), 0, "a", Millis(i * 100));
+        q.push(("b", i), 0, "b", Millis(i * 100));
+    }
+    q.set_now(Millis(400));
+    assert_eq!(
+        q.peek().map(|h| h.item),
+        Some(("a", 0)),
+        "nobody waited 500 ms: oldest first"
+    );
+    q.set_now(Millis(600));
+    // Flows "a" and "b" still alternate (fair shares unchanged); within each, the newest goes.
+    let out = drain(&mut q, 4);
+    assert_eq!(out, vec![("a", 3), ("b", 3), ("a", 2), ("b", 2)]);
+    // Past the threshold no longer (the late ones left): oldest first again.
+    let mut q2 = HoldQueue::new(64, 4.0);
+    q2.set_newest_first(500);
+    q2.push(1, 0, "a", Millis(1000));
+    q2.push(2, 0, "a", Millis(1200));
+    q2.set_now(Millis(1300));
+    assert_eq!(drain(&mut q2, 2), vec![1, 2]);
+}
