@@ -431,6 +431,8 @@ impl Shared {
                     let seq = h.item.seq;
                     // Also a ticket of this worker with no request behind it (its take-off
                     // ran out of tries): a ticket and its request are added in one callback.
+                    // (Removed without moving its flow's schedule: rare, and a `take` here
+                    // costs the module 3 KB it does not have.)
                     h.item.vm == me && (gone.contains(&seq) || expired.contains(&seq) || mine.at(seq).is_none())
                 })
                 .is_empty();

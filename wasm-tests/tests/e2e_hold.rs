@@ -279,8 +279,10 @@ fn with_four_workers_a_full_queue_answers_the_request_it_displaces_whichever_wor
 #[test]
 fn with_newest_first_the_last_held_request_leaves_first_once_the_oldest_waited() {
     let (server, envoy) = start_holding(4, 400, r#""max_wait_ms": 20000, "newest_first_after_ms": 300"#);
-    // Held at about 150, 250 and 350 ms; the server frees at about 400 ms, when the oldest
-    // has waited 250 ms (oldest first), then at 800 and 1,200 (newest first).
+    // Held at about 150, 250 and 350 ms; the server frees at about 400 ms (the oldest has
+    // waited 250 ms: it goes, or if that release is late the newest does), then at about
+    // 800 ms, when whichever waits longest has waited over 300 ms: the newest goes before
+    // the one held at 250. First come, first served would finish 1 before 2.
     let done = held_on_many_workers(&envoy, &vec![vec![]; 3]);
     assert!(
         done[2] < done[1],

@@ -198,8 +198,11 @@ impl<T> HoldQueue<T> {
     /// start tag (virtual time moves to it), and the requests before it move up one slot.
     fn take_at(&mut self, key: &(i64, String), at: usize) -> Option<Held<T>> {
         let flow = self.flows.get_mut(key)?;
+        if at >= flow.queue.len() {
+            return None;
+        }
         let slot = flow.queue.front()?.start;
-        for i in 0..at.min(flow.queue.len().saturating_sub(1)) {
+        for i in 0..at {
             let next = flow.queue[i + 1].start;
             flow.queue[i].start = next;
         }
