@@ -1,7 +1,7 @@
 //! Holding at the gateway (`overload.hold`), one queue per Envoy process: while every
 //! server is full, an HTTP context leaves its request paused and puts a ticket for it on
 //! the process's board, a `kvroute_core::hold::HoldQueue` kept in shared data
-//! (`BOARD_KEY`, postcard, compare-and-swap). The board orders the tickets of every worker
+//! (`BOARD_KEY`, encoded by `Board::encode`, compare-and-swap). The board orders the tickets of every worker
 //! VM fairly (priority bands, tenants); the worker whose ticket is at its head routes that
 //! request at its tick when a server has room (with the metrics and placements the tick
 //! just applied), takes the ticket off and resumes the stream. Past `max_wait_ms` a request
@@ -83,7 +83,6 @@ struct Board {
 
 impl Board {
     /// The queue (`HoldQueue::encode`, a ticket as its two numbers), then the heartbeats.
-    #[inline(never)]
     fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(64 + 40 * self.queue.len());
         self.queue.encode(&mut out, |t, out| {
@@ -98,7 +97,6 @@ impl Board {
         out
     }
 
-    #[inline(never)]
     fn decode(mut bytes: &[u8], max_requests: usize, priority_weight: f64) -> Option<Board> {
         let b = &mut bytes;
         let queue = HoldQueue::decode(b, max_requests, priority_weight, |b| {
@@ -128,7 +126,6 @@ impl Board {
     /// Drops other workers' tickets when their worker went silent or they are well past
     /// the wait bound (their owner answers its own at the bound), and the heartbeats of
     /// workers without tickets; whether anything changed.
-    #[inline(never)]
     fn drop_stale(&mut self, me: u64, now: Millis, max_wait_ms: u64) -> bool {
         let beats = &self.beats;
         let silent = |vm: u64| {
@@ -283,7 +280,6 @@ impl Holds {
 
     /// The board and its compare-and-swap token; an unreadable one (another build's) is
     /// replaced by an empty board.
-    #[inline(never)]
     fn read(&self, now: Millis) -> Option<(Board, Option<u32>)> {
         let (value, cas) = host::shared_data_cas(BOARD_KEY).ok()?;
         let mut board = match value.as_deref() {
@@ -303,7 +299,6 @@ impl Holds {
 
     /// Takes a released request's ticket off the board. One that cannot be taken off (the
     /// board kept changing) is dropped by this worker when it reaches the head again.
-    #[inline(never)]
     fn take_off(&self, me: u64, seq: u64, now: Millis) {
         for _ in 0..CAS_TRIES {
             let Some((mut board, cas)) = self.read(now) else { return };
@@ -317,7 +312,6 @@ impl Holds {
         }
     }
 
-    #[inline(never)]
     fn write(&self, board: &Board, cas: Option<u32>) -> Result<(), Status> {
         host::set_shared_data_cas(BOARD_KEY, &board.encode(), cas)?;
         self.board_len.set(board.queue.len());
@@ -444,20 +438,13 @@ impl Shared {
             }
             // The head, when it is this worker's and a server has room for it.
             let mut release = None;
-            if let Some(head) = board.queue.peek().map(|h| h.item).filter(|t| t.vm == me) {
-                match mine.get(&head.seq).filter(|_| !gone.contains(&head.seq)) {
-                    // A ticket of this worker with no request behind it: it goes.
-                    None => {
-                        board.queue.pop();
-                        changed = true;
-                    }
-                    Some(m) => {
-                        self.peers.pull_now(router, &self.stats, now);
-                        let decision = router.route(&m.waiting.req, now);
-                        if decision.outcome != Outcome::Hold {
-                            release = Some((head.seq, decision));
-                        }
-                    }
+            // (This worker's tickets without a live request behind them left just above.)
+            let head = board.queue.peek().map(|h| h.item).filter(|t| t.vm == me);
+            if let Some((seq, m)) = head.and_then(|t| mine.get(&t.seq).map(|m| (t.seq, m))) {
+                self.peers.pull_now(router, &self.stats, now);
+                let decision = router.route(&m.waiting.req, now);
+                if decision.outcome != Outcome::Hold {
+                    release = Some((seq, decision));
                 }
             }
             if changed {
@@ -493,12 +480,7 @@ impl Shared {
                     }
                 }
             }
-            let Some((seq, decision)) = release else {
-                if changed && board.queue.peek().is_some_and(|h| h.item.vm == me) {
-                    continue;
-                }
-                break;
-            };
+            let Some((seq, decision)) = release else { break };
             let Some(m) = mine.remove(&seq) else { continue };
             released += 1;
             // Routed and published first, then its ticket leaves the head: the owner of
@@ -522,7 +504,6 @@ impl Shared {
     }
 
     /// Routes a released request and resumes its stream.
-    #[inline(never)]
     fn resume(&self, router: &mut Router, m: Mine, decision: &kvroute_core::Decision, now: Millis) {
         self.stats.hold_wait_ms.add(now.since(m.since));
         let w = m.waiting;
@@ -557,7 +538,6 @@ impl Shared {
     }
 
     /// Answers a held request 429: past the wait bound (`expired`) or displaced.
-    #[inline(never)]
     fn reject(&self, m: Mine, expired: bool, retry_after_s: u64) {
         if expired {
             self.stats.hold_expired.inc();

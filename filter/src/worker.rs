@@ -87,7 +87,6 @@ impl Shared {
     /// Sets the destination header of the current (or effective) stream for a routed
     /// decision and records it: the router's request id and the chosen server, or `None`
     /// when the header could not be set (Envoy then balances the request).
-    #[inline(never)] // one copy for the request path and the hold tick (the module's size is bounded)
     pub fn apply_decision(
         &self,
         router: &mut Router,
