@@ -81,26 +81,26 @@ build: build-wasm
 
 # A test-only build whose filter panics on request (never shipped): checks failure_policy.
 build-wasm-test-panic: setup-rust
-	$(CARGO) build -p kvroute-filter --target wasm32-wasip1 --release --features test-panic --target-dir target/test-panic
+	$(CARGO) build -p kvroute-filter --target wasm32-wasip1 --profile wasm --features test-panic --target-dir target/test-panic
 	@mkdir -p dist
-	cp target/test-panic/wasm32-wasip1/release/kvroute_filter.wasm dist/kvroute-test-panic.wasm
+	cp target/test-panic/wasm32-wasip1/wasm/kvroute_filter.wasm dist/kvroute-test-panic.wasm
 
 # A benchmark-only build whose capture times itself (never shipped): filter-overhead capture-pair.
 build-wasm-self-timing: setup-rust
-	$(CARGO) build -p kvroute-filter --target wasm32-wasip1 --release --features self-timing --target-dir target/self-timing
+	$(CARGO) build -p kvroute-filter --target wasm32-wasip1 --profile wasm --features self-timing --target-dir target/self-timing
 	@mkdir -p dist
-	cp target/self-timing/wasm32-wasip1/release/kvroute_filter.wasm dist/kvroute-self-timing.wasm
+	cp target/self-timing/wasm32-wasip1/wasm/kvroute_filter.wasm dist/kvroute-self-timing.wasm
 
 # The overhead benchmark's floor: an empty Rust proxy-wasm filter (never shipped).
 build-wasm-empty: setup-rust
-	$(CARGO) build -p kvroute-filter --target wasm32-wasip1 --release --example empty_filter
+	$(CARGO) build -p kvroute-filter --target wasm32-wasip1 --profile wasm --example empty_filter
 	@mkdir -p dist
-	cp target/wasm32-wasip1/release/examples/empty_filter.wasm dist/empty-filter.wasm
+	cp target/wasm32-wasip1/wasm/examples/empty_filter.wasm dist/empty-filter.wasm
 
 build-wasm: setup-rust
-	$(CARGO) build -p kvroute-filter --target wasm32-wasip1 --release
+	$(CARGO) build -p kvroute-filter --target wasm32-wasip1 --profile wasm
 	@mkdir -p dist
-	cp target/wasm32-wasip1/release/kvroute_filter.wasm $(WASM)
+	cp target/wasm32-wasip1/wasm/kvroute_filter.wasm $(WASM)
 	@echo "$(WASM): $$(wc -c < $(WASM)) bytes"
 
 ## test: lint, the core's dependency rule, native tests, Envoy config validation,
