@@ -9,7 +9,8 @@
 #   hold-no-retry, hold-retry: no-retry and retry with overload.hold on (max_wait_ms HOLD_WAIT_MS or 1000,
 #                    newest_first_after_ms HOLD_NEWEST_MS or 0,
 #                    wait_limit_ms 100)
-# RATE req/s of the steady-state workload (400 prefixes) for DURATION s; SLOW=k slows server
+# RATE req/s of the steady-state workload (400 prefixes) for DURATION s, or WORKLOAD (bench's
+# workload arguments instead, e.g. a trace with --rate-scale); SLOW=k slows server
 # 0 k times (a hot spot in a fleet with room); CONCURRENCY Envoy workers (2). Needs `make build setup-envoy`. OUT (default
 # target/live-refusals) gets each run's JSON. Ports 24000-24004, 24900, 24901 must be free.
 set -euo pipefail
@@ -58,7 +59,8 @@ for run in $(seq 1 "$RUNS"); do
       curl -s -X POST "127.0.0.1:$((SIM_BASE - 1))/servers/0/fault" -d "{\"slow\": $SLOW}" >/dev/null
     fi
     # bench exits non-zero when requests failed: the refusals are what is measured.
-    "$SIM" bench --workload shared-prefix --groups 400 --per-group 30 --rate "$RATE" --output-tokens 32 \
+    # shellcheck disable=SC2086 # WORKLOAD is a list of arguments
+    "$SIM" bench ${WORKLOAD:---workload shared-prefix --groups 400 --per-group 30 --rate $RATE --output-tokens 32} \
       --seed "$run" --url "http://127.0.0.1:$ENVOY_PORT" --duration "$DURATION" --json "$OUT/$mode-$run.json" \
       >/dev/null 2>&1 || true
     curl -s "127.0.0.1:$ADMIN_PORT/stats?filter=(upstream_rq_retry$|upstream_rq_503|kvroute.refused)" >"$OUT/$mode-$run-stats.txt"

@@ -288,6 +288,39 @@ fn overloaded_endpoints_are_skipped_while_others_have_room() {
 }
 
 #[test]
+fn the_cost_policy_weighs_a_long_queue_instead_of_cutting_the_server_at_the_queue_limit() {
+    // Two servers either side of `overload.queue_limit` (128 waiting); the one past it holds
+    // the prompt. The cost policy weighs both queues and keeps the prompt on its holder;
+    // least-request skips the server past the limit.
+    let route = |policy: PolicyKind, waiting: [u64; 2], sheddable: bool| {
+        let mut r = router(policy, &idle(2));
+        let placed = r.route(&req(5, 32), T0);
+        let holder = placed.best().unwrap().clone();
+        r.on_routed(1, &req(5, 32), &placed, T0);
+        r.on_completed(1, &done_at(Some(holder.clone()), Some(32 * 64)), T0);
+        let other = if holder == ep(0) { ep(1) } else { ep(0) };
+        let later = Millis(T0.0 + 1);
+        r.on_metrics(&holder, load(4, waiting[0], 0.3), later);
+        r.on_metrics(&other, load(4, waiting[1], 0.3), later);
+        let mut q = req(5, 32);
+        q.sheddable = sheddable;
+        (r.route(&q, later), holder)
+    };
+    let (d, holder) = route(PolicyKind::Cost, [130, 126], false);
+    assert_eq!(d.best(), Some(&holder));
+    assert!(d.breakdown.iter().all(|s| s.filtered.is_none()), "{:?}", d.breakdown);
+    let (d, holder) = route(PolicyKind::LeastRequest, [130, 126], false);
+    assert_ne!(d.best(), Some(&holder));
+    let cut = d.breakdown.iter().find(|s| s.endpoint == holder).unwrap();
+    assert_eq!(cut.filtered, Some(FilterReason::Overloaded));
+    // The count still decides when every server is past it: a sheddable request is shed.
+    let (d, _) = route(PolicyKind::Cost, [130, 129], true);
+    assert_eq!(d.outcome, Outcome::Shed { retry_after_s: 1 });
+    let (d, _) = route(PolicyKind::Cost, [130, 126], true);
+    assert_ne!(d.best(), None);
+}
+
+#[test]
 fn models_not_served_and_prompts_that_do_not_fit_are_filtered() {
     let mut other = load(0, 0, 0.0);
     other.models = vec!["other".into()];
