@@ -254,9 +254,9 @@ pub struct RawWeighted {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RawOverload {
-    /// Waiting requests (scraped) at which a server counts as full: with every server full
-    /// a sheddable request is shed. The policies other than `cost` also skip a full server
-    /// while another has room; `cost` weighs its queue instead.
+    /// Waiting requests (scraped), and KV usage, at which a server counts as full: with
+    /// every server full a sheddable request is shed. The policies other than `cost` also
+    /// skip a full server while another has room; `cost` weighs its queue and KV instead.
     pub queue_limit: u64,
     pub kv_limit: f64,
     pub retry_after_s: u64,

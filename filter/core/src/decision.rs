@@ -54,8 +54,8 @@ pub enum FilterReason {
     Stale,
     ModelNotServed,
     DoesNotFit,
-    /// Past `overload.kv_limit` (or, except with the cost policy, `overload.queue_limit`)
-    /// while others were not.
+    /// Past `overload.queue_limit` or `overload.kv_limit` while others were not (not with
+    /// the cost policy, which weighs both).
     Overloaded,
     /// Envoy excludes it: failing its active health check, ejected by outlier detection,
     /// or unhealthy in EDS.

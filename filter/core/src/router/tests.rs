@@ -288,11 +288,11 @@ fn overloaded_endpoints_are_skipped_while_others_have_room() {
 }
 
 #[test]
-fn the_cost_policy_weighs_a_long_queue_instead_of_cutting_the_server_at_the_queue_limit() {
-    // Two servers either side of `overload.queue_limit` (128 waiting); the one past it holds
-    // the prompt. The cost policy weighs both queues and keeps the prompt on its holder;
-    // least-request skips the server past the limit.
-    let route = |policy: PolicyKind, waiting: [u64; 2], sheddable: bool| {
+fn the_cost_policy_weighs_queues_and_kv_instead_of_cutting_servers_at_the_overload_limits() {
+    // Two servers either side of `overload.queue_limit` (128 waiting) or `kv_limit` (0.95);
+    // the one past it holds the prompt. The cost policy weighs both and keeps the prompt on
+    // its holder; least-request skips the server past the limit.
+    let route_kv = |policy: PolicyKind, waiting: [u64; 2], kv: [f64; 2], sheddable: bool| {
         let mut r = router(policy, &idle(2));
         let placed = r.route(&req(5, 32), T0);
         let holder = placed.best().unwrap().clone();
@@ -300,12 +300,14 @@ fn the_cost_policy_weighs_a_long_queue_instead_of_cutting_the_server_at_the_queu
         r.on_completed(1, &done_at(Some(holder.clone()), Some(32 * 64)), T0);
         let other = if holder == ep(0) { ep(1) } else { ep(0) };
         let later = Millis(T0.0 + 1);
-        r.on_metrics(&holder, load(4, waiting[0], 0.3), later);
-        r.on_metrics(&other, load(4, waiting[1], 0.3), later);
+        r.on_metrics(&holder, load(4, waiting[0], kv[0]), later);
+        r.on_metrics(&other, load(4, waiting[1], kv[1]), later);
         let mut q = req(5, 32);
         q.sheddable = sheddable;
         (r.route(&q, later), holder)
     };
+    let route =
+        |policy: PolicyKind, waiting: [u64; 2], sheddable: bool| route_kv(policy, waiting, [0.3, 0.3], sheddable);
     let (d, holder) = route(PolicyKind::Cost, [130, 126], false);
     assert_eq!(d.best(), Some(&holder));
     assert!(d.breakdown.iter().all(|s| s.filtered.is_none()), "{:?}", d.breakdown);
@@ -318,6 +320,14 @@ fn the_cost_policy_weighs_a_long_queue_instead_of_cutting_the_server_at_the_queu
     assert_eq!(d.outcome, Outcome::Shed { retry_after_s: 1 });
     let (d, _) = route(PolicyKind::Cost, [130, 126], true);
     assert_ne!(d.best(), None);
+    // The same with KV usage.
+    let (d, holder) = route_kv(PolicyKind::Cost, [10, 10], [0.96, 0.5], false);
+    assert_eq!(d.best(), Some(&holder));
+    assert!(d.breakdown.iter().all(|s| s.filtered.is_none()), "{:?}", d.breakdown);
+    let (d, holder) = route_kv(PolicyKind::LeastRequest, [10, 10], [0.96, 0.5], false);
+    assert_ne!(d.best(), Some(&holder));
+    let (d, _) = route_kv(PolicyKind::Cost, [10, 10], [0.96, 0.97], true);
+    assert_eq!(d.outcome, Outcome::Shed { retry_after_s: 1 });
 }
 
 #[test]
