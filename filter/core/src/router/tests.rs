@@ -134,6 +134,17 @@ fn when_every_endpoint_has_a_queue_recomputing_a_prefix_costs_more() {
     assert!(!stays, "{:?}", d.breakdown);
 }
 
+/// Routes one 32-block prompt of prefix 5 on an idle two-server router and completes it
+/// with its prefix cached: returns (the server that holds it, the other).
+fn place_prefix_5(r: &mut Router) -> (EndpointId, EndpointId) {
+    let placed = r.route(&req(5, 32), T0);
+    let holder = placed.best().unwrap().clone();
+    r.on_routed(1, &req(5, 32), &placed, T0);
+    r.on_completed(1, &done_at(Some(holder.clone()), Some(32 * 64)), T0);
+    let other = if holder == ep(0) { ep(1) } else { ep(0) };
+    (holder, other)
+}
+
 #[test]
 fn the_holder_of_most_of_a_prompt_goes_first_when_it_costs_a_little_more() {
     // Server 0 holds the first 32 blocks of prefix 5; it is busier than server 1 by enough
@@ -142,11 +153,7 @@ fn the_holder_of_most_of_a_prompt_goes_first_when_it_costs_a_little_more() {
         let mut r = Router::new(config);
         r.on_metrics(&ep(0), load(0, 0, 0.0), T0);
         r.on_metrics(&ep(1), load(0, 0, 0.0), T0);
-        let placed = r.route(&req(5, 32), T0);
-        let holder = placed.best().unwrap().clone();
-        r.on_routed(1, &req(5, 32), &placed, T0);
-        r.on_completed(1, &done_at(Some(holder.clone()), Some(32 * 64)), T0);
-        let other = if holder == ep(0) { ep(1) } else { ep(0) };
+        let (holder, other) = place_prefix_5(&mut r);
         let later = Millis(T0.0 + 1);
         r.on_metrics(&holder, load(4, waiting, 0.3), later);
         r.on_metrics(&other, load(4, 0, 0.3), later);
@@ -294,11 +301,7 @@ fn the_cost_policy_weighs_queues_and_kv_instead_of_cutting_servers_at_the_overlo
     // its holder; least-request skips the server past the limit.
     let route_kv = |policy: PolicyKind, waiting: [u64; 2], kv: [f64; 2], sheddable: bool| {
         let mut r = router(policy, &idle(2));
-        let placed = r.route(&req(5, 32), T0);
-        let holder = placed.best().unwrap().clone();
-        r.on_routed(1, &req(5, 32), &placed, T0);
-        r.on_completed(1, &done_at(Some(holder.clone()), Some(32 * 64)), T0);
-        let other = if holder == ep(0) { ep(1) } else { ep(0) };
+        let (holder, other) = place_prefix_5(&mut r);
         let later = Millis(T0.0 + 1);
         r.on_metrics(&holder, load(4, waiting[0], kv[0]), later);
         r.on_metrics(&other, load(4, waiting[1], kv[1]), later);
