@@ -75,7 +75,7 @@ setup-wasm-bindgen:
 		$(CARGO) install wasm-bindgen-cli --version "$(WASM_BINDGEN_VERSION)" --force; \
 	fi
 
-## build: the wasm filter (dist/kvroute.wasm) and the workspace, release mode
+## build: the wasm filter (dist/kvroute.wasm, cargo profile wasm) and the workspace (release)
 build: build-wasm
 	$(CARGO) build --workspace --release
 

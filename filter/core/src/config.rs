@@ -281,7 +281,7 @@ pub struct RawHold {
     /// A server is full for a new request when the prefill the gateway has queued or
     /// running there (its requests without a first token yet, less the progress credited
     /// to the one in prefill, at the server's own prefill rate; `policy::pending_prefill_ms`)
-    /// would take this long, or at `overload.kv_limit`.
+    /// would take this long.
     pub wait_limit_ms: u64,
     /// Requests one Envoy process holds at most.
     pub max_requests: usize,

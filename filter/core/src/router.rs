@@ -281,7 +281,7 @@ impl Router {
         // and the rest drew everything until they crossed it in turn (replay, 8 H100s: at
         // the Azure trace's 110% load the queued prefill drifted 2.4× apart between servers,
         // TTFT p95 5,907 ms, 5,101 without the cut; Mooncake at 130%, where KV usage
-        // crosses 0.95, 18,762 → 11,533 ms; BENCHMARKS "The overload limits"). The limits
+        // crosses 0.95, 18,762 → 10,848 ms; BENCHMARKS "The overload limits"). The limits
         // still decide when every server is past them.
         let cut = |c: &Candidate| self.config.policy() != PolicyKind::Cost && over(c);
         if cands.iter().all(|(_, c)| over(c)) {
