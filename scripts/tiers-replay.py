@@ -9,10 +9,10 @@ tokens per hour). Prices: USD per GPU-hour, default the middle of the 2026 "spec
 provider" on-demand ranges (A100 80GB $1.10-1.50, H100 SXM $2.50-3.50; mercatus-ai.com,
 "Cloud GPU pricing 2026"); override with A100_PRICE / H100_PRICE.
 
-Usage: python3 scripts/tiers-replay.py RATE   (needs `cargo build --release -p kvroute-sim`)
+Usage: [SIM=path] python3 scripts/tiers-replay.py RATE   (needs `cargo build --release -p kvroute-sim`)
 """
 import json, os, subprocess, statistics, sys
-SIM = "target/release/kvroute-sim"
+SIM = os.environ.get("SIM", "target/release/kvroute-sim")
 PRICE = {"a100-80g": float(os.environ.get("A100_PRICE", 1.30)), "h100-80g": float(os.environ.get("H100_PRICE", 3.00))}
 os.makedirs("target/tiers", exist_ok=True)
 def cfg(n_cheap, n_prem, tiered):
