@@ -283,7 +283,6 @@ impl Router {
         // TTFT p95 5,907 ms, 5,101 without the cut; Mooncake at 130%, where KV usage
         // crosses 0.95, 18,762 → 10,848 ms; BENCHMARKS "The overload limits"). The limits
         // still decide when every server is past them.
-        let cut = |c: &Candidate| self.config.policy() != PolicyKind::Cost && over(c);
         if cands.iter().all(|(_, c)| over(c)) {
             if req.sheddable {
                 let outcome = Outcome::Shed {
@@ -298,11 +297,11 @@ impl Router {
                     holder_first: false,
                 };
             }
-        } else {
-            for (row, _) in cands.iter().filter(|(_, c)| cut(c)) {
+        } else if self.config.policy() != PolicyKind::Cost {
+            for (row, _) in cands.iter().filter(|(_, c)| over(c)) {
                 breakdown[*row].filtered = Some(FilterReason::Overloaded);
             }
-            cands.retain(|(_, c)| !cut(c));
+            cands.retain(|(_, c)| !over(c));
         }
 
         let just_cands: Vec<Candidate> = cands.iter().map(|(_, c)| Candidate { ..*c }).collect();

@@ -329,6 +329,8 @@ fn the_cost_policy_weighs_queues_and_kv_instead_of_cutting_servers_at_the_overlo
     assert!(d.breakdown.iter().all(|s| s.filtered.is_none()), "{:?}", d.breakdown);
     let (d, holder) = route_kv(PolicyKind::LeastRequest, [10, 10], [0.96, 0.5], false);
     assert_ne!(d.best(), Some(&holder));
+    let cut = d.breakdown.iter().find(|s| s.endpoint == holder).unwrap();
+    assert_eq!(cut.filtered, Some(FilterReason::Overloaded));
     let (d, _) = route_kv(PolicyKind::Cost, [10, 10], [0.96, 0.97], true);
     assert_eq!(d.outcome, Outcome::Shed { retry_after_s: 1 });
 }
