@@ -55,8 +55,8 @@ pub struct ScoreContext {
     pub rotation: u64,
     pub seed: u64,
     pub now: Millis,
-    /// The candidates' median learned prefill rate, if any learned one (`typical_rate`).
-    pub typical_rate: Option<f64>,
+    /// The candidates' learned prefill rates in classes of like servers (`RateClasses`).
+    pub rates: RateClasses,
     /// The candidates' median prefill pace (`typical_pace`), if any has one.
     pub typical_pace: Option<f64>,
     /// The median step time of the candidates at the typical rate, and the shortest step
@@ -186,10 +186,64 @@ pub fn pending_prefill_ms(config: &Config, c: &Candidate, ctx: &ScoreContext) ->
     left.0 as f64 * 1000.0 / server_rate(config, c, ctx)
 }
 
-/// The median of the candidates' learned prefill rates (none when learning is off or no
-/// rate is established).
-pub fn typical_rate(config: &Config, cands: &[Candidate], now: Millis) -> Option<f64> {
-    median_of(config, cands, |c| c.endpoint.speed.learned(now))
+/// The candidates' learned prefill rates (none when learning is off or no rate is
+/// established), in classes of like servers (`RateClasses`).
+pub fn rate_classes(config: &Config, cands: &[Candidate], now: Millis) -> RateClasses {
+    if !config.cost().learn_speeds {
+        return RateClasses::default();
+    }
+    RateClasses::new(cands.iter().filter_map(|c| c.endpoint.speed.learned(now)).collect())
+}
+
+/// Learned prefill rates in classes: sorted, rates that chain within `speed::SAME_WITHIN`
+/// of their neighbours form one class, and a server is scored at its class's (upper)
+/// median rate (`server_rate`). Like servers' rates drift apart by noise, and scored each
+/// at its own they drew more or less than their share: on 8 identical H100s (Azure trace,
+/// 110% load) a server's rate was beyond 1.5× of the fleet's median in 30% of scrapes, but
+/// a gap between neighbours exceeded 1.5× in 3%; an H100's and an A100's rates on the mixed
+/// fleet were further apart than that in 99.6%. The median of a mixed fleet's rates is
+/// also its slower H100 at best; the class's median is a typical H100.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RateClasses {
+    /// The learned rates, sorted, each with its class's rate.
+    rates: Vec<(f64, f64)>,
+    /// The class rate of the (upper) median rate.
+    typical: Option<f64>,
+}
+
+impl RateClasses {
+    pub fn new(mut rates: Vec<f64>) -> RateClasses {
+        rates.retain(|r| r.is_finite() && *r > 0.0);
+        rates.sort_by(f64::total_cmp);
+        let mut classed = Vec::with_capacity(rates.len());
+        let mut start = 0;
+        for end in 1..=rates.len() {
+            if end == rates.len() || rates[end] / rates[end - 1] > SAME_WITHIN {
+                let median = rates[start + (end - start) / 2];
+                classed.extend(rates[start..end].iter().map(|r| (*r, median)));
+                start = end;
+            }
+        }
+        let typical = classed.get(classed.len() / 2).map(|(_, class)| *class);
+        RateClasses {
+            rates: classed,
+            typical,
+        }
+    }
+
+    /// The typical rate: the class rate of the fleet's (upper) median rate.
+    pub fn typical(&self) -> Option<f64> {
+        self.typical
+    }
+
+    /// The class rate of `rate`, one of the learned rates (itself if it is none of them).
+    pub fn class_of(&self, rate: f64) -> f64 {
+        let at = self.rates.partition_point(|(r, _)| *r < rate);
+        match self.rates.get(at) {
+            Some((r, class)) if *r == rate => *class,
+            _ => rate,
+        }
+    }
 }
 
 /// The median of the candidates' prefill paces (`speed::PrefillPace`), if any has one.
@@ -228,7 +282,7 @@ fn typical_step(config: &Config, cands: &[Candidate], ctx: &ScoreContext) -> Opt
 /// Whether `server_rate` scores the candidate at the typical rate (it returns that very
 /// value then, so the comparison is exact).
 fn is_typical(config: &Config, c: &Candidate, ctx: &ScoreContext) -> bool {
-    server_rate(config, c, ctx) == ctx.typical_rate.unwrap_or(config.cost().prefill_tokens_per_s)
+    server_rate(config, c, ctx) == ctx.rates.typical().unwrap_or(config.cost().prefill_tokens_per_s)
 }
 
 /// The steps a request waits for beyond its prefill (`cost.first_token_steps` of them) on
@@ -269,9 +323,9 @@ fn median_of(config: &Config, cands: &[Candidate], value: impl Fn(&Candidate) ->
     values.get(values.len() / 2).copied()
 }
 
-/// The prefill rate a candidate is scored with: its learned rate when it differs from the
-/// fleet's typical rate by more than `speed::SAME_WITHIN`, else the typical rate (identical
-/// servers stay identical). A server with no learned rate yet is placed by its prefill pace
+/// The prefill rate a candidate is scored with: its class's rate (`RateClasses`) when that
+/// differs from the fleet's typical rate by more than `speed::SAME_WITHIN`, else the typical
+/// rate (identical servers stay identical). A server with no learned rate yet is placed by its prefill pace
 /// against the candidates' median pace (`speed::PrefillPace`): vLLM adds a request's prefill
 /// time to its metrics only when the request finishes, which at long outputs takes many
 /// seconds, while the first tokens the pace counts come right after the prefill. For the
@@ -292,7 +346,7 @@ fn server_rate(config: &Config, c: &Candidate, ctx: &ScoreContext) -> f64 {
     if !config.cost().learn_speeds {
         return prior;
     }
-    let typical = ctx.typical_rate.unwrap_or(prior);
+    let typical = ctx.rates.typical().unwrap_or(prior);
     let by_pace = || {
         let (pace, typical_pace) = (c.endpoint.pace.per_ms(ctx.now)?, ctx.typical_pace?);
         let placed = c.endpoint.pace.samples() >= PrefillPace::PLACE_SAMPLES
@@ -305,7 +359,7 @@ fn server_rate(config: &Config, c: &Candidate, ctx: &ScoreContext) -> f64 {
     // enough to break their tie (replay, 8 H100s, Azure 80%: TTFT p95 +8.9%).
     let own = match (c.endpoint.speed.learned(ctx.now), by_pace()) {
         (Some(learned), Some((paced, within))) if learned / paced > within => Some((paced, within)),
-        (Some(learned), _) => Some((learned, SAME_WITHIN)),
+        (Some(learned), _) => Some((ctx.rates.class_of(learned), SAME_WITHIN)),
         (None, paced) => paced,
     };
     match own {
@@ -384,7 +438,7 @@ mod tests {
     }
 
     /// A context at time 0 with no backlog and the given typical rate and pace.
-    fn ctx_at_zero(typical_rate: Option<f64>, typical_pace: Option<f64>) -> ScoreContext {
+    fn ctx_at_zero(rates: RateClasses, typical_pace: Option<f64>) -> ScoreContext {
         ScoreContext {
             total_blocks: 0,
             fleet_backlog: 0.0,
@@ -392,7 +446,7 @@ mod tests {
             rotation: 0,
             seed: 0,
             now: Millis(0),
-            typical_rate,
+            rates,
             typical_pace,
             typical_step: None,
             fastest_step: None,
@@ -456,7 +510,7 @@ mod tests {
         }
         let idle = VllmMetrics::default();
         let cands = idle_cands(&table, &idle, 1000);
-        let ctx = |typical_pace| ctx_at_zero(None, typical_pace);
+        let ctx = |typical_pace| ctx_at_zero(RateClasses::default(), typical_pace);
         let ms = |ctx: &ScoreContext| -> Vec<f64> {
             cands.iter().map(|c| predicted_ttft(&config, c, ctx).ttft_ms).collect()
         };
@@ -491,7 +545,7 @@ mod tests {
         }
         let idle = VllmMetrics::default();
         let cands = idle_cands(&table, &idle, 1000);
-        let ctx = ctx_at_zero(None, typical_pace(&config, &cands, Millis(0)));
+        let ctx = ctx_at_zero(RateClasses::default(), typical_pace(&config, &cands, Millis(0)));
         let [fast, _, unlucky, slow] = cands
             .iter()
             .map(|c| predicted_ttft(&config, c, &ctx).ttft_ms)
@@ -525,7 +579,7 @@ mod tests {
         }
         let idle = VllmMetrics::default();
         let cands = idle_cands(&table, &idle, 1200);
-        let ctx = ctx_at_zero(typical_rate(&config, &cands, Millis(0)), None);
+        let ctx = ctx_at_zero(rate_classes(&config, &cands, Millis(0)), None);
         let ctx = with_steps(&config, &cands, ctx);
         let ms: Vec<f64> = cands.iter().map(|c| predicted_ttft(&config, c, &ctx).ttft_ms).collect();
         assert!(
@@ -538,6 +592,39 @@ mod tests {
         assert!((ms[3] - (100.0 + 1.5 * 4.0)).abs() < 1e-9, "{}", ms[3]);
         let off = Config::from_json(br#"{"cost": {"first_token_steps": 0}}"#).unwrap();
         assert!((predicted_ttft(&off, &cands[3], &ctx).ttft_ms - 100.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn like_servers_are_scored_at_their_classs_rate() {
+        // Four H100s whose learned rates drifted apart (the outer two 1.7x apart, each
+        // within 1.5x of its neighbour) and four A100s, 3x slower.
+        let rates = [
+            30_000.0, 38_000.0, 44_000.0, 51_000.0, 10_000.0, 11_500.0, 12_000.0, 14_000.0,
+        ];
+        let classes = RateClasses::new(rates.to_vec());
+        let h100: Vec<f64> = rates[..4].iter().map(|r| classes.class_of(*r)).collect();
+        let a100: Vec<f64> = rates[4..].iter().map(|r| classes.class_of(*r)).collect();
+        assert_eq!(h100, [44_000.0; 4], "the H100s' upper median");
+        assert_eq!(a100, [12_000.0; 4], "the A100s' upper median");
+        assert_eq!(classes.typical(), Some(44_000.0), "the class of the fleet's median");
+        assert_eq!(classes.class_of(20_000.0), 20_000.0, "a rate not learned stays itself");
+        assert_eq!(RateClasses::new(vec![f64::NAN, 0.0]).typical(), None);
+
+        let config = Config::from_json(b"{}").unwrap();
+        let mut table = table_of(8);
+        for (row, rate) in rates.iter().enumerate() {
+            table.rows_mut()[row].speed = crate::speed::Speed::exact(*rate, Millis(0));
+        }
+        let idle = VllmMetrics::default();
+        let cands = idle_cands(&table, &idle, 1200);
+        let ctx = ctx_at_zero(rate_classes(&config, &cands, Millis(0)), None);
+        let off = Config::from_json(br#"{"cost": {"first_token_steps": 0}}"#).unwrap();
+        let ms: Vec<f64> = cands.iter().map(|c| predicted_ttft(&off, c, &ctx).ttft_ms).collect();
+        assert!(ms[..4].iter().all(|m| (m - 1200.0 / 44.0).abs() < 1e-9), "{ms:?}");
+        assert!(
+            ms[4..].iter().all(|m| (m - 100.0).abs() < 1e-9),
+            "1200 tokens at 12k/s: {ms:?}"
+        );
     }
 
     #[test]
@@ -556,7 +643,7 @@ mod tests {
         let idle = VllmMetrics::default();
         let cands = idle_cands(&table, &idle, 1000);
         let ctx = ctx_at_zero(
-            typical_rate(&config, &cands, Millis(0)),
+            rate_classes(&config, &cands, Millis(0)),
             typical_pace(&config, &cands, Millis(0)),
         );
         let [fast, near, slow] = cands

@@ -312,7 +312,7 @@ impl Router {
             rotation: self.rotation,
             seed: self.config.seed(),
             now,
-            typical_rate: policy::typical_rate(&self.config, &just_cands, now),
+            rates: policy::rate_classes(&self.config, &just_cands, now),
             typical_pace: policy::typical_pace(&self.config, &just_cands, now),
             typical_step: None,
             fastest_step: None,

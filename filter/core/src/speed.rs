@@ -28,9 +28,10 @@
 //! is scored as a typical one again, so it is tried again), the rate is unknown.
 //!
 //! Every router of every worker reads the same scrapes, so they learn the same rates.
-//! Servers of one kind differ by noise: the policy treats rates within `SAME_WITHIN` of the
-//! fleet's typical (median) rate as that rate (`policy::typical_rate`), so noise never breaks
-//! the tie between identical servers that keeps cold prefixes together. 1.5 is well under
+//! Servers of one kind differ by noise: the policy puts rates that chain within
+//! `SAME_WITHIN` of each other in one class and scores each server at its class's median
+//! rate (`policy::RateClasses`), so noise never breaks the tie between identical servers
+//! that keeps cold prefixes together. 1.5 is well under
 //! what tells GPUs apart (H100 against A100 3.4×; a throttled server 2–3×) and above most of
 //! the spread of identical servers' rates on long prompts (replay, 8 H100s, Mooncake trace,
 //! rates read every 10 s: 1.4% of them outside 1.5× of the median at 110% load and 6% at

@@ -16,7 +16,7 @@
 //!   cached prefix, queues, KV usage and speed.
 
 use kvroute_core::endpoint::EndpointTable;
-use kvroute_core::policy::{fleet_backlog, predicted_ttft, typical_rate, with_steps, Candidate, ScoreContext};
+use kvroute_core::policy::{fleet_backlog, predicted_ttft, rate_classes, with_steps, Candidate, ScoreContext};
 use kvroute_core::speed::{Speed, StepTime};
 use kvroute_core::{Config, EndpointId, Millis, Tokens, VllmMetrics};
 
@@ -222,7 +222,7 @@ impl Policy for Oracle {
             rotation: 0,
             seed: 0,
             now,
-            typical_rate: typical_rate(&self.config, &cands, now),
+            rates: rate_classes(&self.config, &cands, now),
             typical_pace: None,
             typical_step: None,
             fastest_step: None,
