@@ -5,6 +5,8 @@
 use kvroute_core::config::RawIndex;
 use kvroute_core::health::HealthState;
 use kvroute_core::index::ENTRY_BYTES;
+use kvroute_core::policy::RateClasses;
+use kvroute_core::speed::SAME_WITHIN;
 use kvroute_core::{
     BlockHash, Completion, Config, EndpointId, Millis, PolicyKind, PrefixHasher, RawConfig, RouteRequest, Router,
     Tokens, VllmMetrics,
@@ -217,5 +219,28 @@ proptest! {
         let long = h.hash("m", "t", "", &joined);
         prop_assert_eq!(short.len(), head.len() / block);
         prop_assert_eq!(&long[..short.len()], &short[..]);
+    }
+
+    #[test]
+    fn rate_classes_are_ordered_runs_scored_at_a_member(
+        rates in prop::collection::vec(1_000.0f64..100_000.0, 1..40),
+    ) {
+        let classes = RateClasses::new(rates.clone());
+        let mut sorted = rates.clone();
+        sorted.sort_by(f64::total_cmp);
+        for pair in sorted.windows(2) {
+            let (lo, hi) = (classes.class_of(pair[0]), classes.class_of(pair[1]));
+            prop_assert!(lo <= hi, "classes out of order: {lo} > {hi}");
+            if pair[1] / pair[0] <= SAME_WITHIN {
+                prop_assert_eq!(lo, hi, "neighbours within the band share a class");
+            } else {
+                prop_assert!(hi / lo > SAME_WITHIN, "classes {lo} and {hi} too close");
+            }
+        }
+        for r in &rates {
+            prop_assert!(rates.contains(&classes.class_of(*r)), "a class rate is a member's");
+        }
+        let typical = classes.typical().unwrap();
+        prop_assert!(rates.contains(&typical));
     }
 }
