@@ -282,9 +282,9 @@ fn median_of(config: &Config, cands: &[Candidate], value: impl Fn(&Candidate) ->
 /// differs from the fleet's typical rate by more than `speed::SAME_WITHIN`, else the typical
 /// rate (identical servers stay identical). A server with no learned rate yet is placed by
 /// its prefill pace against the candidates' median pace (`typical_pace`,
-/// `speed::PrefillPace`): vLLM adds a request's prefill
-/// time to its metrics only when the request finishes, which at long outputs takes many
-/// seconds, while the first tokens the pace counts come right after the prefill. For the
+/// `speed::PrefillPace`): vLLM adds a request's prefill time to its metrics only when the
+/// request finishes, which at long outputs takes many seconds, while the first tokens the
+/// pace counts come right after the prefill. For the
 /// same reason a server that slowed down (throttling, a noisy neighbour) is scored by its
 /// pace while its learned rate still says otherwise. Paces include waits behind decode
 /// steps and spread more, so only one beyond `speed::PACE_SAME_WITHIN` of the median (and,
