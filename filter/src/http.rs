@@ -9,7 +9,7 @@ use std::rc::Rc;
 
 use kvroute_core::capture::CaptureLine;
 use kvroute_core::request::{parse, ApiKind};
-use kvroute_core::response::{cached_tokens, reports_usage, usage_tokens};
+use kvroute_core::response::{cached_tokens, prompt_tokens, reports_usage, usage_tokens};
 use kvroute_core::{Completion, Millis, Outcome, RouteRequest};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, BufferType, LogLevel};
@@ -562,6 +562,7 @@ impl HttpContext for Http {
             served_by,
             status,
             cached_tokens: cached,
+            prompt_tokens: prompt_tokens(&self.tail),
             usage: reports_usage(&self.tail),
         };
         if let Some(flip) = router.on_completed(request_id, &done, host::now()) {

@@ -109,7 +109,7 @@ pub struct RequestStats {
     pub refused_moved: Metric,
     pub refused_by_server: Metric,
     per_endpoint: RefCell<BTreeMap<String, Metric>>,
-    /// Per-server gauges (learned rate, pace, step) by name and server, and the value each
+    /// Per-server gauges (learned rate, pace, step, unseen share) by name and server, and the value each
     /// was last set to.
     speeds: RefCell<BTreeMap<&'static str, Gauges>>,
 }
@@ -191,6 +191,13 @@ impl RequestStats {
     /// (`kvroute.endpoint.<ip_port>.step_us`; `speed::StepTime`).
     pub fn step(&self, endpoint: &str, us: u64) {
         self.per_endpoint_gauge(endpoint, "step_us", us);
+    }
+
+    /// Sets the share of `endpoint`'s recent prompt tokens that this gateway did not route
+    /// (another replica's, a client's that bypasses it), in permille
+    /// (`kvroute.endpoint.<ip_port>.unseen_permille`; `seen::SeenShare`).
+    pub fn unseen(&self, endpoint: &str, permille: u64) {
+        self.per_endpoint_gauge(endpoint, "unseen_permille", permille);
     }
 
     fn per_endpoint_gauge(&self, endpoint: &str, name: &'static str, value: u64) {

@@ -56,6 +56,19 @@ fn simulated_fleet_keeps_prefix_groups_together_and_survives_a_crash() {
     // token counts from their last chunks.
     let reported = envoy.stat("wasmcustom.kvroute.tokens.reported_cached");
     assert!(reported > 0, "no cached tokens read from the streams");
+    // One gateway routed everything the servers looked up: none of it reads as unseen
+    // (`seen::SeenShare`, its estimate scaled by the servers' reported prompt tokens), so a
+    // miss the index did not predict does not shrink it. The gauges come every 100 ms.
+    std::thread::sleep(Duration::from_millis(300));
+    let gauges = http_client::request(envoy.admin, "GET", "/stats?filter=unseen_permille", &[], b"").unwrap();
+    let unseen: Vec<(&str, u64)> = gauges
+        .body
+        .lines()
+        .filter_map(|l| l.split_once(": "))
+        .filter_map(|(name, v)| Some((name, v.trim().parse().ok()?)))
+        .collect();
+    assert!(unseen.len() >= 3, "unseen share of too few servers: {}", gauges.body);
+    assert!(unseen.iter().all(|(_, permille)| *permille < 200), "{unseen:?}");
 
     // Crash server 0 (listener and connections closed). Once the scrapes have marked it
     // down (well under 2 s), kvroute never picks it again and no request fails.

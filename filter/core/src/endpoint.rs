@@ -10,6 +10,7 @@ use crate::health::Health;
 use crate::metrics::VllmMetrics;
 use std::collections::BTreeMap;
 
+use crate::seen::SeenShare;
 use crate::speed::{self, PrefillPace, Speed, StepTime, TtftBias};
 use crate::types::{EndpointId, Millis, Tokens};
 
@@ -56,6 +57,8 @@ pub struct Endpoint {
     /// Until when it counts as refusing work: a request sent here was served elsewhere
     /// (Envoy retried it after a 503 or a failed connection).
     pub refused_until: Option<Millis>,
+    /// How much of its traffic this router and its peers routed (see `seen`).
+    pub seen: SeenShare,
 }
 
 /// A request of this gateway's that has no first token yet.
@@ -89,6 +92,7 @@ impl Endpoint {
             step: StepTime::default(),
             ttft_bias: TtftBias::default(),
             refused_until: None,
+            seen: SeenShare::default(),
         }
     }
 

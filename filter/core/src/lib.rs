@@ -30,6 +30,7 @@ pub mod request;
 pub mod response;
 pub mod router;
 pub mod scenario;
+pub mod seen;
 pub mod speed;
 pub mod types;
 

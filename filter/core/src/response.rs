@@ -1,5 +1,5 @@
-//! Reading what vLLM reports back: `usage.prompt_tokens_details.cached_tokens` (and, for
-//! traffic capture, `usage.prompt_tokens` and `usage.completion_tokens`).
+//! Reading what vLLM reports back: `usage.prompt_tokens_details.cached_tokens`,
+//! `usage.prompt_tokens` (and, for traffic capture, `usage.completion_tokens`).
 //!
 //! The filter does not buffer responses (that would delay every token of a stream); it
 //! keeps the last few KiB of the body as it passes and scans them here. `usage` is at the
@@ -24,6 +24,11 @@ pub fn reports_usage(tail: &[u8]) -> bool {
 /// The last `cached_tokens` value in `tail`, if one is there whole.
 pub fn cached_tokens(tail: &[u8]) -> Option<u64> {
     last_count(tail, CACHED)
+}
+
+/// The last `usage.prompt_tokens` in `tail`.
+pub fn prompt_tokens(tail: &[u8]) -> Option<u64> {
+    last_count(tail, USAGE)
 }
 
 /// The last `usage.prompt_tokens` and `usage.completion_tokens` in `tail`, when both are there.
@@ -80,6 +85,7 @@ mod tests {
     fn reads_prompt_and_completion_tokens_apart_from_the_details() {
         let body = br#"{"usage":{"prompt_tokens":2100,"total_tokens":2105,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":2048}}}"#;
         assert_eq!(usage_tokens(body), Some((2100, 5)));
+        assert_eq!(prompt_tokens(body), Some(2100));
         assert_eq!(usage_tokens(br#"{"usage":{"prompt_tokens":7}}"#), None);
     }
 

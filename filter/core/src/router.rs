@@ -20,6 +20,7 @@ use crate::metrics::VllmMetrics;
 use crate::peer::PeerEvent;
 use crate::policy::{self, Candidate, ScoreContext};
 use crate::request::{ParsedRequest, BYTES_PER_TOKEN};
+use crate::seen::TokenScale;
 use crate::types::{BlockHash, Cost, EndpointId, Millis, Tokens};
 
 /// Requests tracked in flight at most; the oldest is released past it (lost completions
@@ -49,6 +50,8 @@ pub struct Completion {
     pub status: u16,
     /// `usage.prompt_tokens_details.cached_tokens`, when the response carried it.
     pub cached_tokens: Option<u64>,
+    /// `usage.prompt_tokens`, when the response carried it.
+    pub prompt_tokens: Option<u64>,
     /// The response carried `usage` (with or without `prompt_tokens_details`).
     pub usage: bool,
 }
@@ -106,6 +109,8 @@ pub struct Router {
     outbox: Option<Vec<PeerEvent>>,
     /// Peers' requests whose completion arrived before their placement (bounded).
     early_completions: RecentKeys,
+    /// The servers' prompt tokens per token of this router's estimate (`seen`).
+    token_scale: TokenScale,
 }
 
 /// A bounded set of request keys: the oldest is forgotten past `RecentKeys::CAP`.
@@ -152,6 +157,7 @@ impl Router {
             origin: 0,
             outbox: None,
             early_completions: RecentKeys::default(),
+            token_scale: TokenScale::default(),
         };
         let endpoints = router.config.endpoints().to_vec();
         router.on_endpoints(&endpoints);
@@ -167,6 +173,12 @@ impl Router {
     pub fn index(&self) -> &PrefixIndex {
         &self.index
     }
+    /// The servers' prompt tokens per token of this router's estimate, from the responses
+    /// that reported `usage.prompt_tokens` (1 until enough did; `seen::TokenScale`).
+    pub fn token_scale(&self) -> f64 {
+        self.token_scale.factor()
+    }
+
     pub fn stats(&self) -> &RouterStats {
         &self.stats
     }

@@ -141,6 +141,7 @@ pub fn scripted_routing(policy: PolicyKind) -> Result<String, String> {
                 served_by: None,
                 status: 200,
                 cached_tokens: Some(u64::from(d.matched_blocks) * 64),
+                prompt_tokens: None,
                 usage: true,
             };
             router.on_completed(u64::from(n), &done, now);

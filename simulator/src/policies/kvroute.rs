@@ -87,6 +87,7 @@ impl Policy for Kvroute {
             status: 200,
             // What vLLM (with --enable-prompt-tokens-details) reports: no details on a miss.
             cached_tokens: (f.cached_tokens > 0).then_some(f.cached_tokens),
+            prompt_tokens: Some(f.prompt_tokens),
             usage: true,
         };
         self.router.on_completed(f.id, &done, Millis(now_ms as u64));

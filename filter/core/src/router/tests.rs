@@ -117,6 +117,7 @@ fn when_every_endpoint_has_a_queue_recomputing_a_prefix_costs_more() {
             served_by: Some(holder.clone()),
             status: 200,
             cached_tokens: None,
+            prompt_tokens: None,
             usage: false,
         };
         r.on_completed(1, &done, T0);
@@ -229,6 +230,7 @@ fn unhealthy_ejected_and_stale_endpoints_are_never_picked() {
                 served_by: Some(ep(1)),
                 status: 500,
                 cached_tokens: None,
+                prompt_tokens: None,
                 usage: false,
             },
             T0,
@@ -420,6 +422,7 @@ fn independent_routers_agree_on_the_owner_of_a_cold_prefix() {
             served_by: None,
             status: 200,
             cached_tokens: Some(0),
+            prompt_tokens: None,
             usage: true,
         },
         T0,
@@ -452,6 +455,7 @@ fn completion_releases_accounting_and_a_retry_moves_the_prefix() {
             served_by: Some(other.clone()),
             status: 200,
             cached_tokens: Some(0),
+            prompt_tokens: None,
             usage: true,
         },
         T0,
@@ -477,6 +481,7 @@ fn completion_releases_accounting_and_a_retry_moves_the_prefix() {
                 served_by: None,
                 status: 200,
                 cached_tokens: None,
+                prompt_tokens: None,
                 usage: false
             },
             T0
@@ -548,6 +553,7 @@ fn prefill_the_gateway_sent_counts_until_the_first_token_even_after_a_scrape() {
             served_by: None,
             status: 200,
             cached_tokens: None,
+            prompt_tokens: None,
             usage: false,
         },
         T0.plus(40),
@@ -580,6 +586,7 @@ fn done_at(endpoint: Option<EndpointId>, cached: Option<u64>) -> Completion {
         served_by: endpoint,
         status: 200,
         cached_tokens: cached,
+        prompt_tokens: None,
         usage: cached.is_some(),
     }
 }
@@ -770,6 +777,38 @@ fn vllm_reporting_fewer_cached_tokens_than_predicted_shrinks_what_the_index_keep
     assert_eq!(r.route(&req(39, 8), T0).matched_blocks, 8, "the one just served stays");
 }
 
+/// The index after 40 prefixes and a sibling of the last one that vLLM reported one block
+/// of, on a server whose prefix-cache lookups counted `lookups_per_routed` × the prompt
+/// tokens this router routed there.
+fn entries_after_a_miss(lookups_per_routed: u64) -> (usize, usize) {
+    let queries = |tokens: u64| VllmMetrics {
+        prefix_queries: Some((tokens * lookups_per_routed) as f64),
+        ..load(0, 0, 0.0)
+    };
+    let mut r = router(PolicyKind::Cost, &[queries(0)]);
+    let mut routed = 0;
+    for id in 0..40 {
+        let d = r.route(&req(id, 8), T0);
+        r.on_routed(id, &req(id, 8), &d, T0);
+        r.on_completed(id, &done_at(None, None), T0);
+        routed += req(id, 8).prompt_tokens.0;
+    }
+    r.on_metrics(&ep(0), queries(routed), Millis(T0.0 + 100));
+    let before = r.index().entries();
+    let d = r.route(&req(39, 8), T0);
+    r.on_routed(100, &req(39, 8), &d, T0);
+    r.on_completed(100, &done_at(None, Some(64)), T0);
+    (before, r.index().entries())
+}
+
+#[test]
+fn a_miss_shrinks_the_index_only_where_traffic_the_router_did_not_route_filled_the_cache() {
+    let (before, after) = entries_after_a_miss(1);
+    assert_eq!(after, before, "the router routed all the server looked up");
+    let (before, after) = entries_after_a_miss(2);
+    assert!(after < before - 5, "half of it unseen: {after} !< {before} - 5");
+}
+
 #[test]
 fn confirmed_predictions_let_the_index_grow_back() {
     let mut r = router(PolicyKind::Cost, &idle(1));
@@ -813,6 +852,7 @@ fn usage_without_details_counts_as_a_miss_only_from_a_server_that_reports_detail
         served_by: None,
         status: 200,
         cached_tokens: None,
+        prompt_tokens: None,
         usage: true,
     };
     // Never reported details (vLLM without --enable-prompt-tokens-details): nothing learned.
@@ -1276,6 +1316,7 @@ fn served(at: &EndpointId, status: u16) -> Completion {
         served_by: Some(at.clone()),
         status,
         cached_tokens: None,
+        prompt_tokens: None,
         usage: false,
     }
 }
