@@ -479,17 +479,21 @@ impl HttpContext for Http {
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         self.adopt_release();
-        // A whole response's headers come when generation ends: its prefill is long done.
-        // A stream's may come before its first token (the server starts the response
-        // first): that one waits for the first chunk.
-        if !self.awaiting_first_chunk {
-            self.first_token();
-        }
         self.status = host::response_header(":status")
             .ok()
             .flatten()
             .and_then(|s| std::str::from_utf8(&s).ok().and_then(|s| s.parse().ok()))
             .unwrap_or(0);
+        // A whole response's headers come when generation ends: its prefill is long done.
+        // A stream's may come before its first token (the server starts the response
+        // first): that one waits for the first chunk. An error (vLLM's 503, a 400) had no
+        // prefill: its quick answer is no first token (it would read as a fast prefill and
+        // as a prompt the server counted).
+        if !(200..300).contains(&self.status) {
+            self.awaiting_first_chunk = false;
+        } else if !self.awaiting_first_chunk {
+            self.first_token();
+        }
         let debug = self
             .shared
             .as_ref()

@@ -109,8 +109,8 @@ pub struct RequestStats {
     pub refused_moved: Metric,
     pub refused_by_server: Metric,
     per_endpoint: RefCell<BTreeMap<String, Metric>>,
-    /// Per-server gauges (learned rate, pace, step, unseen share) by name and server, and the value each
-    /// was last set to.
+    /// Per-server gauges (learned rate, pace, step, unseen share) by name and server, and
+    /// the value each was last set to.
     speeds: RefCell<BTreeMap<&'static str, Gauges>>,
 }
 
@@ -193,8 +193,8 @@ impl RequestStats {
         self.per_endpoint_gauge(endpoint, "step_us", us);
     }
 
-    /// Sets the share of `endpoint`'s recent prompt tokens that this gateway did not route
-    /// (another replica's, a client's that bypasses it), in permille
+    /// Sets the share of `endpoint`'s recent prompt tokens that went through neither this
+    /// worker nor the routers it shares with, in permille
     /// (`kvroute.endpoint.<ip_port>.unseen_permille`; `seen::SeenShare`).
     pub fn unseen(&self, endpoint: &str, permille: u64) {
         self.per_endpoint_gauge(endpoint, "unseen_permille", permille);

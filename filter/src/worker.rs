@@ -284,7 +284,7 @@ impl Worker {
                 // Only a router that places requests (its own or its peers') can tell what
                 // it did not see: the VM that only scrapes would read every server as unseen.
                 let places = router.stats().routed + router.stats().peer_events > 0;
-                if let Some(share) = e.seen.unseen(router.token_scale()).filter(|_| places) {
+                if let Some(share) = e.seen.unseen().filter(|_| places) {
                     stats.unseen(e.id.as_str(), (share * 1000.0) as u64);
                 }
             }

@@ -341,7 +341,6 @@ impl Engine {
         let mut s = self.waiting.pop_front()?;
         if s.cached_tokens.is_none() {
             s.cached_tokens = Some(hit_tokens);
-            self.counters.prompt_tokens += s.spec.prompt_tokens;
             self.counters.prefix_queries += s.spec.prompt_tokens;
             self.counters.prefix_hits += hit_tokens;
         }
@@ -381,6 +380,8 @@ impl Engine {
             Self::register_full_blocks(&mut self.kv, s);
             if s.first_token.is_none() {
                 s.first_token = Some(now);
+                // vLLM counts a prompt in `prompt_tokens_total` once, with its first token.
+                self.counters.prompt_tokens += s.spec.prompt_tokens;
                 events.push(Event::FirstToken { id, at: now });
             } else {
                 s.itl_sum += now - s.last_token;

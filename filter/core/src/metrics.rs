@@ -54,6 +54,10 @@ pub struct VllmMetrics {
     /// every step, so their growth between scrapes is the server's recent step time.
     pub itl_seconds: Option<f64>,
     pub itl_count: Option<f64>,
+    /// Since the server started: the prompt tokens of its requests, each counted once when
+    /// its first token came (`vllm:prompt_tokens_total`, summed over engines and models):
+    /// all the traffic it served, whoever sent it (see `seen`).
+    pub prompt_tokens: Option<f64>,
 }
 
 impl VllmMetrics {
@@ -109,6 +113,7 @@ struct Acc {
     prefill_tokens: Option<f64>,
     itl_seconds: Option<f64>,
     itl_count: Option<f64>,
+    prompt_tokens: Option<f64>,
     lora: Option<(f64, LoraInfo)>,
     models: Vec<String>,
 }
@@ -121,6 +126,7 @@ const PREFILL_SECONDS: &str = "vllm:request_prefill_time_seconds_sum";
 const PREFILL_TOKENS: &str = "vllm:request_prefill_kv_computed_tokens_sum";
 const ITL_SECONDS: &str = "vllm:inter_token_latency_seconds_sum";
 const ITL_COUNT: &str = "vllm:inter_token_latency_seconds_count";
+const PROMPT_TOKENS: &str = "vllm:prompt_tokens_total";
 
 /// Parses a `/metrics` body of at most `max_bytes` bytes.
 pub fn parse_metrics(body: &[u8], max_bytes: usize) -> Result<VllmMetrics, MetricsError> {
@@ -159,6 +165,7 @@ fn is_wanted(name: &str) -> bool {
             | PREFILL_TOKENS
             | ITL_SECONDS
             | ITL_COUNT
+            | PROMPT_TOKENS
     )
 }
 
@@ -197,6 +204,10 @@ impl Acc {
         }
         if s.name == ITL_COUNT {
             *self.itl_count.get_or_insert(0.0) += gauge(s, ITL_COUNT, line, f64::MAX)?;
+            return Ok(());
+        }
+        if s.name == PROMPT_TOKENS {
+            *self.prompt_tokens.get_or_insert(0.0) += gauge(s, PROMPT_TOKENS, line, f64::MAX)?;
             return Ok(());
         }
         if s.name == "vllm:lora_requests_info" {
@@ -259,6 +270,7 @@ impl Acc {
             prefill_computed_tokens: self.prefill_tokens,
             itl_seconds: self.itl_seconds,
             itl_count: self.itl_count,
+            prompt_tokens: self.prompt_tokens,
             ..VllmMetrics::default()
         };
         let (mut kv_weighted, mut kv_weight, mut any_current, mut any_legacy) = (0.0, 0.0, false, false);

@@ -20,7 +20,6 @@ use crate::metrics::VllmMetrics;
 use crate::peer::PeerEvent;
 use crate::policy::{self, Candidate, ScoreContext};
 use crate::request::{ParsedRequest, BYTES_PER_TOKEN};
-use crate::seen::TokenScale;
 use crate::types::{BlockHash, Cost, EndpointId, Millis, Tokens};
 
 /// Requests tracked in flight at most; the oldest is released past it (lost completions
@@ -109,8 +108,6 @@ pub struct Router {
     outbox: Option<Vec<PeerEvent>>,
     /// Peers' requests whose completion arrived before their placement (bounded).
     early_completions: RecentKeys,
-    /// The servers' prompt tokens per token of this router's estimate (`seen`).
-    token_scale: TokenScale,
 }
 
 /// A bounded set of request keys: the oldest is forgotten past `RecentKeys::CAP`.
@@ -157,7 +154,6 @@ impl Router {
             origin: 0,
             outbox: None,
             early_completions: RecentKeys::default(),
-            token_scale: TokenScale::default(),
         };
         let endpoints = router.config.endpoints().to_vec();
         router.on_endpoints(&endpoints);
@@ -173,12 +169,6 @@ impl Router {
     pub fn index(&self) -> &PrefixIndex {
         &self.index
     }
-    /// The servers' prompt tokens per token of this router's estimate, from the responses
-    /// that reported `usage.prompt_tokens` (1 until enough did; `seen::TokenScale`).
-    pub fn token_scale(&self) -> f64 {
-        self.token_scale.factor()
-    }
-
     pub fn stats(&self) -> &RouterStats {
         &self.stats
     }
@@ -582,6 +572,7 @@ impl Router {
 }
 
 mod events;
+mod peers;
 
 /// How many candidates at the front of `order` (sorted by cost) cost at most `tolerance`
 /// more than the first.

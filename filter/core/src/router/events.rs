@@ -1,8 +1,8 @@
 //! The named events that change the router's state: what the caller did with a decision
 //! (`on_routed`), how the request went (`on_first_token`, `on_completed`), what the scrapes
 //! said (`on_metrics`, `on_scrape_failed`, `on_active_health`), who is in the pool
-//! (`on_endpoints`), all of that at once from the scraping side (`on_fleet`), and what peer routers of the same process did (`on_peer_event`,
-//! `forget_peer`; see `peer`).
+//! (`on_endpoints`), and all of that at once from the scraping side (`on_fleet`). What peer
+//! routers did is in `peers`.
 
 use super::RouteRequest;
 use super::{Completion, Inflight, Router, MAX_INFLIGHT};
@@ -11,7 +11,7 @@ use crate::endpoint::Prefill;
 use crate::fleet::FleetState;
 use crate::health::Flip;
 use crate::metrics::VllmMetrics;
-use crate::peer::{origin_of, request_key, PeerEvent};
+use crate::peer::{request_key, PeerEvent};
 use crate::speed;
 use crate::types::{BlockHash, EndpointId, Millis, Tokens};
 
@@ -22,30 +22,6 @@ fn unseen_by_scrape(scraped_at: Option<Millis>, routed_at: Millis) -> bool {
 }
 
 impl Router {
-    /// From now on, record every change peers must know (see `take_peer_events`), and stamp
-    /// this router's requests with `origin`, unique among the peers.
-    pub fn share_with_peers(&mut self, origin: u32) {
-        self.origin = origin;
-        self.outbox.get_or_insert_with(Vec::new);
-    }
-
-    /// Whether the changes waiting for the peers include a placement that is news
-    /// (`PeerEvent::is_news`).
-    pub fn peer_news_waiting(&self) -> bool {
-        self.outbox.as_ref().is_some_and(|o| o.iter().any(PeerEvent::is_news))
-    }
-
-    /// The changes made since the last call, oldest first, for the peers.
-    pub fn take_peer_events(&mut self) -> Vec<PeerEvent> {
-        self.outbox.as_mut().map(std::mem::take).unwrap_or_default()
-    }
-
-    fn tell_peers(&mut self, event: impl FnOnce() -> PeerEvent) {
-        if let Some(outbox) = self.outbox.as_mut() {
-            outbox.push(event());
-        }
-    }
-
     /// The caller sent `request_id` per `decision` (to its best endpoint first).
     pub fn on_routed(&mut self, request_id: u64, req: &RouteRequest, decision: &Decision, now: Millis) {
         let Some(best) = decision.best() else { return };
@@ -70,7 +46,7 @@ impl Router {
     }
 
     /// Counts request `key`, routed at `routed_at`, on `endpoint` and records its blocks there.
-    fn place(
+    pub(super) fn place(
         &mut self,
         key: u64,
         endpoint: &EndpointId,
@@ -83,7 +59,6 @@ impl Router {
             return false;
         };
         e.inflight = e.inflight.saturating_add(1);
-        e.seen.on_routed(prompt_tokens);
         e.pending_prefill_tokens = e.pending_prefill_tokens.saturating_add(uncached);
         if unseen_by_scrape(e.scraped_at, routed_at) {
             e.sent_since_scrape = e.sent_since_scrape.saturating_add(1);
@@ -132,8 +107,8 @@ impl Router {
         // request that still got a 503 was refused everywhere it went: its prefix is nowhere.
         let refused = done.status == 503;
         let cached = self.cached_reported(&served, done);
-        if let (Some(reported), false) = (done.prompt_tokens, refused) {
-            self.token_scale.observe(record.prompt_tokens, reported);
+        if let (Some(reported), false, Some(e)) = (done.prompt_tokens, refused, self.table.get_mut(&served)) {
+            e.seen.on_reported(record.prompt_tokens, reported);
         }
         if refused {
             self.release(&record);
@@ -205,8 +180,15 @@ impl Router {
     /// Releases a request's load and learns where its prefix lives: where it was served when
     /// a retry `moved` it (the server it was sent to refused it: it goes last for
     /// `overload.refused_ms`), and how much the server really had cached.
-    fn finish(&mut self, record: &Inflight, moved: Option<&EndpointId>, cached: Option<u64>, now: Millis) {
+    pub(super) fn finish(&mut self, record: &Inflight, moved: Option<&EndpointId>, cached: Option<u64>, now: Millis) {
         self.release(record);
+        if record.prefilling {
+            // Served without a first token seen (a peer's that came late, a response with
+            // no body before its end): the server counted its prompt all the same.
+            if let Some(e) = self.table.get_mut(moved.unwrap_or(&record.endpoint)) {
+                e.seen.on_served(record.prompt_tokens);
+            }
+        }
         if let Some(served) = moved {
             self.stats.refusals += 1;
             self.refused_by(record, now);
@@ -240,12 +222,7 @@ impl Router {
         let tpb = self.tokens_per_block();
         let predicted = record.prompt_tokens.saturating_sub(record.uncached).0;
         let cached = cached.min(record.prompt_tokens.0);
-        let scale = self.token_scale.factor();
-        let Some((slot, weight)) = self
-            .table
-            .get(&record.endpoint)
-            .map(|e| (e.slot, e.seen.miss_weight(scale)))
-        else {
+        let Some((slot, weight)) = self.table.get(&record.endpoint).map(|e| (e.slot, e.seen.miss_weight())) else {
             return;
         };
         let (predicted_blocks, cached_blocks) = (predicted / tpb, cached / tpb);
@@ -278,17 +255,18 @@ impl Router {
 
     /// Request `key` produced its first token at `now` (as far as this router knows: a
     /// peer's arrives a tick or two late).
-    fn prefill_done(&mut self, key: u64, now: Millis) -> bool {
+    pub(super) fn prefill_done(&mut self, key: u64, now: Millis) -> bool {
         let Some(record) = self.inflight.get_mut(&key) else {
             return false;
         };
         if !std::mem::replace(&mut record.prefilling, false) {
             return false;
         }
-        let (uncached, routed_at) = (record.uncached, record.routed_at);
-        let cached = record.prompt_tokens.saturating_sub(uncached);
+        let (uncached, routed_at, prompt) = (record.uncached, record.routed_at, record.prompt_tokens);
+        let cached = prompt.saturating_sub(uncached);
         let attention_tokens = self.config.cost().attention_tokens;
         if let Some(e) = self.table.get_mut(&record.endpoint) {
+            e.seen.on_served(prompt);
             e.pending_prefill_tokens = e.pending_prefill_tokens.saturating_sub(uncached);
             if e.prefilling
                 .first_key_value()
@@ -306,84 +284,7 @@ impl Router {
         true
     }
 
-    /// A change a peer router made (see `peer`). Events of this router's own origin are
-    /// ignored, so a peer log that echoes them back does no harm.
-    pub fn on_peer_event(&mut self, event: &PeerEvent, now: Millis) {
-        if self.outbox.is_some() && origin_of(event.key()) == self.origin {
-            return;
-        }
-        self.stats.peer_events += 1;
-        match event {
-            PeerEvent::Routed {
-                key,
-                endpoint,
-                blocks,
-                prompt_tokens,
-                uncached,
-                at,
-            } => {
-                if self.early_completions.remove(key) {
-                    // Its completion came first (batches from other replicas can overtake each
-                    // other): the prefix is on the server, the load already gone.
-                    if let Some(e) = self.table.get_mut(endpoint) {
-                        e.seen.on_routed(*prompt_tokens);
-                        let slot = e.slot;
-                        self.index.record(slot, blocks);
-                    }
-                } else {
-                    self.place(*key, endpoint, blocks, *prompt_tokens, *uncached, *at);
-                }
-            }
-            PeerEvent::FirstToken { key } => {
-                self.prefill_done(*key, now);
-            }
-            PeerEvent::Completed {
-                key,
-                served_by,
-                cached_tokens,
-            } => match self.inflight.remove(key) {
-                Some(record) => self.finish(&record, served_by.as_ref(), *cached_tokens, now),
-                None => self.early_completions.insert(*key),
-            },
-        }
-    }
-
-    /// Releases peers' requests routed more than `max_age_ms` before `now`: their completion
-    /// was lost (a batch from another replica that never arrived, a reader lapped), and a
-    /// live peer is never forgotten as a whole. This router's own requests are left alone.
-    pub fn expire_peer_requests(&mut self, now: Millis, max_age_ms: u64) -> usize {
-        let origin = self.origin;
-        let old: Vec<u64> = self
-            .inflight
-            .iter()
-            .filter(|(k, r)| origin_of(**k) != origin && now.since(r.routed_at) > max_age_ms)
-            .map(|(k, _)| *k)
-            .collect();
-        for key in &old {
-            if let Some(record) = self.inflight.remove(key) {
-                self.release(&record);
-            }
-        }
-        old.len()
-    }
-
-    /// Peer `origin` is gone (its VM stopped reporting): release its requests' load, which
-    /// no completion will ever release. Their prefix blocks stay: the servers still hold them.
-    pub fn forget_peer(&mut self, origin: u32) {
-        let keys: Vec<u64> = self
-            .inflight
-            .keys()
-            .copied()
-            .filter(|k| origin_of(*k) == origin)
-            .collect();
-        for key in keys {
-            if let Some(record) = self.inflight.remove(&key) {
-                self.release(&record);
-            }
-        }
-    }
-
-    fn release(&mut self, record: &Inflight) {
+    pub(super) fn release(&mut self, record: &Inflight) {
         if let Some(e) = self.table.get_mut(&record.endpoint) {
             e.inflight = e.inflight.saturating_sub(1);
             if record.prefilling {
@@ -422,7 +323,7 @@ impl Router {
             scraped_at,
         );
         e.step.on_counters(metrics.itl_seconds, metrics.itl_count, scraped_at);
-        e.seen.on_counters(metrics.prefix_queries, scraped_at);
+        e.seen.on_counters(metrics.prompt_tokens, scraped_at);
         let capacity_blocks = metrics.capacity_tokens().unwrap_or(default_capacity) / tpb;
         e.metrics = Some(metrics);
         e.scraped_at = Some(scraped_at);

@@ -778,22 +778,28 @@ fn vllm_reporting_fewer_cached_tokens_than_predicted_shrinks_what_the_index_keep
 }
 
 /// The index after 40 prefixes and a sibling of the last one that vLLM reported one block
-/// of, on a server whose prefix-cache lookups counted `lookups_per_routed` × the prompt
-/// tokens this router routed there.
-fn entries_after_a_miss(lookups_per_routed: u64) -> (usize, usize) {
-    let queries = |tokens: u64| VllmMetrics {
-        prefix_queries: Some((tokens * lookups_per_routed) as f64),
+/// of (7 of the 8 predicted blocks missing), on a server whose `prompt_tokens_total` grew
+/// by `served_per_routed` × the estimated prompt tokens this router had served there, and
+/// whose responses reported `reported_per_estimated` × the estimate as `prompt_tokens`.
+fn entries_after_a_miss(served_per_routed: f64, reported_per_estimated: Option<f64>) -> (usize, usize) {
+    let counter = |tokens: u64| VllmMetrics {
+        prompt_tokens: Some(tokens as f64 * served_per_routed),
         ..load(0, 0, 0.0)
     };
-    let mut r = router(PolicyKind::Cost, &[queries(0)]);
+    let mut r = router(PolicyKind::Cost, &[counter(0)]);
     let mut routed = 0;
     for id in 0..40 {
         let d = r.route(&req(id, 8), T0);
         r.on_routed(id, &req(id, 8), &d, T0);
-        r.on_completed(id, &done_at(None, None), T0);
-        routed += req(id, 8).prompt_tokens.0;
+        let estimate = req(id, 8).prompt_tokens.0;
+        let done = Completion {
+            prompt_tokens: reported_per_estimated.map(|k| (estimate as f64 * k) as u64),
+            ..done_at(None, None)
+        };
+        r.on_completed(id, &done, T0);
+        routed += estimate;
     }
-    r.on_metrics(&ep(0), queries(routed), Millis(T0.0 + 100));
+    r.on_metrics(&ep(0), counter(routed), Millis(T0.0 + 100));
     let before = r.index().entries();
     let d = r.route(&req(39, 8), T0);
     r.on_routed(100, &req(39, 8), &d, T0);
@@ -802,11 +808,61 @@ fn entries_after_a_miss(lookups_per_routed: u64) -> (usize, usize) {
 }
 
 #[test]
-fn a_miss_shrinks_the_index_only_where_traffic_the_router_did_not_route_filled_the_cache() {
-    let (before, after) = entries_after_a_miss(1);
-    assert_eq!(after, before, "the router routed all the server looked up");
-    let (before, after) = entries_after_a_miss(2);
-    assert!(after < before - 5, "half of it unseen: {after} !< {before} - 5");
+fn a_miss_shrinks_the_index_only_where_traffic_the_router_did_not_see_filled_the_cache() {
+    let (before, after) = entries_after_a_miss(1.0, None);
+    assert_eq!(after, before, "the router saw all the server served");
+    let (before, after) = entries_after_a_miss(1.1, None);
+    assert_eq!(
+        after,
+        before - 3,
+        "a tenth unseen: 7 missing blocks count 7 × 0.09 / 0.25"
+    );
+    let (before, after) = entries_after_a_miss(2.0, None);
+    assert_eq!(after, before - 7, "half of it unseen: the miss counts in full");
+}
+
+#[test]
+fn a_server_that_counts_more_tokens_than_the_estimate_is_judged_by_its_reports() {
+    // vLLM's tokenizer counts 1.25 tokens per estimated one, and says so in its responses.
+    let (before, after) = entries_after_a_miss(1.25, Some(1.25));
+    assert_eq!(after, before, "all of it seen once the reports scale the estimate");
+    let (before, after) = entries_after_a_miss(1.25, None);
+    assert_eq!(
+        after,
+        before - 6,
+        "without reports a fifth reads as unseen: 7 × 0.2 / 0.25"
+    );
+}
+
+#[test]
+fn peers_count_each_request_a_server_served_once() {
+    let (mut a, mut b) = peers(1);
+    let counter = |tokens: u64| VllmMetrics {
+        prompt_tokens: Some(tokens as f64),
+        ..load(0, 0, 0.0)
+    };
+    for r in [&mut a, &mut b] {
+        r.on_metrics(&ep(0), counter(0), T0);
+    }
+    let mut served = 0;
+    for id in 0..20 {
+        let (from, to) = if id % 2 == 0 {
+            (&mut a, &mut b)
+        } else {
+            (&mut b, &mut a)
+        };
+        let d = from.route(&req(id, 8), T0);
+        from.on_routed(id, &req(id, 8), &d, T0);
+        from.on_first_token(id, T0);
+        from.on_completed(id, &done_at(None, None), T0);
+        pass(from, to);
+        served += req(id, 8).prompt_tokens.0;
+    }
+    for r in [&mut a, &mut b] {
+        r.on_metrics(&ep(0), counter(served), Millis(T0.0 + 100));
+        let fraction = r.endpoints()[0].seen.seen_fraction().unwrap_or(0.0);
+        assert!((fraction - 1.0).abs() < 1e-9, "{fraction}");
+    }
 }
 
 #[test]

@@ -1,0 +1,110 @@
+//! What peer routers (the workers of one Envoy, gateway replicas that share) did: the
+//! changes this router hands them and applies from them (see `peer`), and forgetting a
+//! peer that went silent.
+
+use super::Router;
+use crate::peer::{origin_of, PeerEvent};
+use crate::types::Millis;
+
+impl Router {
+    /// From now on, record every change peers must know (see `take_peer_events`), and stamp
+    /// this router's requests with `origin`, unique among the peers.
+    pub fn share_with_peers(&mut self, origin: u32) {
+        self.origin = origin;
+        self.outbox.get_or_insert_with(Vec::new);
+    }
+
+    /// Whether the changes waiting for the peers include a placement that is news
+    /// (`PeerEvent::is_news`).
+    pub fn peer_news_waiting(&self) -> bool {
+        self.outbox.as_ref().is_some_and(|o| o.iter().any(PeerEvent::is_news))
+    }
+
+    /// The changes made since the last call, oldest first, for the peers.
+    pub fn take_peer_events(&mut self) -> Vec<PeerEvent> {
+        self.outbox.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    pub(super) fn tell_peers(&mut self, event: impl FnOnce() -> PeerEvent) {
+        if let Some(outbox) = self.outbox.as_mut() {
+            outbox.push(event());
+        }
+    }
+
+    /// A change a peer router made (see `peer`). Events of this router's own origin are
+    /// ignored, so a peer log that echoes them back does no harm.
+    pub fn on_peer_event(&mut self, event: &PeerEvent, now: Millis) {
+        if self.outbox.is_some() && origin_of(event.key()) == self.origin {
+            return;
+        }
+        self.stats.peer_events += 1;
+        match event {
+            PeerEvent::Routed {
+                key,
+                endpoint,
+                blocks,
+                prompt_tokens,
+                uncached,
+                at,
+            } => {
+                if self.early_completions.remove(key) {
+                    // Its completion came first (batches from other replicas can overtake each
+                    // other): the prefix is on the server, the load already gone.
+                    if let Some(e) = self.table.get_mut(endpoint) {
+                        e.seen.on_served(*prompt_tokens);
+                        let slot = e.slot;
+                        self.index.record(slot, blocks);
+                    }
+                } else {
+                    self.place(*key, endpoint, blocks, *prompt_tokens, *uncached, *at);
+                }
+            }
+            PeerEvent::FirstToken { key } => {
+                self.prefill_done(*key, now);
+            }
+            PeerEvent::Completed {
+                key,
+                served_by,
+                cached_tokens,
+            } => match self.inflight.remove(key) {
+                Some(record) => self.finish(&record, served_by.as_ref(), *cached_tokens, now),
+                None => self.early_completions.insert(*key),
+            },
+        }
+    }
+
+    /// Releases peers' requests routed more than `max_age_ms` before `now`: their completion
+    /// was lost (a batch from another replica that never arrived, a reader lapped), and a
+    /// live peer is never forgotten as a whole. This router's own requests are left alone.
+    pub fn expire_peer_requests(&mut self, now: Millis, max_age_ms: u64) -> usize {
+        let origin = self.origin;
+        let old: Vec<u64> = self
+            .inflight
+            .iter()
+            .filter(|(k, r)| origin_of(**k) != origin && now.since(r.routed_at) > max_age_ms)
+            .map(|(k, _)| *k)
+            .collect();
+        for key in &old {
+            if let Some(record) = self.inflight.remove(key) {
+                self.release(&record);
+            }
+        }
+        old.len()
+    }
+
+    /// Peer `origin` is gone (its VM stopped reporting): release its requests' load, which
+    /// no completion will ever release. Their prefix blocks stay: the servers still hold them.
+    pub fn forget_peer(&mut self, origin: u32) {
+        let keys: Vec<u64> = self
+            .inflight
+            .keys()
+            .copied()
+            .filter(|k| origin_of(*k) == origin)
+            .collect();
+        for key in keys {
+            if let Some(record) = self.inflight.remove(&key) {
+                self.release(&record);
+            }
+        }
+    }
+}
