@@ -93,3 +93,58 @@ fn simulated_fleet_keeps_prefix_groups_together_and_survives_a_crash() {
     assert!(envoy.stat("wasmcustom.kvroute.scrape.failure") >= 2);
     assert_eq!(envoy.stat("wasmcustom.kvroute.scrape.healthy_endpoints"), 3);
 }
+
+/// Two gateway replicas that do not share, each sent half of the traffic: each reads about
+/// half of every server's prompts as unseen (`seen::SeenShare`), so vLLM's reports of
+/// evicted prefixes correct its index in full (`Router::learn_from_cached`).
+#[test]
+fn replicas_that_do_not_share_read_the_others_traffic_as_unseen() {
+    let profile = Profile::new(Gpu::H100_80g, Model::Llama31_8b, 1).unwrap();
+    let (rt, base) = kvroute_sim::serve::start_in_background(profile, 4, 20.0).unwrap();
+    let ports: Vec<u16> = (base..base + 4).collect();
+    let replicas = [
+        Envoy::start("envoy.yaml", &ports, |t| t).unwrap(),
+        Envoy::start("envoy.yaml", &ports, |t| t).unwrap(),
+    ];
+    let healthy = "wasmcustom.kvroute.scrape.healthy_endpoints";
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while replicas.iter().any(|e| e.stat(healthy) < 4) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    // The load generator sends its requests to the two gateways in turn.
+    let urls = replicas
+        .iter()
+        .map(|e| format!("http://127.0.0.1:{}", e.port))
+        .collect::<Vec<_>>()
+        .join(",");
+    let p = GenParams {
+        rate: 80.0,
+        groups: 16,
+        prompts_per_group: 6,
+        output_tokens: 8,
+        ..GenParams::defaults(Generator::SharedPrefix)
+    };
+    let (run, _) = rt
+        .block_on(kvroute_sim::bench::bench(
+            &urls,
+            "m",
+            &generate(Generator::SharedPrefix, &p),
+            60.0,
+            "two replicas",
+            |_| {},
+        ))
+        .unwrap();
+    assert_eq!((run.completed, run.failed), (96, 0));
+    std::thread::sleep(Duration::from_millis(300));
+    for envoy in &replicas {
+        let gauges = http_client::request(envoy.admin, "GET", "/stats?filter=unseen_permille", &[], b"").unwrap();
+        let unseen: Vec<u64> = gauges
+            .body
+            .lines()
+            .filter_map(|l| l.split_once(": ")?.1.trim().parse().ok())
+            .collect();
+        assert!(unseen.len() >= 3, "unseen share of too few servers: {}", gauges.body);
+        assert!(unseen.iter().all(|u| (250..=750).contains(u)), "{unseen:?}");
+    }
+}
