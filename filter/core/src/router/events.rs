@@ -210,9 +210,10 @@ impl Router {
     /// server's tokenizer.
     ///
     /// A miss says that much only where traffic the router did not see filled the server's
-    /// cache (another gateway replica): it counts in proportion to that share, in full from
-    /// `seen::UNSEEN_FULL` (`SeenShare::miss_weight`). Where the router routed everything
-    /// a server got, its index already models the evictions, and misses come from what it
+    /// cache (a replica that does not share, a client that bypasses the gateway): it counts
+    /// in proportion to that share, in full from `seen::UNSEEN_FULL`
+    /// (`SeenShare::miss_weight`). Where the router and its peers saw everything a server
+    /// served, the index already models the evictions, and misses come from what it
     /// does not model (a prompt waits in a queue long enough to lose its prefix, decode
     /// blocks, blocks pinned by running requests); shrinking on those forgot conversations
     /// vLLM still held (replay, multi-turn past capacity on 7 H100s: after 40 s a hit rate
