@@ -11,6 +11,27 @@ use kvroute_sim::workload::{generate, GenParams, Generator};
 use kvroute_wasm_tests::envoy::Envoy;
 use kvroute_wasm_tests::http_client;
 
+/// 16 groups × 6 prompts sharing a 2048-token system prompt, at 80 requests per second.
+fn shared_prefix_groups() -> GenParams {
+    GenParams {
+        rate: 80.0,
+        groups: 16,
+        prompts_per_group: 6,
+        output_tokens: 8,
+        ..GenParams::defaults(Generator::SharedPrefix)
+    }
+}
+
+/// Every server's `unseen_permille` gauge on `envoy` (`seen::SeenShare`).
+fn unseen_permille(envoy: &Envoy) -> Vec<u64> {
+    let gauges = http_client::request(envoy.admin, "GET", "/stats?filter=unseen_permille", &[], b"").unwrap();
+    gauges
+        .body
+        .lines()
+        .filter_map(|l| l.split_once(": ")?.1.trim().parse().ok())
+        .collect()
+}
+
 #[test]
 fn simulated_fleet_keeps_prefix_groups_together_and_survives_a_crash() {
     let profile = Profile::new(Gpu::H100_80g, Model::Llama31_8b, 1).unwrap();
@@ -37,13 +58,7 @@ fn simulated_fleet_keeps_prefix_groups_together_and_survives_a_crash() {
     // prompt to the rendezvous owner of its first block: with 8 groups all of them landed on
     // two of the four servers for some port numbers (2.3% of hashings; CI saw it), with 16 a
     // hashing does that once in about 10,000.
-    let p = GenParams {
-        rate: 80.0,
-        groups: 16,
-        prompts_per_group: 6,
-        output_tokens: 8,
-        ..GenParams::defaults(Generator::SharedPrefix)
-    };
+    let p = shared_prefix_groups();
     let reqs = generate(Generator::SharedPrefix, &p);
     let (run, servers) = rt
         .block_on(kvroute_sim::bench::bench(&url, "m", &reqs, 60.0, "kvroute", |_| {}))
@@ -60,15 +75,9 @@ fn simulated_fleet_keeps_prefix_groups_together_and_survives_a_crash() {
     // (`seen::SeenShare`, its estimate scaled by the servers' reported prompt tokens), so a
     // miss the index did not predict does not shrink it. The gauges come every 100 ms.
     std::thread::sleep(Duration::from_millis(300));
-    let gauges = http_client::request(envoy.admin, "GET", "/stats?filter=unseen_permille", &[], b"").unwrap();
-    let unseen: Vec<(&str, u64)> = gauges
-        .body
-        .lines()
-        .filter_map(|l| l.split_once(": "))
-        .filter_map(|(name, v)| Some((name, v.trim().parse().ok()?)))
-        .collect();
-    assert!(unseen.len() >= 3, "unseen share of too few servers: {}", gauges.body);
-    assert!(unseen.iter().all(|(_, permille)| *permille < 200), "{unseen:?}");
+    let unseen = unseen_permille(&envoy);
+    assert!(unseen.len() >= 3, "unseen share of too few servers: {unseen:?}");
+    assert!(unseen.iter().all(|permille| *permille < 200), "{unseen:?}");
 
     // Crash server 0 (listener and connections closed). Once the scrapes have marked it
     // down (well under 2 s), kvroute never picks it again and no request fails.
@@ -118,13 +127,7 @@ fn replicas_that_do_not_share_read_the_others_traffic_as_unseen() {
         .map(|e| format!("http://127.0.0.1:{}", e.port))
         .collect::<Vec<_>>()
         .join(",");
-    let p = GenParams {
-        rate: 80.0,
-        groups: 16,
-        prompts_per_group: 6,
-        output_tokens: 8,
-        ..GenParams::defaults(Generator::SharedPrefix)
-    };
+    let p = shared_prefix_groups();
     let (run, _) = rt
         .block_on(kvroute_sim::bench::bench(
             &urls,
@@ -138,13 +141,8 @@ fn replicas_that_do_not_share_read_the_others_traffic_as_unseen() {
     assert_eq!((run.completed, run.failed), (96, 0));
     std::thread::sleep(Duration::from_millis(300));
     for envoy in &replicas {
-        let gauges = http_client::request(envoy.admin, "GET", "/stats?filter=unseen_permille", &[], b"").unwrap();
-        let unseen: Vec<u64> = gauges
-            .body
-            .lines()
-            .filter_map(|l| l.split_once(": ")?.1.trim().parse().ok())
-            .collect();
-        assert!(unseen.len() >= 3, "unseen share of too few servers: {}", gauges.body);
+        let unseen = unseen_permille(envoy);
+        assert!(unseen.len() >= 3, "unseen share of too few servers: {unseen:?}");
         assert!(unseen.iter().all(|u| (250..=750).contains(u)), "{unseen:?}");
     }
 }
