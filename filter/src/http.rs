@@ -554,7 +554,8 @@ impl HttpContext for Http {
         if let Some(c) = cached {
             shared.stats.reported_cached_tokens.add(c);
         }
-        if reports_usage(&self.tail) {
+        let usage = reports_usage(&self.tail);
+        if usage {
             shared.stats.usage_reported.inc();
         } else {
             shared.stats.usage_missing.inc();
@@ -566,8 +567,8 @@ impl HttpContext for Http {
             served_by,
             status,
             cached_tokens: cached,
-            prompt_tokens: prompt_tokens(&self.tail),
-            usage: reports_usage(&self.tail),
+            prompt_tokens: if usage { prompt_tokens(&self.tail) } else { None },
+            usage,
         };
         if let Some(flip) = router.on_completed(request_id, &done, host::now()) {
             host::log(LogLevel::Warn, &format!("passive health: {flip:?}"));

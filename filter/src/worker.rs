@@ -271,6 +271,9 @@ impl Worker {
             stats
                 .inflight
                 .contribute(&self.reported_inflight, router.inflight_requests() as u64);
+            // Only a router that places requests (its own or its peers') can tell what it
+            // did not see: the VM that only scrapes would read every server as unseen.
+            let places = router.stats().routed + router.stats().peer_events > 0;
             for e in router.endpoints() {
                 if let Some(rate) = e.speed.learned(now) {
                     stats.speed(e.id.as_str(), rate as u64);
@@ -281,9 +284,6 @@ impl Worker {
                 if let Some(ms) = e.step.ms(now) {
                     stats.step(e.id.as_str(), (ms * 1000.0) as u64);
                 }
-                // Only a router that places requests (its own or its peers') can tell what
-                // it did not see: the VM that only scrapes would read every server as unseen.
-                let places = router.stats().routed + router.stats().peer_events > 0;
                 if let Some(share) = e.seen.unseen().filter(|_| places) {
                     stats.unseen(e.id.as_str(), (share * 1000.0) as u64);
                 }

@@ -57,7 +57,7 @@ pub struct Endpoint {
     /// Until when it counts as refusing work: a request sent here was served elsewhere
     /// (Envoy retried it after a 503 or a failed connection).
     pub refused_until: Option<Millis>,
-    /// How much of its traffic this router and its peers routed (see `seen`).
+    /// How much of its traffic went through this router and its peers (see `seen`).
     pub seen: SeenShare,
 }
 
