@@ -10,6 +10,7 @@ use serde::Deserialize;
 
 use crate::types::EndpointId;
 
+mod defaults;
 mod validate;
 use validate::{
     validate_capture, validate_discovery, validate_endpoints, validate_hashing, validate_health, validate_scoring,
@@ -86,24 +87,6 @@ pub struct RawDiscovery {
     pub resync_ms: u64,
 }
 
-impl Default for RawDiscovery {
-    fn default() -> Self {
-        Self {
-            admin_cluster: "kvroute_admin".into(),
-            cluster: String::new(),
-            // Envoy shows an EDS change in /clusters within about 17 ms (DESIGN §8); at 200 ms
-            // a new host is in use about a quarter of a second after the change, and polling
-            // a 256-host pool stays cheap (BENCHMARKS.md, "Pools that follow Envoy").
-            interval_ms: 200,
-            timeout_ms: 150,
-            max_bytes: 8 << 20,
-            models_interval_ms: 10_000,
-            lease_ms: 1000,
-            resync_ms: 5000,
-        }
-    }
-}
-
 /// Price tiers with spillover (`tiers`): servers are put in tiers, cheapest first (tier 0).
 /// A request goes to the cheapest tier whose best server's predicted TTFT meets its objective
 /// and spills to the next tier only when it would not; a request no tier can serve in time
@@ -121,17 +104,6 @@ pub struct RawTiers {
     pub ttft_objective_ms: f64,
     /// A request's own objective in ms (a positive number; others are ignored).
     pub objective_header: String,
-}
-
-impl Default for RawTiers {
-    fn default() -> Self {
-        Self {
-            endpoints: std::collections::BTreeMap::new(),
-            from_priority: false,
-            ttft_objective_ms: 1000.0,
-            objective_header: "x-kvroute-ttft-objective-ms".into(),
-        }
-    }
 }
 
 impl RawTiers {
@@ -163,17 +135,6 @@ pub struct RawCapture {
     pub salt: String,
     /// The filter state name the line is written to (Envoy prefixes `wasm.`).
     pub property: String,
-}
-
-impl Default for RawCapture {
-    fn default() -> Self {
-        Self {
-            sample: 0.0,
-            block_bytes: 0,
-            salt: String::new(),
-            property: "kvroute_capture".into(),
-        }
-    }
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -333,25 +294,6 @@ pub struct RawReplicas {
     pub max_body_bytes: usize,
 }
 
-impl Default for RawReplicas {
-    fn default() -> Self {
-        Self {
-            peers: Vec::new(),
-            cluster: "kvroute_gateways".into(),
-            path: "/kvroute/v1/peer-events".into(),
-            secret: String::new(),
-            // Replay: the cross-replica delay, not the workers' tick, decides TTFT p95 across
-            // replicas (BENCHMARKS.md: 8 replicas, shared-prefix p95 63 / 108 / 211 ms at a
-            // delay of 0 / 5 / 20 ms).
-            interval_ms: 5,
-            // Replay, 8 replicas × 16 workers: TTFT p95 −4% to +11% of one router with
-            // placements sent within the ms over a 0.25 ms hop, up to +59% with a 5 ms batch.
-            at_once: true,
-            max_body_bytes: 4 << 20,
-        }
-    }
-}
-
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RawIndex {
@@ -359,162 +301,6 @@ pub struct RawIndex {
     pub default_capacity_tokens: u64,
     /// Correct what the index keeps per server with the cached tokens vLLM reports.
     pub learn_from_usage: bool,
-}
-
-impl Default for RawConfig {
-    fn default() -> Self {
-        Self {
-            endpoints: Vec::new(),
-            cluster_shape: ClusterShape::OverrideHost,
-            policy: PolicyKind::Cost,
-            fallbacks: 2,
-            seed: 0,
-            max_body_bytes: 4 << 20,
-            tenant_header: "x-kvroute-tenant".into(),
-            priority_header: "x-kvroute-priority".into(),
-            debug_headers: false,
-            hashing: RawHashing::default(),
-            scrape: RawScrape::default(),
-            health: RawHealth::default(),
-            cost: RawCost::default(),
-            weighted: RawWeighted::default(),
-            overload: RawOverload::default(),
-            index: RawIndex::default(),
-            share: RawShare::default(),
-            discovery: RawDiscovery::default(),
-            capture: RawCapture::default(),
-            tiers: RawTiers::default(),
-        }
-    }
-}
-
-impl Default for RawHashing {
-    fn default() -> Self {
-        // 256 bytes is about 64 tokens at the 4-bytes-per-token estimate; 512 blocks cover
-        // a 128 KiB (about 32k-token) prefix.
-        Self {
-            block_bytes: 256,
-            max_blocks: 512,
-        }
-    }
-}
-
-impl Default for RawScrape {
-    fn default() -> Self {
-        Self {
-            cluster: "vllm_pool".into(),
-            path: "/metrics".into(),
-            interval_ms: 200,
-            timeout_ms: 150,
-            max_bytes: 1 << 20,
-            // 128 servers at 200 ms; 256 at 400 ms, under 10% of one core for the scraping
-            // side (BENCHMARKS.md, "Polling cost").
-            max_per_s: 640,
-        }
-    }
-}
-
-impl Default for RawHealth {
-    fn default() -> Self {
-        Self {
-            unhealthy_after_failures: 2,
-            healthy_after_successes: 1,
-            stale_after_ms: 1000,
-            passive_failures_to_eject: 3,
-            eject_ms: 5000,
-        }
-    }
-}
-
-impl Default for RawCost {
-    fn default() -> Self {
-        // Llama-3-8B on one H100 prefills about 38k tokens/s (DESIGN §6); 20k is a cautious
-        // fleet-wide default that still ranks endpoints correctly when they share hardware.
-        Self {
-            prefill_tokens_per_s: 20_000.0,
-            decode_ms_per_running: 0.1,
-            kv_pressure_threshold: 0.8,
-            kv_pressure_ms: 200.0,
-            cold_tolerance: 0.1,
-            holder_tolerance: 0.3,
-            holder_min_share: 0.7,
-            default_prompt_tokens: 512,
-            work_weight: 1.0,
-            // vLLM loads an adapter from its CPU cache in milliseconds and from disk in tens
-            // to hundreds: a server that has it loaded wins unless clearly busier.
-            lora_load_ms: 50.0,
-            learn_speeds: true,
-            phase_weight: 0.0,
-            progress_credit: 0.5,
-            // Per token, the dense layers cost 2 × params FLOPs and attention 4 × layers ×
-            // hidden size × position: equal at params / (2 × layers × hidden). Llama-3.1-8B:
-            // 8.0e9 / (2 × 32 × 4096) ≈ 30.6k; 70B: 53k.
-            attention_tokens: 30_000.0,
-            first_token_steps: 1.5,
-        }
-    }
-}
-
-impl Default for RawWeighted {
-    fn default() -> Self {
-        // The Gateway API Inference Extension's defaults: queue 2, kv-cache 2, prefix 3.
-        Self {
-            queue: 2.0,
-            kv: 2.0,
-            prefix: 3.0,
-        }
-    }
-}
-
-impl Default for RawOverload {
-    fn default() -> Self {
-        Self {
-            queue_limit: 128,
-            kv_limit: 0.95,
-            retry_after_s: 1,
-            refused_ms: 0,
-            hold: RawHold::default(),
-        }
-    }
-}
-
-impl Default for RawHold {
-    fn default() -> Self {
-        Self {
-            max_wait_ms: 0,
-            wait_limit_ms: 500,
-            max_requests: 1024,
-            priority_weight: 4.0,
-            newest_first_after_ms: 0,
-        }
-    }
-}
-
-impl Default for RawShare {
-    fn default() -> Self {
-        Self {
-            workers: true,
-            tick_ms: 2,
-            peer_timeout_ms: 5000,
-            on_request: true,
-            // Replay, 16 workers, 15 runs: TTFT p95 58 / 29 / 123 ms on shared-prefix /
-            // multi-turn / rag at 80% against 58 / 28 / 122 publishing every decision, while
-            // workers read a segment per tick instead of one per peer decision.
-            hits_on_tick: true,
-            replicas: None,
-        }
-    }
-}
-
-impl Default for RawIndex {
-    fn default() -> Self {
-        Self {
-            // For the whole Envoy process: workers that share a view split it (each keeps a copy).
-            max_memory_bytes: 256 << 20,
-            default_capacity_tokens: 400_000,
-            learn_from_usage: true,
-        }
-    }
 }
 
 /// A rejected configuration: the field, what was wrong, and what to do.

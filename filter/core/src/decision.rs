@@ -131,6 +131,19 @@ pub struct Decision {
 }
 
 impl Decision {
+    /// A decision that names no endpoint: `outcome` says why (the filter then leaves the
+    /// request to Envoy, sheds it or holds it).
+    pub fn without_endpoints(outcome: Outcome, breakdown: Vec<EndpointScore>) -> Decision {
+        Decision {
+            endpoints: Vec::new(),
+            outcome,
+            matched_blocks: 0,
+            breakdown,
+            tier: None,
+            holder_first: false,
+        }
+    }
+
     pub fn best(&self) -> Option<&EndpointId> {
         self.endpoints.first()
     }

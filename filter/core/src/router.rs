@@ -9,18 +9,15 @@
 
 use std::collections::BTreeMap;
 
-use crate::config::{Config, PolicyKind};
-use crate::decision::{Decision, EndpointScore, FallbackReason, FilterReason, Outcome, Tiering};
+use crate::config::Config;
+use crate::decision::{Decision, EndpointScore, FallbackReason, FilterReason, Outcome};
 use crate::endpoint::{Endpoint, EndpointTable};
-use crate::fleet::EnvoyHealth;
 use crate::hashing::PrefixHasher;
-use crate::health::HealthState;
 use crate::index::PrefixIndex;
-use crate::metrics::VllmMetrics;
 use crate::peer::PeerEvent;
 use crate::policy::{self, Candidate, ScoreContext};
 use crate::request::{ParsedRequest, BYTES_PER_TOKEN};
-use crate::types::{BlockHash, Cost, EndpointId, Millis, Tokens};
+use crate::types::{BlockHash, EndpointId, Millis, Tokens};
 
 /// Requests tracked in flight at most; the oldest is released past it (lost completions
 /// must not leak memory or pin load on an endpoint forever).
@@ -203,173 +200,38 @@ impl Router {
     /// Picks endpoints for `req`. Pure: the same state, request and `now` give the same decision.
     pub fn route(&self, req: &RouteRequest, now: Millis) -> Decision {
         let rows = self.table.rows();
-        let slots = rows.iter().map(|e| usize::from(e.slot) + 1).max().unwrap_or(0);
-        let mut matched = vec![0u32; slots];
-        self.index.matches(&req.blocks, &mut matched);
-        let stale_after = self.config.health().stale_after_ms;
         let model_known = rows.iter().any(|e| e.lists_model(&req.model));
         if !model_known && rows.iter().any(|e| e.models.is_some()) {
             // Servers list their models and none lists this one: a typo or a model this pool
             // does not serve. Envoy balances it and the server answers (vLLM: 404).
-            return Decision {
-                endpoints: Vec::new(),
-                outcome: Outcome::Fallback(FallbackReason::UnknownModel),
-                matched_blocks: 0,
-                breakdown: Vec::new(),
-                tier: None,
-                holder_first: false,
-            };
+            return Decision::without_endpoints(Outcome::Fallback(FallbackReason::UnknownModel), Vec::new());
         }
-
-        let mut breakdown = Vec::with_capacity(rows.len());
-        let mut cands: Vec<(usize, Candidate)> = Vec::with_capacity(rows.len());
-        for e in rows {
-            let m = matched.get(usize::from(e.slot)).copied().unwrap_or(0);
-            let cached = Tokens((u64::from(m) * self.tokens_per_block()).min(req.prompt_tokens.0));
-            let uncached = req.prompt_tokens.saturating_sub(cached);
-            let fresh = e.fresh_metrics(now, stale_after);
-            let filtered = self.filter(e, fresh, req, model_known, now);
-            if let (None, Some(metrics)) = (filtered, fresh) {
-                cands.push((
-                    breakdown.len(),
-                    Candidate {
-                        endpoint: e,
-                        metrics,
-                        matched_blocks: m,
-                        uncached,
-                    },
-                ));
-            }
-            breakdown.push(EndpointScore {
-                endpoint: e.id.clone(),
-                matched_blocks: m,
-                uncached_tokens: uncached,
-                prefill_ms: 0.0,
-                decode_ms: 0.0,
-                kv_ms: 0.0,
-                cost: Cost(f64::NAN),
-                ttft_ms: f64::NAN,
-                filtered,
-            });
-        }
+        let (mut breakdown, mut cands) = self.candidates(req, model_known, now);
         if cands.is_empty() {
             return self.fallback(breakdown);
         }
-        // Degraded hosts, servers with no LoRA slot for this adapter and servers that just
-        // refused work only when nothing better is left.
-        let demoted = |c: &Candidate| -> Option<FilterReason> {
-            if c.endpoint.envoy == EnvoyHealth::Degraded {
-                return Some(FilterReason::Degraded);
-            }
-            if c.endpoint.refusing(now) {
-                return Some(FilterReason::Refusing);
-            }
-            let full = c.endpoint.adapter_state(&req.model).is_some_and(|(_, full)| full);
-            full.then_some(FilterReason::LoraSlotsFull)
-        };
-        if cands.iter().any(|(_, c)| demoted(c).is_none()) {
-            for (row, c) in &cands {
-                if let Some(reason) = demoted(c) {
-                    breakdown[*row].filtered = Some(reason);
-                }
-            }
-            cands.retain(|(_, c)| demoted(c).is_none());
+        candidates::demote(req, &mut cands, &mut breakdown, now);
+        if let Some(outcome) = self.cut_overloaded(req, &mut cands, &mut breakdown) {
+            return Decision::without_endpoints(outcome, breakdown);
         }
-        let overload = self.config.overload();
-        let over = |c: &Candidate| c.metrics.waiting >= overload.queue_limit || c.metrics.kv_usage >= overload.kv_limit;
-        // The cost policy prices each server's queue and KV pressure in time (the scraped
-        // waiting count and KV usage are among its inputs) and does not also cut servers at
-        // a limit: a scrape up to an interval old cut the servers that had just crossed it,
-        // and the rest drew everything until they crossed it in turn (replay, 8 H100s: at
-        // the Azure trace's 110% load the queued prefill drifted 2.4× apart between servers,
-        // TTFT p95 5,907 ms, 5,101 without the cut; Mooncake at 130%, where KV usage
-        // crosses 0.95, 18,762 → 10,848 ms; BENCHMARKS "The overload limits"). The limits
-        // still decide when every server is past them.
-        if cands.iter().all(|(_, c)| over(c)) {
-            if req.sheddable {
-                let outcome = Outcome::Shed {
-                    retry_after_s: overload.retry_after_s,
-                };
-                return Decision {
-                    endpoints: Vec::new(),
-                    outcome,
-                    matched_blocks: 0,
-                    breakdown,
-                    tier: None,
-                    holder_first: false,
-                };
-            }
-        } else if self.config.policy() != PolicyKind::Cost {
-            for (row, _) in cands.iter().filter(|(_, c)| over(c)) {
-                breakdown[*row].filtered = Some(FilterReason::Overloaded);
-            }
-            cands.retain(|(_, c)| !over(c));
+        let rows_of: Vec<usize> = cands.iter().map(|(row, _)| *row).collect();
+        let cands: Vec<Candidate> = cands.into_iter().map(|(_, c)| c).collect();
+        let ctx = self.context(req, &cands, now);
+        if let Some(outcome) = self.hold(&cands, &ctx) {
+            return Decision::without_endpoints(outcome, breakdown);
         }
-
-        let just_cands: Vec<Candidate> = cands.iter().map(|(_, c)| Candidate { ..*c }).collect();
-        let ctx = ScoreContext {
-            total_blocks: req.blocks.len(),
-            fleet_backlog: policy::fleet_backlog(&self.config, &just_cands, self.mean_uncached, now),
-            mean_uncached_tokens: self.mean_uncached,
-            rotation: self.rotation,
-            seed: self.config.seed(),
-            now,
-            rates: policy::rate_classes(&self.config, &just_cands, now),
-            typical_pace: policy::typical_pace(&self.config, &just_cands, now),
-            typical_step: None,
-            fastest_step: None,
-        };
-        let ctx = policy::with_steps(&self.config, &just_cands, ctx);
-        if let Some(outcome) = self.hold(&just_cands, &ctx) {
-            return Decision {
-                endpoints: Vec::new(),
-                outcome,
-                matched_blocks: 0,
-                breakdown,
-                tier: None,
-                holder_first: false,
-            };
-        }
-        let mut terms = policy::score(&self.config, &just_cands, &ctx);
-        if self.config.policy() == PolicyKind::Cost {
-            // A LoRA adapter not loaded on a server must be loaded before its prefill.
-            let load_ms = self.config.cost().lora_load_ms;
-            for (t, c) in terms.iter_mut().zip(&just_cands) {
-                if c.endpoint.adapter_state(&req.model).is_some_and(|(loaded, _)| !loaded) {
-                    t.prefill_ms += load_ms;
-                    t.cost.0 += load_ms;
-                    t.ttft_ms += load_ms;
-                }
-            }
-        }
-        let mut order: Vec<usize> = (0..cands.len()).collect();
-        // Equal costs go to the longer prefix match, then (the sort is stable and candidates
-        // are in id order) to the lower endpoint id.
-        order.sort_by(|a, b| {
-            terms[*a]
-                .cost
-                .total_cmp(&terms[*b].cost)
-                .then(cands[*b].1.matched_blocks.cmp(&cands[*a].1.matched_blocks))
-        });
-        for (i, t) in terms.iter().enumerate() {
-            let row = &mut breakdown[cands[i].0];
+        let terms = self.terms(req, &cands, &ctx);
+        for (t, row) in terms.iter().zip(&rows_of) {
+            let row = &mut breakdown[*row];
             (row.prefill_ms, row.decode_ms, row.kv_ms, row.cost, row.ttft_ms) =
                 (t.prefill_ms, t.decode_ms, t.kv_ms, t.cost, t.ttft_ms);
         }
-        if let Some(first) = req.blocks.first() {
-            self.prefer_rendezvous_owner(*first, &mut order, &just_cands, &terms);
-        }
-        let holder_first = self.prefer_prefix_holder(req.blocks.len(), &mut order, &just_cands, &terms);
-        let before_tiers = order[0];
-        let tier = self.choose_tier(req, &mut order, &just_cands, &terms, now);
-        let best = order[0];
-        // Tiers may put another server first.
-        let holder_first = holder_first && best == before_tiers;
-        let matched_blocks = just_cands[best].matched_blocks;
+        let (order, tier, holder_first) = self.order(req, &cands, &terms, now);
+        let matched_blocks = cands[order[0]].matched_blocks;
         let endpoints = order
             .iter()
             .take(1 + self.config.fallbacks())
-            .map(|i| just_cands[*i].endpoint.id.clone())
+            .map(|i| cands[*i].endpoint.id.clone())
             .collect();
         let outcome = if matched_blocks > 0 {
             Outcome::PrefixHit
@@ -409,135 +271,6 @@ impl Router {
         Some(Outcome::Hold)
     }
 
-    fn filter(
-        &self,
-        e: &Endpoint,
-        fresh: Option<&VllmMetrics>,
-        req: &RouteRequest,
-        model_known: bool,
-        now: Millis,
-    ) -> Option<FilterReason> {
-        match e.envoy {
-            EnvoyHealth::Excluded => return Some(FilterReason::ExcludedByEnvoy),
-            EnvoyHealth::Draining => return Some(FilterReason::Draining),
-            EnvoyHealth::Serve | EnvoyHealth::Degraded => {}
-        }
-        if e.health.state() == HealthState::Unhealthy {
-            return Some(FilterReason::Unhealthy);
-        }
-        if e.health.is_ejected(now) {
-            return Some(FilterReason::Ejected);
-        }
-        let Some(m) = fresh else {
-            return Some(if e.metrics.is_some() {
-                FilterReason::Stale
-            } else {
-                FilterReason::NoMetrics
-            });
-        };
-        // Filter by model only when some endpoint lists it, and only servers that list
-        // their models (without `/v1/models`, a name no metrics show may be an idle LoRA
-        // adapter).
-        if model_known && e.knows_models() && !e.lists_model(&req.model) {
-            return Some(FilterReason::ModelNotServed);
-        }
-        let needed = req.prompt_tokens.0.saturating_add(req.max_tokens.unwrap_or(0));
-        if m.capacity_tokens().is_some_and(|cap| needed > cap) {
-            return Some(FilterReason::DoesNotFit);
-        }
-        None
-    }
-
-    /// For a prefix no endpoint holds, moves the rendezvous owner of its first block to the
-    /// front when its cost is within `cold_tolerance` of the best, so independent workers
-    /// and gateway replicas send the same cold prefix to the same place.
-    fn prefer_rendezvous_owner(
-        &self,
-        first: BlockHash,
-        order: &mut [usize],
-        cands: &[Candidate],
-        terms: &[policy::Terms],
-    ) {
-        let affinity_policy = matches!(self.config.policy(), PolicyKind::Cost | PolicyKind::Weighted);
-        if !affinity_policy || cands.iter().any(|c| c.matched_blocks > 0) {
-            return;
-        }
-        let near = near_best(order, terms, self.config.cost().cold_tolerance);
-        let owner = (0..near).max_by_key(|pos| policy::rendezvous_weight(first, &cands[order[*pos]].endpoint.id));
-        if let Some(pos) = owner {
-            order[..=pos].rotate_right(1);
-        }
-    }
-
-    /// With the cost policy: the candidate holding the most of the prompt goes first when it
-    /// holds at least `cost.holder_min_share` of its blocks, more than the best-scored
-    /// candidate, and costs at most `cost.holder_tolerance` more. The cost ranks a server
-    /// deep into long prompts as busier than it is: it keeps each of this gateway's prompts
-    /// there pending until its first token, less a credit for the one in prefill, and the
-    /// holder of a long shared context is usually such a server (Mooncake trace at 50%: 49.9k
-    /// tokens pending on average where 23.6k were left). Recomputing most of a long prompt
-    /// elsewhere also spends capacity the fleet needs once it is loaded. On the Mooncake
-    /// trace this took the captured share of reachable reuse from 95% / 92% to 97% / 97% at
-    /// 50 / 80% load, with TTFT p95 the same there and 7% lower at 110%; a wider rule (any
-    /// holder, or a half share) cost rag +5% to +31% (BENCHMARKS, "The holder of most of a
-    /// prompt"). Returns whether it moved one.
-    fn prefer_prefix_holder(
-        &self,
-        blocks: usize,
-        order: &mut [usize],
-        cands: &[Candidate],
-        terms: &[policy::Terms],
-    ) -> bool {
-        let c = self.config.cost();
-        if self.config.policy() != PolicyKind::Cost || c.holder_tolerance <= 0.0 || order.is_empty() {
-            return false;
-        }
-        let need = c.holder_min_share * blocks as f64;
-        let first = cands[order[0]].matched_blocks;
-        let near = near_best(order, terms, c.holder_tolerance);
-        // The most blocks, then the lower cost (`order` is sorted by cost).
-        let holder = (0..near).max_by_key(|pos| (cands[order[*pos]].matched_blocks, std::cmp::Reverse(*pos)));
-        if let Some(pos) = holder {
-            let matched = cands[order[pos]].matched_blocks;
-            if matched > first && f64::from(matched) >= need {
-                order[..=pos].rotate_right(1);
-                return true;
-            }
-        }
-        false
-    }
-
-    /// Tiers (`tiers`): the servers of the cheapest tier whose best predicted TTFT meets the
-    /// request's objective go first (the cheapest tier's when no tier's does: a request that
-    /// misses everywhere does not spill), best first within it; the other tiers follow in
-    /// score order as retries.
-    fn choose_tier(
-        &self,
-        req: &RouteRequest,
-        order: &mut [usize],
-        cands: &[Candidate],
-        terms: &[policy::Terms],
-        now: Millis,
-    ) -> Option<Tiering> {
-        let tiers = self.config.tiers();
-        if !tiers.on() {
-            return None;
-        }
-        let objective = req.ttft_objective_ms.unwrap_or(tiers.ttft_objective_ms);
-        let tier_of = |i: &usize| tiers.tier_of(&cands[*i].endpoint.id, cands[*i].endpoint.priority);
-        let cheapest = order.iter().map(tier_of).min()?;
-        // Predictions are scaled by how far off they have been on each server.
-        let meets = |i: &&usize| terms[**i].ttft_ms * cands[**i].endpoint.ttft_bias.factor(now) <= objective;
-        let meeting = order.iter().filter(meets).map(tier_of).min();
-        let tier = meeting.unwrap_or(cheapest);
-        order.sort_by_key(|i| tier_of(i) != tier);
-        Some(Tiering {
-            tier,
-            spilled: tier != cheapest,
-            met: meeting.is_some(),
-        })
-    }
-
     /// No endpoint has fresh metrics: order those that may serve by the gateway's own
     /// in-flight count (least-request), ties by id.
     fn fallback(&self, breakdown: Vec<EndpointScore>) -> Decision {
@@ -562,25 +295,15 @@ impl Router {
         };
         Decision {
             endpoints,
-            outcome: Outcome::Fallback(reason),
-            matched_blocks: 0,
-            breakdown,
-            tier: None,
-            holder_first: false,
+            ..Decision::without_endpoints(Outcome::Fallback(reason), breakdown)
         }
     }
 }
 
+mod candidates;
 mod events;
+mod order;
 mod peers;
-
-/// How many candidates at the front of `order` (sorted by cost) cost at most `tolerance`
-/// more than the first.
-fn near_best(order: &[usize], terms: &[policy::Terms], tolerance: f64) -> usize {
-    let best = terms[order[0]].cost.0;
-    let limit = best + best.abs() * tolerance + 1e-9;
-    order.iter().take_while(|i| terms[**i].cost.0 <= limit).count()
-}
 
 #[cfg(test)]
 mod tests;

@@ -1,6 +1,9 @@
 use super::*;
+use crate::config::PolicyKind;
 use crate::config::RawConfig;
 use crate::decision::FallbackReason;
+use crate::fleet::EnvoyHealth;
+use crate::metrics::VllmMetrics;
 
 const T0: Millis = Millis(10_000);
 

@@ -1,0 +1,172 @@
+//! How `Router::route` orders the candidates that may serve: their costs (`policy`), then
+//! the rules that put another candidate first (the rendezvous owner of a cold prefix, the
+//! holder of most of the prompt, the cheapest tier that meets the objective).
+
+use super::{RouteRequest, Router};
+use crate::config::PolicyKind;
+use crate::decision::Tiering;
+use crate::policy::{self, Candidate, ScoreContext};
+use crate::types::{BlockHash, Millis};
+
+impl Router {
+    /// What scoring `cands` needs to know of the fleet as a whole.
+    pub(super) fn context(&self, req: &RouteRequest, cands: &[Candidate], now: Millis) -> ScoreContext {
+        let ctx = ScoreContext {
+            total_blocks: req.blocks.len(),
+            fleet_backlog: policy::fleet_backlog(&self.config, cands, self.mean_uncached, now),
+            mean_uncached_tokens: self.mean_uncached,
+            rotation: self.rotation,
+            seed: self.config.seed(),
+            now,
+            rates: policy::rate_classes(&self.config, cands, now),
+            typical_pace: policy::typical_pace(&self.config, cands, now),
+            typical_step: None,
+            fastest_step: None,
+        };
+        policy::with_steps(&self.config, cands, ctx)
+    }
+
+    /// Each candidate's score; under the cost policy a LoRA adapter not loaded on a server
+    /// adds its load time (it must be loaded before the prefill).
+    pub(super) fn terms(&self, req: &RouteRequest, cands: &[Candidate], ctx: &ScoreContext) -> Vec<policy::Terms> {
+        let mut terms = policy::score(&self.config, cands, ctx);
+        if self.config.policy() == PolicyKind::Cost {
+            let load_ms = self.config.cost().lora_load_ms;
+            for (t, c) in terms.iter_mut().zip(cands) {
+                if c.endpoint.adapter_state(&req.model).is_some_and(|(loaded, _)| !loaded) {
+                    t.prefill_ms += load_ms;
+                    t.cost.0 += load_ms;
+                    t.ttft_ms += load_ms;
+                }
+            }
+        }
+        terms
+    }
+
+    /// The candidates best first, the tier chosen (tiers configured) and whether the holder
+    /// of most of the prompt went first at a higher cost (`prefer_prefix_holder`).
+    pub(super) fn order(
+        &self,
+        req: &RouteRequest,
+        cands: &[Candidate],
+        terms: &[policy::Terms],
+        now: Millis,
+    ) -> (Vec<usize>, Option<Tiering>, bool) {
+        let mut order: Vec<usize> = (0..cands.len()).collect();
+        // Equal costs go to the longer prefix match, then (the sort is stable and candidates
+        // are in id order) to the lower endpoint id.
+        order.sort_by(|a, b| {
+            terms[*a]
+                .cost
+                .total_cmp(&terms[*b].cost)
+                .then(cands[*b].matched_blocks.cmp(&cands[*a].matched_blocks))
+        });
+        if let Some(first) = req.blocks.first() {
+            self.prefer_rendezvous_owner(*first, &mut order, cands, terms);
+        }
+        let holder_first = self.prefer_prefix_holder(req.blocks.len(), &mut order, cands, terms);
+        let before_tiers = order[0];
+        let tier = self.choose_tier(req, &mut order, cands, terms, now);
+        // Tiers may put another server first.
+        let holder_first = holder_first && order[0] == before_tiers;
+        (order, tier, holder_first)
+    }
+
+    /// For a prefix no endpoint holds, moves the rendezvous owner of its first block to the
+    /// front when its cost is within `cold_tolerance` of the best, so independent workers
+    /// and gateway replicas send the same cold prefix to the same place.
+    fn prefer_rendezvous_owner(
+        &self,
+        first: BlockHash,
+        order: &mut [usize],
+        cands: &[Candidate],
+        terms: &[policy::Terms],
+    ) {
+        let affinity_policy = matches!(self.config.policy(), PolicyKind::Cost | PolicyKind::Weighted);
+        if !affinity_policy || cands.iter().any(|c| c.matched_blocks > 0) {
+            return;
+        }
+        let near = near_best(order, terms, self.config.cost().cold_tolerance);
+        let owner = (0..near).max_by_key(|pos| policy::rendezvous_weight(first, &cands[order[*pos]].endpoint.id));
+        if let Some(pos) = owner {
+            order[..=pos].rotate_right(1);
+        }
+    }
+
+    /// With the cost policy: the candidate holding the most of the prompt goes first when it
+    /// holds at least `cost.holder_min_share` of its blocks, more than the best-scored
+    /// candidate, and costs at most `cost.holder_tolerance` more. The cost ranks a server
+    /// deep into long prompts as busier than it is: it keeps each of this gateway's prompts
+    /// there pending until its first token, less a credit for the one in prefill, and the
+    /// holder of a long shared context is usually such a server (Mooncake trace at 50%: 49.9k
+    /// tokens pending on average where 23.6k were left). Recomputing most of a long prompt
+    /// elsewhere also spends capacity the fleet needs once it is loaded. On the Mooncake
+    /// trace this took the captured share of reachable reuse from 95% / 92% to 97% / 97% at
+    /// 50 / 80% load, with TTFT p95 the same there and 7% lower at 110%; a wider rule (any
+    /// holder, or a half share) cost rag +5% to +31% (BENCHMARKS, "The holder of most of a
+    /// prompt"). Returns whether it moved one.
+    fn prefer_prefix_holder(
+        &self,
+        blocks: usize,
+        order: &mut [usize],
+        cands: &[Candidate],
+        terms: &[policy::Terms],
+    ) -> bool {
+        let c = self.config.cost();
+        if self.config.policy() != PolicyKind::Cost || c.holder_tolerance <= 0.0 || order.is_empty() {
+            return false;
+        }
+        let need = c.holder_min_share * blocks as f64;
+        let first = cands[order[0]].matched_blocks;
+        let near = near_best(order, terms, c.holder_tolerance);
+        // The most blocks, then the lower cost (`order` is sorted by cost).
+        let holder = (0..near).max_by_key(|pos| (cands[order[*pos]].matched_blocks, std::cmp::Reverse(*pos)));
+        if let Some(pos) = holder {
+            let matched = cands[order[pos]].matched_blocks;
+            if matched > first && f64::from(matched) >= need {
+                order[..=pos].rotate_right(1);
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Tiers (`tiers`): the servers of the cheapest tier whose best predicted TTFT meets the
+    /// request's objective go first (the cheapest tier's when no tier's does: a request that
+    /// misses everywhere does not spill), best first within it; the other tiers follow in
+    /// score order as retries.
+    fn choose_tier(
+        &self,
+        req: &RouteRequest,
+        order: &mut [usize],
+        cands: &[Candidate],
+        terms: &[policy::Terms],
+        now: Millis,
+    ) -> Option<Tiering> {
+        let tiers = self.config.tiers();
+        if !tiers.on() {
+            return None;
+        }
+        let objective = req.ttft_objective_ms.unwrap_or(tiers.ttft_objective_ms);
+        let tier_of = |i: &usize| tiers.tier_of(&cands[*i].endpoint.id, cands[*i].endpoint.priority);
+        let cheapest = order.iter().map(tier_of).min()?;
+        // Predictions are scaled by how far off they have been on each server.
+        let meets = |i: &&usize| terms[**i].ttft_ms * cands[**i].endpoint.ttft_bias.factor(now) <= objective;
+        let meeting = order.iter().filter(meets).map(tier_of).min();
+        let tier = meeting.unwrap_or(cheapest);
+        order.sort_by_key(|i| tier_of(i) != tier);
+        Some(Tiering {
+            tier,
+            spilled: tier != cheapest,
+            met: meeting.is_some(),
+        })
+    }
+}
+
+/// How many candidates at the front of `order` (sorted by cost) cost at most `tolerance`
+/// more than the first.
+fn near_best(order: &[usize], terms: &[policy::Terms], tolerance: f64) -> usize {
+    let best = terms[order[0]].cost.0;
+    let limit = best + best.abs() * tolerance + 1e-9;
+    order.iter().take_while(|i| terms[**i].cost.0 <= limit).count()
+}
