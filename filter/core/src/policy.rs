@@ -461,7 +461,7 @@ mod tests {
         // First tokens came 4× slower from the third server, 1.5× from the second.
         for (row, ms) in [(0, 100), (1, 150), (2, 400)] {
             for _ in 0..PrefillPace::PLACE_SAMPLES {
-                table.rows_mut()[row].pace.observe(3000, 3000.0, ms, Millis(0));
+                table.rows_mut()[row].pace.observe(3000, 3000.0, ms, true, Millis(0));
             }
         }
         let idle = VllmMetrics::default();
@@ -489,14 +489,14 @@ mod tests {
         let mut table = table_of(4);
         for row in 0..2 {
             for _ in 0..PrefillPace::PLACE_SAMPLES {
-                table.rows_mut()[row].pace.observe(3000, 3000.0, 100, Millis(0));
+                table.rows_mut()[row].pace.observe(3000, 3000.0, 100, true, Millis(0));
             }
         }
         // Three prompts each: the third server waited behind others twice but was as fast
         // once; the fourth was 3× slower every time.
         for (row, times) in [(2, [300, 300, 100]), (3, [300, 300, 300])] {
             for ms in times {
-                table.rows_mut()[row].pace.observe(3000, 3000.0, ms, Millis(0));
+                table.rows_mut()[row].pace.observe(3000, 3000.0, ms, true, Millis(0));
             }
         }
         let idle = VllmMetrics::default();
@@ -584,7 +584,7 @@ mod tests {
         for (row, ms) in [(0, 50), (1, 150), (2, 450)] {
             table.rows_mut()[row].speed = crate::speed::Speed::exact(40_000.0, Millis(0));
             for _ in 0..PrefillPace::PLACE_SAMPLES {
-                table.rows_mut()[row].pace.observe(3000, 3000.0, ms, Millis(0));
+                table.rows_mut()[row].pace.observe(3000, 3000.0, ms, true, Millis(0));
             }
         }
         let idle = VllmMetrics::default();

@@ -277,7 +277,8 @@ impl Router {
                 // the next one starts now.
                 let started = e.front_started().unwrap_or(routed_at);
                 let work = speed::prefill_work(cached.0 as f64, uncached.0 as f64, attention_tokens);
-                e.pace.observe(uncached.0, work, now.since(started), now);
+                e.pace
+                    .observe(uncached.0, work, now.since(started), started == routed_at, now);
                 e.front_done_at = Some(now);
             }
             e.prefilling.remove(&(routed_at, key));

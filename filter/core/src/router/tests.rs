@@ -1559,3 +1559,32 @@ fn the_prompt_in_prefill_counts_less_as_its_pace_says_it_progresses() {
     assert_eq!(left(&r, at.plus(200)), Tokens(0));
     assert!(r.endpoints()[0].prefilling.is_empty());
 }
+
+#[test]
+fn a_prompt_prefilled_in_the_same_step_as_the_one_before_it_is_no_fastest_sample() {
+    let mut r = router(PolicyKind::Cost, &idle(1));
+    let mut at = T0;
+    // Pairs of prompts prefilled together in one 300 ms step: both first tokens come at once.
+    for pair in 0..2 {
+        let ids = [10 * pair + 1, 10 * pair + 2];
+        for id in ids {
+            let q = req(id, 64);
+            let d = r.route(&q, at);
+            r.on_routed(id, &q, &d, at);
+        }
+        at = at.plus(300);
+        for id in ids {
+            r.on_first_token(id, at);
+            r.on_completed(id, &done_at(Some(ep(0)), None), at);
+        }
+    }
+    let pace = r.endpoints()[0].pace;
+    let (per_ms, best) = (pace.per_ms(at).unwrap(), pace.best_per_ms(at).unwrap());
+    // The second of a pair is timed from the first one's first token, the same instant: its
+    // sample says nothing of the server's speed, and as the fastest one it would make a
+    // slower GPU (a mixed fleet's A100) look like the rest.
+    assert!(
+        best <= per_ms,
+        "the fastest sample ({best} work/ms) is at most the server's throughput ({per_ms})"
+    );
+}
