@@ -7,9 +7,8 @@
 
 use std::rc::Rc;
 
-use kvroute_core::capture::CaptureLine;
 use kvroute_core::request::{parse, ApiKind};
-use kvroute_core::response::{cached_tokens, prompt_tokens, reports_usage, usage_tokens};
+use kvroute_core::response::{cached_tokens, prompt_tokens, reports_usage};
 use kvroute_core::{Completion, Millis, Outcome, RouteRequest};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, BufferType, LogLevel};
@@ -18,6 +17,9 @@ use crate::hold::{Held, Slot, Waiting};
 use crate::host;
 use crate::worker::Shared;
 use crate::DESTINATION_HEADER;
+
+mod capture;
+mod peer_batch;
 
 /// Bytes of the response kept to find `usage.prompt_tokens_details.cached_tokens`.
 const TAIL_BYTES: usize = 4096;
@@ -234,65 +236,6 @@ impl Http {
 }
 
 impl Http {
-    /// A request to `share.replicas.path` is another replica's batch, answered here and never
-    /// sent upstream: 403 without the shared secret; otherwise its body is buffered.
-    fn peer_batch_headers(&mut self, shared: &Shared, headers: &Headers, end_of_stream: bool) -> Option<Action> {
-        let router = shared.router.try_borrow().ok()?;
-        let replicas = router.config().share().replicas.as_ref()?;
-        let path = headers.text(":path")?;
-        if path.split('?').next() != Some(replicas.path.as_str()) {
-            return None;
-        }
-        let secret = headers.get(crate::PEER_SECRET_HEADER).unwrap_or_default();
-        let post = headers.text(":method") == Some("POST");
-        if !post || !same_secret(secret, replicas.secret.as_bytes()) {
-            shared.stats.replica_batches_refused.inc();
-            let _ = host::send_local_response(403, vec![], b"not a kvroute replica\n");
-            return Some(Action::Pause);
-        }
-        if end_of_stream {
-            let _ = host::send_local_response(400, vec![], b"a batch needs a body\n");
-            return Some(Action::Pause);
-        }
-        self.phase = Phase::PeerBatch;
-        Some(Action::Pause)
-    }
-
-    fn peer_batch_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        let Some(shared) = self.shared.clone() else {
-            return Action::Continue;
-        };
-        let max = shared
-            .router
-            .try_borrow()
-            .ok()
-            .and_then(|r| r.config().share().replicas.as_ref().map(|p| p.max_body_bytes));
-        if body_size > max.unwrap_or(0) {
-            self.phase = Phase::PassThrough;
-            let _ = host::send_local_response(413, vec![], b"batch too large\n");
-            return Action::Pause;
-        }
-        if !end_of_stream {
-            return Action::Pause;
-        }
-        self.phase = Phase::PassThrough;
-        let taken = host::buffer(BufferType::HttpRequestBody, 0, body_size)
-            .ok()
-            .and_then(|body| crate::replicas::take_forwarded(&body, host::now()));
-        let (status, body): (u32, &[u8]) = match taken {
-            Some(n) => {
-                shared.stats.replica_events.add(n as u64);
-                (204, b"")
-            }
-            None => {
-                shared.stats.replica_batches_refused.inc();
-                (400, b"not a kvroute batch\n")
-            }
-        };
-        let _ = host::send_local_response(status, vec![], body);
-        Action::Pause
-    }
-
     /// The destination header could not be checked or removed: refuse rather than risk a
     /// client choosing the upstream.
     fn refuse_unsanitised(&self) -> Action {
@@ -334,11 +277,6 @@ fn tenant_key(value: &[u8]) -> String {
     }
 }
 
-/// Compares secrets in time that does not depend on where they first differ.
-fn same_secret(given: &[u8], expected: &[u8]) -> bool {
-    given.len() == expected.len() && given.iter().zip(expected).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
-}
-
 impl Http {
     /// The routed request's prefill is done (see `Router::on_first_token`).
     fn first_token(&self) {
@@ -347,38 +285,6 @@ impl Http {
                 router.on_first_token(*request_id, host::now());
             }
         }
-    }
-}
-
-impl Http {
-    /// Hands the finished capture line to Envoy (filter state `wasm.<capture.property>`,
-    /// written by an access log after this `on_log`).
-    fn write_capture(&mut self, shared: &Shared, server: Option<&str>, cached: Option<u64>) {
-        let t0 = crate::stats::self_clock();
-        let (Some(c), Some(capturer)) = (self.capture.take(), shared.capture.as_ref()) else {
-            return;
-        };
-        let usage = usage_tokens(&self.tail);
-        let line = CaptureLine {
-            timestamp: c.timestamp,
-            model: &c.model,
-            input_length: usage.map_or(c.prompt_estimate, |u| u.0),
-            output_length: usage.map_or(c.max_tokens.unwrap_or(0), |u| u.1),
-            usage: usage.is_some(),
-            hash_ids: &c.hash_ids,
-            block_tokens: capturer.block_tokens(),
-            server,
-            cached_tokens: cached,
-            status: self.status,
-        };
-        let json = line.to_json();
-        let t1 = crate::stats::self_clock();
-        match host::set_property(capturer.property(), json.as_bytes()) {
-            Ok(()) => shared.stats.captured.inc(),
-            Err(_) => shared.stats.capture_failed.inc(),
-        }
-        shared.stats.capture_ns[1].add(t1.saturating_sub(t0));
-        shared.stats.capture_ns[2].add(crate::stats::self_clock().saturating_sub(t1));
     }
 }
 
