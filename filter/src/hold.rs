@@ -37,12 +37,16 @@
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
-use kvroute_core::hold::{take, Admit, HoldQueue};
+use kvroute_core::hold::{Admit, HoldQueue};
 use kvroute_core::{Config, Millis, Outcome, RouteRequest, Router};
 use proxy_wasm::types::{LogLevel, Status};
 
 use crate::host;
 use crate::worker::Shared;
+
+mod board;
+use board::Board;
+pub use board::Ticket;
 
 /// The process's board of held requests (the version changes with its layout, so builds
 /// side by side in one process during a reload keep separate boards).
@@ -65,84 +69,6 @@ const MAX_RELEASES_PER_TICK: usize = 64;
 /// A worker that holds nothing reads the board this often, to know whether an arrival must
 /// wait behind the others' held requests.
 const IDLE_READ_MS: u64 = 10;
-
-/// A held request on the board: the worker VM that holds its stream, and its number there.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Ticket {
-    pub vm: u64,
-    pub seq: u64,
-}
-
-/// What the process's workers share: the held requests in fair order, and when each worker
-/// with tickets there last showed it lives.
-struct Board {
-    queue: HoldQueue<Ticket>,
-    /// `(vm, ms)`.
-    beats: Vec<(u64, u64)>,
-}
-
-impl Board {
-    /// The queue (`HoldQueue::encode`, a ticket as its two numbers), then the heartbeats.
-    fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(64 + 40 * self.queue.len());
-        self.queue.encode(&mut out, |t, out| {
-            out.extend(t.vm.to_le_bytes());
-            out.extend(t.seq.to_le_bytes());
-        });
-        out.extend((self.beats.len() as u32).to_le_bytes());
-        for (vm, at) in &self.beats {
-            out.extend(vm.to_le_bytes());
-            out.extend(at.to_le_bytes());
-        }
-        out
-    }
-
-    fn decode(mut bytes: &[u8], max_requests: usize, priority_weight: f64) -> Option<Board> {
-        let b = &mut bytes;
-        let queue = HoldQueue::decode(b, max_requests, priority_weight, |b| {
-            Some(Ticket {
-                vm: u64::from_le_bytes(take(b)?),
-                seq: u64::from_le_bytes(take(b)?),
-            })
-        })?;
-        let n = u32::from_le_bytes(take(b)?);
-        let beats = (0..n)
-            .map(|_| Some((u64::from_le_bytes(take(b)?), u64::from_le_bytes(take(b)?))))
-            .collect::<Option<Vec<_>>>()?;
-        b.is_empty().then_some(Board { queue, beats })
-    }
-
-    fn beat_of(&self, vm: u64) -> Option<u64> {
-        self.beats.iter().find(|b| b.0 == vm).map(|b| b.1)
-    }
-
-    fn beat(&mut self, vm: u64, now: Millis) {
-        match self.beats.iter_mut().find(|b| b.0 == vm) {
-            Some(b) => b.1 = now.0,
-            None => self.beats.push((vm, now.0)),
-        }
-    }
-
-    /// Drops other workers' tickets when their worker went silent or they are well past
-    /// the wait bound (their owner answers its own at the bound), and the heartbeats of
-    /// workers without tickets; whether anything changed.
-    fn drop_stale(&mut self, me: u64, now: Millis, max_wait_ms: u64) -> bool {
-        let beats = &self.beats;
-        let silent = |vm: u64| {
-            beats
-                .iter()
-                .find(|b| b.0 == vm)
-                .is_none_or(|b| now.0.saturating_sub(b.1) >= SILENT_MS)
-        };
-        let dropped = self.queue.remove_where(|h| {
-            h.item.vm != me && (silent(h.item.vm) || now.since(h.since) >= max_wait_ms.saturating_add(STALE_GRACE_MS))
-        });
-        let queue = &self.queue;
-        let before = self.beats.len();
-        self.beats.retain(|b| queue.iter().any(|h| h.item.vm == b.0));
-        !dropped.is_empty() || self.beats.len() != before
-    }
-}
 
 /// What became of a held request.
 #[derive(Debug, Default)]
