@@ -148,10 +148,12 @@ def main():
     procs, logs = [], []
     passed = failed = 0
     try:
-        base = free_run(SERVERS)
+        # The simulator's admin listener defaults to base - 1, which free_run does not check.
+        base, sim_admin = free_run(SERVERS), free_port()
         servers = [base + i for i in range(SERVERS)]
         logs.append(_spawn_logged(procs, "sim", [sim, "serve", "--servers", str(SERVERS), "--host",
-                                                 "127.0.0.1", "--base-port", str(base)]))
+                                                 "127.0.0.1", "--base-port", str(base),
+                                                 "--admin-port", str(sim_admin)]))
         _wait("kvroute-sim", lambda: all(http_get(p, "/health")[0] == 200 for p in servers), procs, logs)
         port, metrics_port = free_port(), free_port()
         logs.append(_spawn_logged(procs, "vllm-router", [
