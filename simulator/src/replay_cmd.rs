@@ -77,102 +77,16 @@ pub struct ReplayArgs {
 pub fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
     let (name, requests) = a.workload.load()?;
     anyhow::ensure!(!requests.is_empty(), "the workload has no requests");
-    let router_config = match &a.router_config {
-        Some(p) => Config::from_json(&std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))?)?,
-        None => Config::from_json(b"")?,
-    };
     anyhow::ensure!(a.scrape_interval_ms > 0.0, "--scrape-interval-ms must be positive");
     anyhow::ensure!(a.replicas >= 1, "--replicas must be at least 1");
-    let (profile, servers, mixed) = a.fleet.fleet()?;
-    let pool_changes: Vec<replay::PoolChange> = a
-        .join
-        .iter()
-        .map(|spec| parse_pool_change("--join", spec, true))
-        .chain(a.leave.iter().map(|spec| parse_pool_change("--leave", spec, false)))
-        .collect::<anyhow::Result<_>>()?;
-    replay::check_pool_changes(servers, &pool_changes)?;
-    let setup = ReplaySetup {
-        profile,
-        servers,
-        mixed,
-        slowdown: a.slow.as_deref().map(parse_slowdown).transpose()?,
-        scrape_interval_ms: a.scrape_interval_ms,
-        seed: a.workload.seed,
-        router_config,
-        topology: a.topology.topology()?,
-        classes: match (&a.tenants, &a.priorities) {
-            (None, None) => None,
-            (t, p) => Some(Classes::parse(
-                t.as_deref().unwrap_or("1"),
-                p.as_deref().unwrap_or("0:1"),
-            )?),
-        },
-        pool_changes,
-    };
+    if let Some(cold_s) = a.cold_s {
+        anyhow::ensure!(cold_s > 0.0, "--cold-s must be positive");
+    }
+    let setup = setup(a)?;
     let span_s = requests.iter().map(|r| r.arrival_ms).fold(0.0, f64::max) / 1000.0;
-    if setup.mixed.is_empty() {
-        eprintln!(
-            "{name}: {} requests over {span_s:.0} s on {} × {} on {:?} (TP{}), {} KV blocks each",
-            requests.len(),
-            setup.servers,
-            setup.profile.model,
-            setup.profile.gpu,
-            setup.profile.tp,
-            setup.profile.num_gpu_blocks
-        );
-    } else {
-        eprintln!(
-            "{name}: {} requests over {span_s:.0} s on a mixed fleet of {} servers ({})",
-            requests.len(),
-            setup.servers,
-            a.fleet.fleet.as_deref().unwrap_or("")
-        );
-    }
+    describe(a, &name, &setup, requests.len(), span_s);
     replay::check_restart(&setup.topology, &requests)?;
-    let mut runs: Vec<RunReport> = Vec::new();
-    for policy in &a.policy {
-        let bar = ProgressBar::new(requests.len() as u64);
-        bar.set_style(
-            ProgressStyle::with_template("{prefix:>18} [{bar:30}] {pos}/{len} {elapsed}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        );
-        bar.set_prefix(policy.to_string());
-        let started = Instant::now();
-        let mut run = replay::run(&setup, *policy, &requests, &|n| bar.set_position(n));
-        run.sim_wall_s = (started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0;
-        bar.finish_and_clear();
-        let simulated_s = requests.iter().map(|r| r.arrival_ms).fold(0.0, f64::max) / 1000.0;
-        eprintln!(
-            "{policy}: {:.2} s wall, {:.0}× faster than real time",
-            run.sim_wall_s,
-            simulated_s / run.sim_wall_s.max(1e-9)
-        );
-        if let Some(slow) = setup.slowdown {
-            let at = slow.at_ms;
-            let shares: Vec<String> = [
-                (-10_000.0, 0.0),
-                (0.0, 1000.0),
-                (1000.0, 2000.0),
-                (2000.0, 5000.0),
-                (5000.0, 15_000.0),
-            ]
-            .iter()
-            .map(|(a, b)| format!("{:.1}%", 100.0 * run.share_between(slow.server, at + a, at + b)))
-            .collect();
-            eprintln!(
-                "{policy}: server {} (slowed {}× at {:.0} s) share: 10 s before {}, first second after {}, 1–2 s {}, 2–5 s {}, 5–15 s {}",
-                slow.server,
-                slow.factor,
-                at / 1000.0,
-                shares[0],
-                shares[1],
-                shares[2],
-                shares[3],
-                shares[4]
-            );
-        }
-        runs.push(run);
-    }
+    let mut runs: Vec<RunReport> = a.policy.iter().map(|p| run_one(&setup, *p, &requests)).collect();
     let extra = kvroute_sim::matrix::replica_runs(&setup, &a.policy, &requests, 1, a.replicas);
     let replicas: Vec<Vec<RunReport>> = runs
         .iter()
@@ -200,22 +114,10 @@ pub fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
     }
     print!("{}", report::table(&runs));
     if setup.classes.is_some() || runs.iter().any(|r| !r.rejections.is_empty()) {
-        let span_s = span_s.max(1e-3);
-        println!("by class (requests per second of the {span_s:.0} s arrival span):");
-        print!("{}", kvroute_sim::overload::table(&runs, a.ttft_slo_ms, span_s));
-        for r in &runs {
-            println!(
-                "{}: goodput {:.2} req/s (TTFT ≤ {} ms), 429: {}",
-                r.policy,
-                kvroute_sim::overload::goodput(r, a.ttft_slo_ms, span_s),
-                a.ttft_slo_ms,
-                r.rejections.len()
-            );
-        }
+        print_classes(&runs, a.ttft_slo_ms, span_s.max(1e-3));
     }
     let mut phases = serde_json::Value::Null;
     if let Some(cold_s) = a.cold_s {
-        anyhow::ensure!(cold_s > 0.0, "--cold-s must be positive");
         let cut = cold_s * 1000.0;
         let cold = medians(&|r| r.phase(f64::MIN, cut));
         let steady = medians(&|r| r.phase(cut, f64::MAX));
@@ -239,6 +141,117 @@ pub fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
     Ok(())
+}
+
+/// The fleet, router, topology, classes and pool changes the arguments describe.
+fn setup(a: &ReplayArgs) -> anyhow::Result<ReplaySetup> {
+    let router_config = match &a.router_config {
+        Some(p) => Config::from_json(&std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))?)?,
+        None => Config::from_json(b"")?,
+    };
+    let (profile, servers, mixed) = a.fleet.fleet()?;
+    let pool_changes: Vec<replay::PoolChange> = a
+        .join
+        .iter()
+        .map(|spec| parse_pool_change("--join", spec, true))
+        .chain(a.leave.iter().map(|spec| parse_pool_change("--leave", spec, false)))
+        .collect::<anyhow::Result<_>>()?;
+    replay::check_pool_changes(servers, &pool_changes)?;
+    Ok(ReplaySetup {
+        profile,
+        servers,
+        mixed,
+        slowdown: a.slow.as_deref().map(parse_slowdown).transpose()?,
+        scrape_interval_ms: a.scrape_interval_ms,
+        seed: a.workload.seed,
+        router_config,
+        topology: a.topology.topology()?,
+        classes: match (&a.tenants, &a.priorities) {
+            (None, None) => None,
+            (t, p) => Some(Classes::parse(
+                t.as_deref().unwrap_or("1"),
+                p.as_deref().unwrap_or("0:1"),
+            )?),
+        },
+        pool_changes,
+    })
+}
+
+/// One line on stderr: the workload and the fleet it runs on.
+fn describe(a: &ReplayArgs, name: &str, setup: &ReplaySetup, requests: usize, span_s: f64) {
+    if setup.mixed.is_empty() {
+        eprintln!(
+            "{name}: {requests} requests over {span_s:.0} s on {} × {} on {:?} (TP{}), {} KV blocks each",
+            setup.servers, setup.profile.model, setup.profile.gpu, setup.profile.tp, setup.profile.num_gpu_blocks
+        );
+    } else {
+        eprintln!(
+            "{name}: {requests} requests over {span_s:.0} s on a mixed fleet of {} servers ({})",
+            setup.servers,
+            a.fleet.fleet.as_deref().unwrap_or("")
+        );
+    }
+}
+
+/// Replays the workload once under `policy` with a progress bar, then says on stderr how
+/// fast it ran and, with a slowdown, the slowed server's share around it.
+fn run_one(setup: &ReplaySetup, policy: PolicyName, requests: &[kvroute_sim::workload::SimRequest]) -> RunReport {
+    let bar = ProgressBar::new(requests.len() as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{prefix:>18} [{bar:30}] {pos}/{len} {elapsed}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.set_prefix(policy.to_string());
+    let started = Instant::now();
+    let mut run = replay::run(setup, policy, requests, &|n| bar.set_position(n));
+    run.sim_wall_s = (started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0;
+    bar.finish_and_clear();
+    let simulated_s = requests.iter().map(|r| r.arrival_ms).fold(0.0, f64::max) / 1000.0;
+    eprintln!(
+        "{policy}: {:.2} s wall, {:.0}× faster than real time",
+        run.sim_wall_s,
+        simulated_s / run.sim_wall_s.max(1e-9)
+    );
+    if let Some(slow) = setup.slowdown {
+        let at = slow.at_ms;
+        let shares: Vec<String> = [
+            (-10_000.0, 0.0),
+            (0.0, 1000.0),
+            (1000.0, 2000.0),
+            (2000.0, 5000.0),
+            (5000.0, 15_000.0),
+        ]
+        .iter()
+        .map(|(a, b)| format!("{:.1}%", 100.0 * run.share_between(slow.server, at + a, at + b)))
+        .collect();
+        eprintln!(
+            "{policy}: server {} (slowed {}× at {:.0} s) share: 10 s before {}, first second after {}, 1–2 s {}, 2–5 s {}, 5–15 s {}",
+            slow.server,
+            slow.factor,
+            at / 1000.0,
+            shares[0],
+            shares[1],
+            shares[2],
+            shares[3],
+            shares[4]
+        );
+    }
+    run
+}
+
+/// The per-class table (tenants, priority bands, 429s) and each policy's goodput.
+fn print_classes(runs: &[RunReport], ttft_slo_ms: f64, span_s: f64) {
+    println!("by class (requests per second of the {span_s:.0} s arrival span):");
+    print!("{}", kvroute_sim::overload::table(runs, ttft_slo_ms, span_s));
+    for r in runs {
+        println!(
+            "{}: goodput {:.2} req/s (TTFT ≤ {} ms), 429: {}",
+            r.policy,
+            kvroute_sim::overload::goodput(r, ttft_slo_ms, span_s),
+            ttft_slo_ms,
+            r.rejections.len()
+        );
+    }
 }
 
 /// `SERVER@SECONDS`.
