@@ -45,6 +45,7 @@ use crate::host;
 use crate::worker::Shared;
 
 mod board;
+mod release;
 use board::Board;
 pub use board::Ticket;
 
@@ -316,117 +317,6 @@ impl Shared {
         }
         self.stats.hold_unavailable.inc();
         Held::Unavailable
-    }
-
-    /// The tick: drops this worker's streams that ended, answers its requests past the wait
-    /// bound and those the board no longer has, then routes its requests that reach the
-    /// head of the board while the router finds room.
-    pub fn release_held(&self, router: &mut Router, now: Millis) {
-        let holds = &self.holds;
-        let Some(me) = holds.me else { return };
-        holds.ticked_at.set(now);
-        let Ok(mut mine) = holds.mine.try_borrow_mut() else {
-            return;
-        };
-        if mine.0.is_empty() && now.since(holds.read_at.get()) < IDLE_READ_MS {
-            return;
-        }
-        if !mine.0.is_empty() || holds.board_len.get() > 0 {
-            self.peers.stay_awake(now);
-        }
-        let overload = router.config().overload().clone();
-        let max_wait_ms = overload.hold.max_wait_ms;
-        let gone = mine.numbers(|_, m| m.waiting.slot.borrow().gone);
-        let expired = mine.numbers(|s, m| !gone.contains(&s) && now.since(m.since) >= max_wait_ms);
-        let mut settled = false;
-        let mut released = 0;
-        for _ in 0..MAX_RELEASES_PER_TICK + CAS_TRIES {
-            if released == MAX_RELEASES_PER_TICK {
-                break;
-            }
-            let Some((mut board, cas)) = holds.read(now) else { break };
-            let mut changed = !board
-                .queue
-                .remove_where(|h| {
-                    let seq = h.item.seq;
-                    // Also a ticket of this worker with no request behind it (its take-off
-                    // ran out of tries): a ticket and its request are added in one callback.
-                    // (Removed without moving its flow's schedule: rare, and a `take` here
-                    // costs the module 3 KB it does not have.)
-                    h.item.vm == me && (gone.contains(&seq) || expired.contains(&seq) || mine.at(seq).is_none())
-                })
-                .is_empty();
-            changed |= board.drop_stale(me, now, max_wait_ms);
-            let holding = board.queue.iter().any(|h| h.item.vm == me);
-            if holding && board.beat_of(me).is_none_or(|at| now.0.saturating_sub(at) >= BEAT_MS) {
-                board.beat(me, now);
-                changed = true;
-            }
-            // The head, when it is this worker's and a server has room for it.
-            let mut release = None;
-            // (This worker's tickets without a live request behind them left just above.)
-            let head = board.queue.peek().map(|h| h.item).filter(|t| t.vm == me);
-            if let Some((seq, m)) = head.and_then(|t| mine.get(&t.seq).map(|m| (t.seq, m))) {
-                self.peers.pull_now(router, &self.stats, now);
-                let decision = router.route(&m.waiting.req, now);
-                if decision.outcome != Outcome::Hold {
-                    release = Some((seq, decision));
-                }
-            }
-            if changed {
-                match holds.write(&board, cas) {
-                    Ok(()) => {}
-                    Err(Status::CasMismatch) => continue,
-                    Err(_) => break,
-                }
-            }
-            if !settled {
-                settled = true;
-                let mut on_board = vec![false; mine.0.len()];
-                for h in board.queue.iter().filter(|h| h.item.vm == me) {
-                    if let Some(i) = mine.at(h.item.seq) {
-                        on_board[i] = true;
-                    }
-                }
-                let missing: Vec<u64> = mine
-                    .0
-                    .iter()
-                    .zip(&on_board)
-                    .filter(|(_, on)| !**on)
-                    .map(|((s, _), _)| *s)
-                    .collect();
-                for seq in missing {
-                    let Some(m) = mine.remove(&seq) else { continue };
-                    if gone.contains(&seq) {
-                        self.stats.hold_gone.inc();
-                    } else {
-                        // Past its bound, or displaced by a more important arrival.
-                        let expired = now.since(m.since) >= max_wait_ms;
-                        self.reject(m, expired, overload.retry_after_s);
-                    }
-                }
-            }
-            let Some((seq, decision)) = release else { break };
-            let Some(m) = mine.remove(&seq) else { continue };
-            released += 1;
-            // Routed and published first, then its ticket leaves the head: the owner of
-            // the next one sees the server this one filled before it may release its own.
-            self.resume(router, m, &decision, now);
-            holds.take_off(me, seq, now);
-        }
-        if !settled {
-            // The board could not be used: this worker still answers its own requests.
-            for seq in gone.0.iter().chain(&expired.0) {
-                let Some(m) = mine.remove(seq) else { continue };
-                if gone.contains(seq) {
-                    self.stats.hold_gone.inc();
-                } else {
-                    self.reject(m, true, overload.retry_after_s);
-                }
-            }
-        }
-        let now_held = mine.0.len() as u64;
-        self.stats.hold_waiting.contribute(&self.reported_held, now_held);
     }
 
     /// Routes a released request and resumes its stream.

@@ -17,11 +17,11 @@
 use std::collections::BTreeMap;
 
 use kvroute_core::config::RawScrape;
-use kvroute_core::discovery::{clusters_path, parse_clusters, parse_models, signature_path};
+use kvroute_core::discovery::{clusters_path, signature_path};
 use kvroute_core::fleet::Host;
 use kvroute_core::health::Flip;
-use kvroute_core::{parse_metrics, Config, EndpointId, EnvoyHealth, Fleet, FleetState, Millis};
-use proxy_wasm::types::{BufferType, LogLevel};
+use kvroute_core::{Config, EndpointId, EnvoyHealth, Fleet, FleetState, Millis};
+use proxy_wasm::types::LogLevel;
 
 use crate::host;
 use crate::replicas::{init_replica_nonce, Forwarder};
@@ -203,35 +203,6 @@ impl Poller {
         }
     }
 
-    /// The signature stats answered: read the full listing if they moved.
-    fn on_signature(&mut self, ok: bool, body_size: usize, status: Option<&[u8]>) {
-        if status == Some(b"403") {
-            // An admin that allows `/clusters?` but not this query: read the full listing
-            // every poll (it costs more; README, "Point kvroute at your pool").
-            self.signatures = false;
-            host::log(
-                LogLevel::Warn,
-                "Envoy's admin refuses /stats?filter=^cluster\\.… (admin.allow_paths): reading /clusters at every poll",
-            );
-            self.ask_admin(Call::Clusters);
-            return;
-        }
-        let body = ok
-            .then(|| host::buffer(BufferType::HttpCallResponseBody, 0, body_size.min(64 << 10)).ok())
-            .flatten();
-        match body {
-            Some(body) if self.signature.as_ref() == Some(&body) => {}
-            Some(body) => {
-                self.pending_signature = Some(body);
-                self.ask_admin(Call::Clusters);
-            }
-            None => {
-                self.stats.discovery_failure.inc();
-                self.ask_admin(Call::Clusters);
-            }
-        }
-    }
-
     fn scrape(&mut self, now: Millis) {
         let scrape = self.config.scrape().clone();
         let busy: Vec<EndpointId> = self
@@ -329,154 +300,6 @@ impl Poller {
             }
         }
     }
-
-    /// Handles the answer to one of this poller's calls; false when the token is not one.
-    pub fn on_http_call_response(&mut self, token: u32, body_size: usize) -> bool {
-        let Some(call) = self.calls.remove(&token) else {
-            return false;
-        };
-        let now = host::now();
-        let status = host::call_response_header(":status").ok().flatten();
-        let ok = status.as_deref() == Some(b"200");
-        match call {
-            Call::Forward => {
-                if status.as_deref() != Some(b"204") {
-                    self.stats.forward_failure.inc();
-                }
-            }
-            Call::Signature => {
-                self.polling = false;
-                self.on_signature(ok, body_size, status.as_deref());
-            }
-            Call::Clusters => {
-                self.polling = false;
-                self.on_clusters(ok, body_size, status.as_deref());
-            }
-            Call::Models(id) => {
-                let max = self.config.scrape().max_bytes;
-                let models = (ok && body_size <= max)
-                    .then(|| host::buffer(BufferType::HttpCallResponseBody, 0, body_size).ok())
-                    .flatten()
-                    .and_then(|body| parse_models(&body).ok());
-                if let Some(models) = models {
-                    self.fleet.on_models(&id, models);
-                    self.dirty = true;
-                }
-            }
-            Call::Metrics(id) => {
-                self.scrapes_pending = self.scrapes_pending.saturating_sub(1);
-                self.on_metrics(&id, ok, body_size, status.as_deref(), now);
-                if self.scrapes_pending == 0 {
-                    self.publish(now);
-                }
-            }
-        }
-        true
-    }
-
-    fn on_clusters(&mut self, ok: bool, body_size: usize, status: Option<&[u8]>) {
-        let max = self.config.discovery().max_bytes;
-        let cluster = self.config.pool_cluster().to_string();
-        let hosts = if !ok {
-            Err(match status {
-                Some(s) => format!("Envoy's admin answered {}", String::from_utf8_lossy(s)),
-                None => "no answer from Envoy's admin (timeout or connection failure)".into(),
-            })
-        } else if body_size > max {
-            Err(format!(
-                "/clusters answer of {body_size} bytes is over discovery.max_bytes ({max})"
-            ))
-        } else {
-            host::buffer(BufferType::HttpCallResponseBody, 0, body_size)
-                .map_err(|s| format!("cannot read the /clusters answer: {s:?}"))
-                .and_then(|body| parse_clusters(&body, &cluster).map_err(|e| e.to_string()))
-        };
-        match hosts {
-            Ok(hosts) => {
-                self.stats.discovery_success.inc();
-                self.last_full = Some(host::now());
-                if let Some(signature) = self.pending_signature.take() {
-                    self.signature = Some(signature);
-                }
-                self.stats.discovered_hosts.set(hosts.len() as u64);
-                let change = self.fleet.on_hosts(&hosts);
-                for id in &change.added {
-                    host::log(LogLevel::Info, &format!("endpoint {id} joined the pool {cluster}"));
-                }
-                for (id, _) in &change.removed {
-                    host::log(LogLevel::Info, &format!("endpoint {id} left the pool {cluster}"));
-                }
-                // Always publish: Envoy's health flags may have changed even when no one
-                // joined or left, and routers must stop choosing a draining host now.
-                let now = host::now();
-                self.publish(now);
-                // New members are scraped (and asked their models) at once, not at the
-                // next round: the state is published again when their answers are in.
-                let scrape = self.config.scrape().clone();
-                for id in change.added {
-                    self.scrape_one(id, &scrape);
-                }
-                self.ask_models(now);
-            }
-            Err(why) => {
-                self.stats.discovery_failure.inc();
-                host::log(
-                    LogLevel::Warn,
-                    &format!("pool discovery failed (keeping the last pool): {why}"),
-                );
-            }
-        }
-    }
-
-    fn on_metrics(&mut self, id: &EndpointId, ok: bool, body_size: usize, status: Option<&[u8]>, now: Millis) {
-        let max = self.config.scrape().max_bytes;
-        let result = if !ok {
-            Err(match status {
-                Some(s) => format!("status {}", String::from_utf8_lossy(s)),
-                None => "no response (timeout or connection failure)".into(),
-            })
-        } else if body_size > max {
-            Err(format!("body of {body_size} bytes is over scrape.max_bytes ({max})"))
-        } else {
-            host::buffer(BufferType::HttpCallResponseBody, 0, body_size)
-                .map_err(|s| format!("cannot read the body: {s:?}"))
-                .and_then(|body| parse_metrics(&body, max).map_err(|e| e.to_string()))
-        };
-        self.dirty = true;
-        match result {
-            Ok(metrics) => {
-                self.stats.success.inc();
-                let flip = self.fleet.on_metrics(id, metrics, now);
-                log_flip(id, flip, "");
-            }
-            Err(why) => {
-                self.stats.failure.inc();
-                host::log(LogLevel::Debug, &format!("scrape of {id} failed: {why}"));
-                let flip = self.fleet.on_scrape_failed(id);
-                log_flip(id, flip, &why);
-            }
-        }
-    }
-
-    fn publish(&mut self, now: Millis) {
-        let state = self.fleet.publish(now);
-        let bytes = match postcard::to_allocvec(&state) {
-            Ok(b) => b,
-            Err(e) => {
-                host::log(LogLevel::Error, &format!("cannot encode the fleet state: {e}"));
-                return;
-            }
-        };
-        let ok = host::set_shared_data(SNAPSHOT_KEY, &bytes).is_ok()
-            && host::set_shared_data(VERSION_KEY, &state.version.to_le_bytes()).is_ok();
-        if ok {
-            self.stats.published.inc();
-            self.stats.healthy_endpoints.set(self.fleet.routable() as u64);
-            self.dirty = false;
-        } else {
-            host::log(LogLevel::Error, "cannot write the fleet state to shared data");
-        }
-    }
 }
 
 fn log_flip(id: &EndpointId, flip: Option<Flip>, why: &str) {
@@ -501,6 +324,8 @@ fn scrape_due(now: Millis, last: Millis, interval: u64, aligned: bool) -> bool {
     }
     now.since(last) + 5 >= interval
 }
+
+mod answers;
 
 #[cfg(test)]
 mod tests {
