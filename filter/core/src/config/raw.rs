@@ -1,0 +1,292 @@
+//! The configuration document's shape: every section as serde reads it (unknown fields
+//! rejected, every field defaulted in `defaults`), before `Config` validates it.
+
+use serde::Deserialize;
+
+use crate::types::EndpointId;
+
+/// Which scoring policy picks the endpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyKind {
+    /// Predicted time to first token, in milliseconds (the default).
+    Cost,
+    /// Queue / KV / prefix scorers normalised to [0, 1] and weighted.
+    Weighted,
+    LeastRequest,
+    RoundRobin,
+    Random,
+}
+
+/// How Envoy reaches the pool: decides what the filter must enforce.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClusterShape {
+    /// `override_host` LB policy: only hosts in the cluster can be chosen.
+    OverrideHost,
+    /// `ORIGINAL_DST` with `use_http_header`: any address is reachable, so the pool must be declared.
+    OriginalDst,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawConfig {
+    pub endpoints: Vec<String>,
+    pub cluster_shape: ClusterShape,
+    pub policy: PolicyKind,
+    pub fallbacks: usize,
+    pub seed: u64,
+    pub max_body_bytes: usize,
+    pub tenant_header: String,
+    pub priority_header: String,
+    pub debug_headers: bool,
+    pub hashing: RawHashing,
+    pub scrape: RawScrape,
+    pub health: RawHealth,
+    pub cost: RawCost,
+    pub weighted: RawWeighted,
+    pub overload: RawOverload,
+    pub index: RawIndex,
+    pub share: RawShare,
+    pub discovery: RawDiscovery,
+    pub capture: RawCapture,
+    pub tiers: RawTiers,
+}
+
+/// Where the pool comes from when `endpoints` is empty: Envoy's own view of the pool
+/// cluster, read from its admin `/clusters` through `admin_cluster` (a cluster pointing at
+/// the admin address; in Istio every proxy has `prometheus_stats`). The singleton service
+/// polls it; without one, one worker VM holds a lease in shared data and polls for all.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawDiscovery {
+    pub admin_cluster: String,
+    /// The pool cluster to follow; empty means `scrape.cluster`.
+    pub cluster: String,
+    pub interval_ms: u64,
+    pub timeout_ms: u64,
+    pub max_bytes: usize,
+    /// How often each server's `/v1/models` is read (new servers at once); 0 never.
+    pub models_interval_ms: u64,
+    /// A lease holder (the worker polling for the others) silent this long is replaced.
+    pub lease_ms: u64,
+    /// Between full `/clusters` reads, each poll reads only a few of the cluster's stats
+    /// and reads `/clusters` when they moved; it is read this often regardless.
+    pub resync_ms: u64,
+}
+
+/// Price tiers with spillover (`tiers`): servers are put in tiers, cheapest first (tier 0).
+/// A request goes to the cheapest tier whose best server's predicted TTFT meets its objective
+/// and spills to the next tier only when it would not; a request no tier can serve in time
+/// stays in the cheapest (spilling it would spend premium capacity on a miss). Off while
+/// `endpoints` is empty; needs the `cost` policy (its score is the predicted TTFT).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawTiers {
+    /// Each server's tier (`ip:port` → 0, 1, …); servers not listed are in tier 0.
+    pub endpoints: std::collections::BTreeMap<String, u32>,
+    /// Each server's tier is its priority in Envoy's pool cluster (EDS `priority`, as the
+    /// admin `/clusters` view reports it), instead of `endpoints`.
+    pub from_priority: bool,
+    /// The TTFT objective of a request without the header, in ms.
+    pub ttft_objective_ms: f64,
+    /// A request's own objective in ms (a positive number; others are ignored).
+    pub objective_header: String,
+}
+
+impl RawTiers {
+    pub fn on(&self) -> bool {
+        !self.endpoints.is_empty() || self.from_priority
+    }
+
+    /// The tier of server `id`, whose priority in Envoy's pool cluster is `priority`.
+    pub fn tier_of(&self, id: &EndpointId, priority: u32) -> u32 {
+        if self.from_priority {
+            return priority;
+        }
+        self.endpoints.get(id.as_str()).copied().unwrap_or(0)
+    }
+}
+
+/// Traffic capture for `kvroute-sim replay` and `plan` (`capture`): off unless `sample` > 0.
+/// Each captured request becomes a JSON line (no prompt text) in the filter state
+/// `wasm.<property>`, which an Envoy access log writes (envoy/capture/README.md).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawCapture {
+    /// Fraction of prefix families captured, 0 (off) to 1 (every routed request).
+    pub sample: f64,
+    /// Bytes of canonical prompt text per captured block id; 0 means `hashing.block_bytes`,
+    /// otherwise a multiple of it.
+    pub block_bytes: usize,
+    /// The deployment's secret (16 bytes or more): ids are keyed by it.
+    pub salt: String,
+    /// The filter state name the line is written to (Envoy prefixes `wasm.`).
+    pub property: String,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawHashing {
+    pub block_bytes: usize,
+    pub max_blocks: usize,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawScrape {
+    pub cluster: String,
+    pub path: String,
+    pub interval_ms: u64,
+    pub timeout_ms: u64,
+    pub max_bytes: usize,
+    /// Scrapes a second at most (0: no limit): a large pool is scraped less often than
+    /// `interval_ms`, but at least every 40% of `health.stale_after_ms`.
+    pub max_per_s: u64,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawHealth {
+    pub unhealthy_after_failures: u32,
+    pub healthy_after_successes: u32,
+    pub stale_after_ms: u64,
+    pub passive_failures_to_eject: u32,
+    pub eject_ms: u64,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawCost {
+    pub prefill_tokens_per_s: f64,
+    pub decode_ms_per_running: f64,
+    pub kv_pressure_threshold: f64,
+    pub kv_pressure_ms: f64,
+    pub cold_tolerance: f64,
+    /// A candidate that holds at least `holder_min_share` of the prompt's blocks (and more
+    /// than the best-scored candidate) goes first when its cost is within this fraction of
+    /// the best (`Router::prefer_prefix_holder`); 0 turns it off.
+    pub holder_tolerance: f64,
+    pub holder_min_share: f64,
+    pub default_prompt_tokens: u64,
+    pub work_weight: f64,
+    /// Added to a server's cost when the request's LoRA adapter is not loaded there.
+    pub lora_load_ms: f64,
+    /// Learn each server's prefill rate from first-token times (`speed`); the configured
+    /// rate is the prior.
+    pub learn_speeds: bool,
+    /// Phase-aware placement (an experiment, off at 0): the stall a request's uncached
+    /// prefill adds to the decodes running on a server (running × its prefill ms) enters
+    /// the cost at this weight, so long prefills keep away from decode-heavy servers.
+    pub phase_weight: f64,
+    /// The share of the progress first tokens suggest a server made on its oldest prompt in
+    /// prefill that is taken off its pending prefill (`Endpoint::prefill_left`); 0 keeps a
+    /// prompt's whole length pending until its first token.
+    pub progress_credit: f64,
+    /// The context length at which a prompt token's attention costs as much as the rest of
+    /// its compute (`speed::prefill_work`; 0: every token alike).
+    pub attention_tokens: f64,
+    /// The server's steps a new request waits for its first token beyond its prefill (the
+    /// step in progress, then its own), at the step time its metrics show
+    /// (`speed::StepTime`); 0 leaves step time out.
+    pub first_token_steps: f64,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawWeighted {
+    pub queue: f64,
+    pub kv: f64,
+    pub prefix: f64,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawOverload {
+    /// Waiting requests (scraped), and KV usage, at which a server counts as full: with
+    /// every server full a sheddable request is shed. The policies other than `cost` also
+    /// skip a full server while another has room; `cost` weighs its queue and KV instead.
+    pub queue_limit: u64,
+    pub kv_limit: f64,
+    pub retry_after_s: u64,
+    /// A server that refused a request (vLLM's 503 of `--max-num-queued-reqs` /
+    /// `--max-num-queued-tokens`, or a failed connection: Envoy retried it on the next
+    /// server of the decision) goes after every server that did not, for this long. 0 (the
+    /// default): measured live, demoting it cost more cache hits than it saved refusals.
+    pub refused_ms: u64,
+    /// Holding requests at the gateway while every server is full (see `hold`).
+    pub hold: RawHold,
+}
+
+/// `overload.hold`: while every candidate is full, a request that may not be shed waits in
+/// one queue per Envoy process (fair across tenants, weighted by priority) and is routed at
+/// the first tick that finds room, up to `max_wait_ms`; then 429 with `Retry-After`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawHold {
+    /// The longest a request waits for room; 0 turns holding off (every request is routed
+    /// at once, to the least bad server when all are full).
+    pub max_wait_ms: u64,
+    /// A server is full for a new request when the prefill the gateway has queued or
+    /// running there (its requests without a first token yet, less the progress credited
+    /// to the one in prefill, at the server's own prefill rate; `policy::pending_prefill_ms`)
+    /// would take this long.
+    pub wait_limit_ms: u64,
+    /// Requests one Envoy process holds at most.
+    pub max_requests: usize,
+    /// One priority band up gets this many times the dispatches of the band below.
+    pub priority_weight: f64,
+    /// Within one (priority, tenant) flow, the newest held request goes out first once the
+    /// oldest has waited this long; 0 (the default): first come, first served.
+    pub newest_first_after_ms: u64,
+}
+
+/// How the routers of one Envoy process (one per worker thread) share one view.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawShare {
+    /// Exchange placements and load between the workers of one Envoy (see `peer`).
+    pub workers: bool,
+    /// How often a worker publishes its changes and applies its peers' (and polls the
+    /// scraping service's snapshot).
+    pub tick_ms: u64,
+    /// A peer silent this long is gone: its requests' load is released.
+    pub peer_timeout_ms: u64,
+    /// Also exchange around each routing decision (not only on the tick).
+    pub on_request: bool,
+    /// With `on_request`: a decision publishes at once only a placement that is news (a
+    /// cold or moved prefix); prefix hits wait for the tick (`PeerEvent::is_news`) while the
+    /// worker published within the last two ticks.
+    pub hits_on_tick: bool,
+    /// Gateway replicas (other Envoy processes) to exchange the same events with; off when
+    /// absent.
+    pub replicas: Option<RawReplicas>,
+}
+
+/// How a gateway forwards its workers' events to the other replicas and takes theirs:
+/// the scraping service POSTs them through `cluster` (an `override_host` cluster listing
+/// the replicas' peer listeners) to `path`, which the filter answers locally.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawReplicas {
+    /// Every replica's peer listener, `host:port` (this one's may be listed too).
+    pub peers: Vec<String>,
+    pub cluster: String,
+    pub path: String,
+    /// Sent in `x-kvroute-peer-secret`; a request to `path` without it gets 403.
+    pub secret: String,
+    pub interval_ms: u64,
+    /// Placements leave for the other replicas within a ms (the scraping service reads the
+    /// log every ms), not only every `interval_ms`.
+    pub at_once: bool,
+    pub max_body_bytes: usize,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawIndex {
+    pub max_memory_bytes: usize,
+    pub default_capacity_tokens: u64,
+    /// Correct what the index keeps per server with the cached tokens vLLM reports.
+    pub learn_from_usage: bool,
+}
