@@ -9,17 +9,19 @@ use std::rc::Rc;
 
 use kvroute_core::request::{parse, ApiKind};
 use kvroute_core::response::{cached_tokens, prompt_tokens, reports_usage};
-use kvroute_core::{Completion, Millis, Outcome, RouteRequest};
+use kvroute_core::{Completion, Outcome};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, BufferType, LogLevel};
 
-use crate::hold::{Held, Slot, Waiting};
+use crate::hold::Slot;
 use crate::host;
 use crate::worker::Shared;
 use crate::DESTINATION_HEADER;
 
 mod capture;
+mod held;
 mod peer_batch;
+use capture::Captured;
 
 /// Bytes of the response kept to find `usage.prompt_tokens_details.cached_tokens`.
 const TAIL_BYTES: usize = 4096;
@@ -57,15 +59,6 @@ pub struct Http {
     tail: Vec<u8>,
     /// What the capture line needs from the request, when this one is in the sample.
     capture: Option<Box<Captured>>,
-}
-
-/// The request's part of a capture line; the response completes it in `on_log`.
-struct Captured {
-    timestamp: u64,
-    model: String,
-    hash_ids: Vec<u64>,
-    prompt_estimate: u64,
-    max_tokens: Option<u64>,
 }
 
 impl Http {
@@ -121,18 +114,7 @@ impl Http {
         req.ttft_objective_ms = self.ttft_objective_ms;
         // Every request that reaches a decision is traffic to capture, whatever the decision
         // (shed, left to Envoy, routed): a replay sizes the fleet for all of it.
-        let t0 = crate::stats::self_clock();
-        let sample_key = now.0 ^ req.prompt_tokens.0.rotate_left(32);
-        if let Some(c) = shared.capture.as_ref().filter(|c| c.sampled(&req.blocks, sample_key)) {
-            self.capture = Some(Box::new(Captured {
-                timestamp: now.0,
-                model: req.model.clone(),
-                hash_ids: c.ids(&req.blocks),
-                prompt_estimate: req.prompt_tokens.0,
-                max_tokens: req.max_tokens,
-            }));
-            shared.stats.capture_ns[0].add(crate::stats::self_clock().saturating_sub(t0));
-        }
+        self.sample_capture(shared, &req, now);
         // A stream without `include_usage` never reports cached tokens: copying its chunks
         // into the VM (one host call each) would buy nothing.
         self.read_usage = parsed.reports_usage;
@@ -175,63 +157,6 @@ impl Http {
         self.chosen = Some(best);
         self.phase = Phase::Routed { request_id };
         Action::Continue
-    }
-
-    /// Leaves the request paused on the process's hold queue; 429 when the queue is full,
-    /// Envoy's balancing when it cannot be used.
-    fn hold(&mut self, shared: &Shared, req: RouteRequest, now: Millis, retry_after_s: u64) -> Action {
-        let waiting = Waiting {
-            context_id: self.context_id,
-            req,
-            slot: Slot::default(),
-        };
-        match shared.hold(waiting, self.priority, &self.tenant, now, retry_after_s) {
-            Held::Waiting(slot) => {
-                self.release = Some(slot);
-                Action::Pause
-            }
-            Held::Unavailable => {
-                self.reason = "hold_unavailable";
-                Action::Continue
-            }
-            Held::Refused => {
-                self.reason = "hold_full";
-                if crate::hold::answer_429(retry_after_s) {
-                    self.status = 429;
-                    return Action::Pause;
-                }
-                Action::Continue
-            }
-        }
-    }
-
-    /// Takes over what the tick did with this request while it was held.
-    fn adopt_release(&mut self) {
-        let Some(slot) = self.release.take() else { return };
-        let r = slot.borrow();
-        if let Some(reason) = r.reason {
-            self.reason = reason;
-        }
-        if let Some((request_id, chosen)) = &r.routed {
-            self.chosen = Some(chosen.clone());
-            self.phase = Phase::Routed {
-                request_id: *request_id,
-            };
-        }
-        if r.rejected {
-            self.status = 429;
-        }
-    }
-
-    /// The stream ends: a request still held leaves the queue at the next tick.
-    fn leave_hold(&mut self) {
-        if let Some(slot) = &self.release {
-            let mut r = slot.borrow_mut();
-            if r.routed.is_none() && !r.rejected {
-                r.gone = true;
-            }
-        }
-        self.adopt_release();
     }
 }
 

@@ -1,0 +1,68 @@
+//! A request held while every server is full (`overload.hold`): paused on the process's
+//! hold queue, and what the worker's tick did with it.
+
+use kvroute_core::{Millis, RouteRequest};
+use proxy_wasm::types::Action;
+
+use super::{Http, Phase};
+use crate::hold::{Held, Slot, Waiting};
+use crate::worker::Shared;
+
+impl Http {
+    /// Leaves the request paused on the process's hold queue; 429 when the queue is full,
+    /// Envoy's balancing when it cannot be used.
+    pub(super) fn hold(&mut self, shared: &Shared, req: RouteRequest, now: Millis, retry_after_s: u64) -> Action {
+        let waiting = Waiting {
+            context_id: self.context_id,
+            req,
+            slot: Slot::default(),
+        };
+        match shared.hold(waiting, self.priority, &self.tenant, now, retry_after_s) {
+            Held::Waiting(slot) => {
+                self.release = Some(slot);
+                Action::Pause
+            }
+            Held::Unavailable => {
+                self.reason = "hold_unavailable";
+                Action::Continue
+            }
+            Held::Refused => {
+                self.reason = "hold_full";
+                if crate::hold::answer_429(retry_after_s) {
+                    self.status = 429;
+                    return Action::Pause;
+                }
+                Action::Continue
+            }
+        }
+    }
+
+    /// Takes over what the tick did with this request while it was held.
+    pub(super) fn adopt_release(&mut self) {
+        let Some(slot) = self.release.take() else { return };
+        let r = slot.borrow();
+        if let Some(reason) = r.reason {
+            self.reason = reason;
+        }
+        if let Some((request_id, chosen)) = &r.routed {
+            self.chosen = Some(chosen.clone());
+            self.phase = Phase::Routed {
+                request_id: *request_id,
+            };
+        }
+        if r.rejected {
+            self.status = 429;
+        }
+    }
+
+    /// The stream ends: a request still held leaves the queue at the next tick.
+    pub(super) fn leave_hold(&mut self) {
+        if let Some(slot) = &self.release {
+            let mut r = slot.borrow_mut();
+            if r.routed.is_none() && !r.rejected {
+                r.gone = true;
+            }
+        }
+        self.adopt_release();
+    }
+}
