@@ -33,11 +33,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use bytes::Bytes;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::service::TowerToHyperService;
 use kvroute_core::request::ApiKind;
 use serde::{Deserialize, Serialize};
-use tokio::net::TcpListener;
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinSet;
 
@@ -51,10 +48,12 @@ mod errors;
 mod info;
 mod request;
 mod respond;
+mod start;
 mod testing;
 mod tokenize;
-use admin::{get_admission, get_fault, set_admission, set_fault};
 pub use errors::ApiError;
+use start::listen;
+pub use start::{serve, serve_names};
 pub use testing::{free_base_port, start_in_background, wait_listening};
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -151,154 +150,6 @@ impl SimServer {
         let b = mix(a ^ 0x9e37_79b9_7f4a_7c15);
         format!("{prefix}-{a:016x}{b:016x}")
     }
-}
-
-/// Like `serve` with `n` servers of one `profile`, all answering to every name in `names` (the
-/// first is the default model), without admission limits.
-#[allow(clippy::too_many_arguments)] // the CLI's flags, passed through
-pub async fn serve_names(
-    profile: Profile,
-    n: usize,
-    host: &str,
-    base_port: u16,
-    admin_port: u16,
-    time_scale: f64,
-    legacy: bool,
-    names: Vec<String>,
-) -> anyhow::Result<()> {
-    anyhow::ensure!(!names.is_empty(), "at least one served model name is needed");
-    serve(
-        vec![profile; n],
-        host,
-        base_port,
-        admin_port,
-        time_scale,
-        legacy,
-        Some(names),
-        Admission::default(),
-    )
-    .await
-}
-
-/// Starts server `i` on `base_port + i` running `profiles[i]` (a mixed fleet when they
-/// differ), answering to `names`, or to its own model's name when `names` is `None`, and the
-/// fault admin listener, every server with the `admission` limits; runs until the process
-/// ends.
-#[allow(clippy::too_many_arguments)] // the CLI's flags, passed through
-pub async fn serve(
-    profiles: Vec<Profile>,
-    host: &str,
-    base_port: u16,
-    admin_port: u16,
-    time_scale: f64,
-    legacy: bool,
-    names: Option<Vec<String>>,
-    admission: Admission,
-) -> anyhow::Result<()> {
-    anyhow::ensure!(time_scale > 0.0, "--time-scale must be positive");
-    let created = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64());
-    let kinds: Vec<(crate::profile::Model, crate::profile::Gpu, u32)> =
-        profiles.iter().map(|p| (p.model, p.gpu, p.tp)).collect();
-    let mut servers = Vec::new();
-    for (i, profile) in profiles.into_iter().enumerate() {
-        let served = names
-            .clone()
-            .unwrap_or_else(|| vec![profile.model.served_name().to_string()]);
-        let addr: SocketAddr = format!("{host}:{}", base_port as usize + i).parse()?;
-        let srv = Arc::new(SimServer {
-            index: i,
-            addr,
-            engine: Mutex::new(Engine::new(profile.clone())),
-            streams: Mutex::new(HashMap::new()),
-            wake: Notify::new(),
-            next_id: AtomicU64::new(0),
-            fault: Mutex::new(Fault {
-                slow: 1.0,
-                legacy,
-                ..Fault::default()
-            }),
-            admission: Mutex::new(admission),
-            start: Instant::now(),
-            time_scale,
-            created,
-            connections: Mutex::new(None),
-            served,
-            max_model_len: max_model_len(&profile),
-        });
-        listen(&srv).await?;
-        tokio::spawn(drive(Arc::clone(&srv)));
-        servers.push(srv);
-    }
-    let admin = Router::new()
-        .route("/servers/{i}/fault", get(get_fault).post(set_fault))
-        .route("/servers/{i}/admission", get(get_admission).post(set_admission))
-        .with_state(Arc::new(servers.clone()));
-    let admin_listener = TcpListener::bind((host, admin_port))
-        .await
-        .map_err(|e| anyhow::anyhow!("admin port {admin_port}: {e}"))?;
-    let n = servers.len();
-    eprintln!(
-        "kvroute-sim: {} at {host}:{base_port}..{}, admin {host}:{admin_port}, time scale {time_scale}",
-        describe(&kinds),
-        base_port as usize + n.max(1) - 1
-    );
-    axum::serve(admin_listener, admin).await?;
-    Ok(())
-}
-
-/// "4 × Llama31_8b on H100_80g" for each run of equal servers, comma-separated.
-fn describe(kinds: &[(crate::profile::Model, crate::profile::Gpu, u32)]) -> String {
-    let mut runs: Vec<(usize, (crate::profile::Model, crate::profile::Gpu, u32))> = Vec::new();
-    for k in kinds {
-        match runs.last_mut() {
-            Some((count, last)) if last == k => *count += 1,
-            _ => runs.push((1, *k)),
-        }
-    }
-    runs.iter()
-        .map(|(count, (model, gpu, tp))| format!("{count} × {model} on {gpu:?} (TP{tp})"))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// Binds the server's port and accepts connections into a fresh `JoinSet`.
-async fn listen(srv: &Arc<SimServer>) -> anyhow::Result<()> {
-    let listener = TcpListener::bind(srv.addr)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", srv.addr))?;
-    let app = app(Arc::clone(srv));
-    let mut set = JoinSet::new();
-    let accept_srv = Arc::clone(srv);
-    set.spawn(async move {
-        let mut conns = JoinSet::new();
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
-            };
-            let _ = stream.set_nodelay(true);
-            if accept_srv.fault().hang {
-                conns.spawn(async move {
-                    let _keep_open = stream;
-                    tokio::time::sleep(Duration::from_secs(3600)).await;
-                });
-                continue;
-            }
-            let service = TowerToHyperService::new(app.clone());
-            conns.spawn(async move {
-                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-            while conns.try_join_next().is_some() {}
-        }
-        // Dropping `conns` (when this task is aborted) aborts every connection task.
-    });
-    if let Ok(mut c) = srv.connections.lock() {
-        *c = Some(set);
-    }
-    Ok(())
 }
 
 /// Request bodies accepted (vLLM sets no limit; a 2 MB prompt must reach the context check).
