@@ -45,6 +45,10 @@ pub struct MatrixArgs {
     /// tables and verdicts use the medians.
     #[arg(long, default_value_t = 3)]
     replicas: u64,
+    /// Also report each cell's steady state apart: the arrivals after this share of the
+    /// cell's arrival span (e.g. 0.25; the rest is the cold start, while caches fill).
+    #[arg(long)]
+    steady_from: Option<f64>,
     #[arg(long)]
     router_config: Option<PathBuf>,
     #[arg(long)]
@@ -60,6 +64,12 @@ pub fn matrix_cmd(a: &MatrixArgs) -> anyhow::Result<()> {
         Some(p) => Config::from_json(&std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))?)?,
         None => Config::from_json(b"")?,
     };
+    if let Some(f) = a.steady_from {
+        anyhow::ensure!(
+            f > 0.0 && f < 1.0,
+            "--steady-from must be a share of the run between 0 and 1 (got {f})"
+        );
+    }
     let (profile, servers, mixed) = a.fleet.fleet()?;
     let setup = ReplaySetup {
         classes: None,
@@ -93,9 +103,16 @@ pub fn matrix_cmd(a: &MatrixArgs) -> anyhow::Result<()> {
             other => anyhow::bail!("unknown workload {other:?}"),
         };
         let started = Instant::now();
-        let (cap, cells) = kvroute_sim::matrix::cells(&setup, w, &requests, &a.loads, &a.policy, a.replicas, &|m| {
-            eprintln!("  {m}")
-        })?;
+        let (cap, cells) = kvroute_sim::matrix::cells(
+            &setup,
+            w,
+            &requests,
+            &a.loads,
+            &a.policy,
+            a.replicas,
+            a.steady_from,
+            &|m| eprintln!("  {m}"),
+        )?;
         eprintln!("{w}: done in {:.0} s", started.elapsed().as_secs_f64());
         capacities.push(serde_json::json!({"workload": w, "capacity_req_s": cap, "requests": requests.len()}));
         all.extend(cells);
