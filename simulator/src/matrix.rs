@@ -74,7 +74,7 @@ impl Cell {
                     return false;
                 };
                 runs.iter()
-                    .filter(|r| r.policy != "kvroute" && r.policy != "oracle")
+                    .filter(|r| is_peer(r))
                     .all(|r| kv.ttft_ms.p95 <= r.ttft_ms.p95 * 1.0001)
             })
             .count()
@@ -326,16 +326,18 @@ pub fn markdown(cells: &[Cell]) -> String {
     s
 }
 
+/// A policy kvroute is compared with: neither kvroute nor the oracle.
+fn is_peer(r: &RunReport) -> bool {
+    r.policy != "kvroute" && r.policy != "oracle"
+}
+
 /// The goals of the routing benchmark, checked for one cell.
 pub fn verdict(c: &Cell) -> String {
     let runs = c.medians();
     let Some(kv) = runs.iter().find(|r| r.policy == "kvroute") else {
         return String::new();
     };
-    let others: Vec<&RunReport> = runs
-        .iter()
-        .filter(|r| r.policy != "kvroute" && r.policy != "oracle")
-        .collect();
+    let others: Vec<&RunReport> = runs.iter().filter(|r| is_peer(r)).collect();
     let best_p95 = others.iter().map(|r| r.ttft_ms.p95).fold(f64::MAX, f64::min);
     let best_tput = others
         .iter()
@@ -390,7 +392,7 @@ pub fn verdict(c: &Cell) -> String {
         let best = c
             .steady
             .iter()
-            .filter(|r| r.policy != "kvroute" && r.policy != "oracle")
+            .filter(|r| is_peer(r))
             .map(|r| r.ttft_ms.p95)
             .fold(f64::MAX, f64::min);
         notes.push(if kv.ttft_ms.p95 <= best * 1.0001 {

@@ -135,7 +135,7 @@ pub fn run_until(
     progress: &dyn Fn(u64),
     stop: &mut dyn FnMut(&Record) -> bool,
 ) -> (RunReport, bool) {
-    driver::Driver::new(setup, policy, requests, progress, stop).run(policy)
+    driver::Driver::new(setup, policy, requests, progress, stop).run()
 }
 
 /// A request's body as a client sends it, parsed as the gateway parses it, and its blocks

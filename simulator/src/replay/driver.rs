@@ -16,6 +16,7 @@ use crate::workload::SimRequest;
 /// One replay in progress.
 pub(super) struct Driver<'a> {
     setup: &'a ReplaySetup,
+    policy: PolicyName,
     requests: &'a [SimRequest],
     progress: &'a dyn Fn(u64),
     stop: &'a mut dyn FnMut(&Record) -> bool,
@@ -73,6 +74,7 @@ impl<'a> Driver<'a> {
         let gate = Gate::new(&setup.router_config, topo.routers(), requests.len(), &classes);
         Driver {
             setup,
+            policy,
             requests,
             progress,
             stop,
@@ -95,7 +97,7 @@ impl<'a> Driver<'a> {
     }
 
     /// Runs every event, or until `stop` asks to end; the report, and whether it ended early.
-    pub(super) fn run(mut self, policy: PolicyName) -> (RunReport, bool) {
+    pub(super) fn run(mut self) -> (RunReport, bool) {
         self.queue_start();
         while let Some((now, kind)) = self.q.pop() {
             if self.stopped {
@@ -104,7 +106,7 @@ impl<'a> Driver<'a> {
             self.on(kind, now);
         }
         let stopped = self.stopped;
-        (self.report(policy), stopped)
+        (self.report(), stopped)
     }
 
     fn queue_start(&mut self) {
@@ -351,7 +353,7 @@ impl<'a> Driver<'a> {
 
     /// After a restart only the requests that arrived from then on are reported (evictions
     /// and preemptions still count the whole run).
-    fn report(mut self, policy: PolicyName) -> RunReport {
+    fn report(mut self) -> RunReport {
         let requests = self.requests;
         let restart = self.setup.topology.restart_at_ms;
         let reported = match restart {
@@ -365,7 +367,7 @@ impl<'a> Driver<'a> {
             }
             None => requests.len(),
         };
-        let mut report = RunReport::build(&policy.to_string(), reported, self.records, &self.engines);
+        let mut report = RunReport::build(&self.policy.to_string(), reported, self.records, &self.engines);
         let from = restart.unwrap_or(f64::NEG_INFINITY);
         let classes = &self.classes;
         report.rejections = self
