@@ -1,18 +1,25 @@
 #!/usr/bin/env python3
 """Price tiers in replay (BENCHMARKS.md, "Price tiers with spillover").
 
-The rag workload at RATE req/s on all-H100 fleets and on 4 A100 (tier 0, cheap) + k H100
-(tier 1) fleets, kvroute with and without `tiers` (objective TTFT <= 500 ms), seeds 0-2:
-objective attainment (share of requests with TTFT <= 500 ms, from the 1%-step TTFT CDF),
-TTFT p95, the premium tier's share of requests, and $/Mtok = fleet $/h / (input + output
-tokens per hour). Prices: USD per GPU-hour, default the middle of the 2026 "specialty
+A workload at RATE req/s on all-H100 fleets and on 4 A100 (tier 0, cheap) + k H100 (tier 1)
+fleets, kvroute with and without `tiers` (objective TTFT <= 500 ms), seeds 0-2: objective
+attainment (share of requests with TTFT <= 500 ms, from the 1%-step TTFT CDF), TTFT p95,
+ITL p95, the premium tier's share of requests, and $/Mtok = fleet $/h / (input + output
+tokens per hour). WORKLOAD: `rag` (prefill-heavy: 4,800-token prompts, 200 out; default) or
+`chat` (decode-heavy: 128 system prompts of 512 tokens, 128-token questions, 1,024 out;
+4,096 requests), where the A100's gap to the H100 is memory bandwidth rather than compute. Prices: USD per GPU-hour, default the middle of the 2026 "specialty
 provider" on-demand ranges (A100 80GB $1.10-1.50, H100 SXM $2.50-3.50; mercatus-ai.com,
 "Cloud GPU pricing 2026"); override with A100_PRICE / H100_PRICE.
 
-Usage: [SIM=path] python3 scripts/tiers-replay.py RATE   (needs `cargo build --release -p kvroute-sim`)
+Usage: [SIM=path] python3 scripts/tiers-replay.py RATE [WORKLOAD]   (needs `cargo build --release -p kvroute-sim`)
 """
 import json, os, subprocess, statistics, sys
 SIM = os.environ.get("SIM", "target/release/kvroute-sim")
+WORKLOADS = {
+    "rag": ["--workload", "rag"],
+    "chat": ["--workload", "shared-prefix", "--system-tokens", "512", "--question-tokens", "128",
+             "--output-tokens", "1024", "--groups", "128", "--per-group", "32"],
+}
 PRICE = {"a100-80g": float(os.environ.get("A100_PRICE", 1.30)), "h100-80g": float(os.environ.get("H100_PRICE", 3.00))}
 os.makedirs("target/tiers", exist_ok=True)
 def cfg(n_cheap, n_prem, tiered):
@@ -23,7 +30,7 @@ def cfg(n_cheap, n_prem, tiered):
     return path
 def run(n_cheap, n_prem, tiered, rate, seed):
     parts = ([f"{n_cheap}xa100-80g:llama-3.1-8b"] if n_cheap else []) + ([f"{n_prem}xh100-80g:llama-3.1-8b"] if n_prem else [])
-    args = [SIM, "replay", "--fleet", ",".join(parts), "--workload", "rag", "--rate", str(rate), "--seed", str(seed),
+    args = [SIM, "replay", "--fleet", ",".join(parts), *WORKLOADS[workload], "--rate", str(rate), "--seed", str(seed),
             "--policy", "kvroute", "--json", "target/tiers/run.json"]
     c = cfg(n_cheap, n_prem, tiered)
     if c: args += ["--router-config", c]
@@ -34,14 +41,17 @@ def run(n_cheap, n_prem, tiered, rate, seed):
     prem = sum(p["share"] for p in r["per_server"][n_cheap:])
     tok_h = (r["throughput"]["input_tok_s"] + r["throughput"]["output_tok_s"]) * 3600 / 1e6
     usd_h = n_cheap * PRICE["a100-80g"] + n_prem * PRICE["h100-80g"]
-    return att, r["ttft_ms"]["p95"], prem, usd_h / tok_h, r["prefix_hit_rate"]
+    return att, r["ttft_ms"]["p95"], prem, usd_h / tok_h, r["itl_ms"]["p95"]
 rate = float(sys.argv[1])
-print(f"rag at {rate:g} req/s, objective TTFT ≤ 500 ms, 3 seeds, medians [min–max]")
-print("| fleet | routing | attainment (TTFT ≤ 500 ms) | TTFT p95 | premium share of requests | $/h | $/Mtok (in+out) |\n|---|---|---|---|---|---|---|")
-for n_cheap, n_prem, tiered in [(0, 4, False), (0, 5, False), (4, 4, False), (4, 4, True), (4, 3, False), (4, 3, True), (4, 2, True)]:
+workload = sys.argv[2] if len(sys.argv) > 2 else "rag"
+if workload not in WORKLOADS:
+    sys.exit(f"unknown workload {workload!r}: one of {', '.join(WORKLOADS)}")
+print(f"{workload} at {rate:g} req/s, objective TTFT ≤ 500 ms, 3 seeds, medians [min–max]")
+print("| fleet | routing | attainment (TTFT ≤ 500 ms) | TTFT p95 | ITL p95 | premium share of requests | $/h | $/Mtok (in+out) |\n|---|---|---|---|---|---|---|---|")
+for n_cheap, n_prem, tiered in [(0, 3, False), (0, 4, False), (0, 5, False), (4, 4, False), (4, 4, True), (4, 3, False), (4, 3, True), (4, 2, True)]:
     rs = [run(n_cheap, n_prem, tiered, rate, s) for s in (0, 1, 2)]
     col = list(zip(*rs))
     m = lambda v, f: f"{f.format(statistics.median(v))} [{f.format(min(v))}–{f.format(max(v))}]"
     name = " + ".join(x for x in [f"{n_cheap} A100" if n_cheap else "", f"{n_prem} H100" if n_prem else ""] if x)
     usd_h = n_cheap * PRICE["a100-80g"] + n_prem * PRICE["h100-80g"]
-    print(f"| {name} | {'tiered' if tiered else 'kvroute'} | {m([100*a for a in col[0]], '{:.0f}')}% | {m(col[1], '{:.0f}')} ms | {m([100*p for p in col[2]], '{:.0f}')}% | {usd_h:.2f} | {m(col[3], '{:.3f}')} |", flush=True)
+    print(f"| {name} | {'tiered' if tiered else 'kvroute'} | {m([100*a for a in col[0]], '{:.0f}')}% | {m(col[1], '{:.0f}')} ms | {m(col[4], '{:.1f}')} ms | {m([100*p for p in col[2]], '{:.0f}')}% | {usd_h:.2f} | {m(col[3], '{:.3f}')} |", flush=True)

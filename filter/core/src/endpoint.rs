@@ -126,6 +126,14 @@ impl Endpoint {
         pending.saturating_sub(Tokens((progressed as u64).min(front.uncached.0)))
     }
 
+    /// How long this gateway's oldest request here has waited for its first token (0 when
+    /// none waits).
+    pub fn oldest_pending_ms(&self, now: Millis) -> u64 {
+        self.prefilling
+            .first_key_value()
+            .map_or(0, |((routed_at, _), _)| now.since(*routed_at))
+    }
+
     /// Whether it says it serves `model`: in `/v1/models`, as a base model in its metrics,
     /// or as a LoRA adapter it is running or about to run.
     pub fn lists_model(&self, model: &str) -> bool {

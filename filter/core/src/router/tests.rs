@@ -1192,6 +1192,34 @@ fn tiers_fill_the_cheap_tier_first_and_spill_only_when_it_would_miss() {
     assert_eq!(d.tier.map(|t| (t.tier, t.spilled, t.met)), Some((0, false, false)));
 }
 
+#[test]
+fn a_cheap_server_whose_request_waits_past_the_objective_no_longer_meets_it() {
+    // Both cheap servers look light, but each holds a request of ours without a first token
+    // (a server out of sequences or KV keeps new work waiting whatever its scrape says).
+    let light = [load(1, 0, 0.2), load(1, 0, 0.2), load(0, 0, 0.0), load(0, 0, 0.0)];
+    let mut r = tiered(500.0, &light);
+    for (id, server) in [(1, 0), (2, 1)] {
+        let q = req(id, 32);
+        let mut d = r.route(&q, T0);
+        d.endpoints = vec![ep(server)];
+        r.on_routed(id, &q, &d, T0);
+    }
+    let soon = r.route(&req(3, 32), T0.plus(100));
+    assert_eq!(
+        soon.tier.map(|t| (t.tier, t.spilled)),
+        Some((0, false)),
+        "waited less than the objective"
+    );
+    let late = r.route(&req(4, 32), T0.plus(600));
+    assert_eq!(
+        late.tier.map(|t| (t.tier, t.spilled, t.met)),
+        Some((1, true, true)),
+        "{:?}",
+        late.endpoints
+    );
+    assert!([ep(2), ep(3)].contains(late.best().unwrap()));
+}
+
 /// A pool learned from Envoy whose servers 2-3 sit at priority 1, tiers from priorities.
 fn tiered_by_priority(objective_ms: f64, loads: &[VllmMetrics]) -> Router {
     let mut raw = RawConfig::default();
