@@ -126,12 +126,14 @@ impl Endpoint {
         pending.saturating_sub(Tokens((progressed as u64).min(front.uncached.0)))
     }
 
-    /// How long this gateway's oldest request here has waited for its first token (0 when
-    /// none waits).
-    pub fn oldest_pending_ms(&self, now: Millis) -> u64 {
+    /// How long the oldest request router `origin` sent here itself has waited for its first
+    /// token (0 when none waits). Only its own: a peer's first token can be lost on the way
+    /// (a lapped reader), and its request would read as waiting until it expires.
+    pub fn oldest_pending_ms(&self, origin: u32, now: Millis) -> u64 {
         self.prefilling
-            .first_key_value()
-            .map_or(0, |((routed_at, _), _)| now.since(*routed_at))
+            .keys()
+            .find(|(_, key)| crate::peer::origin_of(*key) == origin)
+            .map_or(0, |(routed_at, _)| now.since(*routed_at))
     }
 
     /// Whether it says it serves `model`: in `/v1/models`, as a base model in its metrics,

@@ -151,14 +151,14 @@ impl Router {
         let tier_of = |i: &usize| tiers.tier_of(&cands[*i].endpoint.id, cands[*i].endpoint.priority);
         let cheapest = order.iter().map(tier_of).min()?;
         // Predictions are scaled by how far off they have been on each server, and are never
-        // shorter than the wait of this gateway's oldest request there still without a
+        // shorter than the wait of this router's own oldest request there still without a
         // first token: a server that stopped admitting work (its sequences or KV cache
         // full of long decodes) shows it there long before the slow first tokens teach the
         // scaling.
         let meets = |i: &&usize| {
             let e = cands[**i].endpoint;
             let predicted = terms[**i].ttft_ms * e.ttft_bias.factor(now);
-            predicted.max(e.oldest_pending_ms(now) as f64) <= objective
+            predicted.max(e.oldest_pending_ms(self.origin, now) as f64) <= objective
         };
         let meeting = order.iter().filter(meets).map(tier_of).min();
         let tier = meeting.unwrap_or(cheapest);

@@ -1198,6 +1198,29 @@ fn a_cheap_server_whose_request_waits_past_the_objective_no_longer_meets_it() {
     // (a server out of sequences or KV keeps new work waiting whatever its scrape says).
     let light = [load(1, 0, 0.2), load(1, 0, 0.2), load(0, 0, 0.0), load(0, 0, 0.0)];
     let mut r = tiered(500.0, &light);
+    // A peer's request waiting as long does not count: its first token may have been lost
+    // on the way to this router.
+    let mut peer = tiered(500.0, &light);
+    for server in [0, 1] {
+        peer.on_peer_event(
+            &PeerEvent::Routed {
+                key: crate::peer::request_key(7, server),
+                endpoint: ep(server as usize),
+                blocks: vec![BlockHash(900 + server)],
+                prompt_tokens: Tokens(64),
+                uncached: Tokens(64),
+                at: T0,
+            },
+            T0,
+        );
+    }
+    let d = peer.route(&req(5, 32), T0.plus(600));
+    assert_eq!(
+        d.tier.map(|t| (t.tier, t.spilled)),
+        Some((0, false)),
+        "{:?}",
+        d.endpoints
+    );
     for (id, server) in [(1, 0), (2, 1)] {
         let q = req(id, 32);
         let mut d = r.route(&q, T0);
