@@ -1,0 +1,109 @@
+//! The log's wire format: a segment and its events as protobuf (`prost`), and the
+//! conversion from and to `kvroute_core::PeerEvent`.
+
+use kvroute_core::{BlockHash, EndpointId, Millis, PeerEvent, Tokens};
+
+/// One segment of the process's log, as it sits in shared data.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Segment {
+    #[prost(uint64, tag = "1")]
+    pub number: u64,
+    #[prost(uint32, tag = "2")]
+    pub origin: u32,
+    #[prost(uint64, tag = "3")]
+    pub nonce: u64,
+    #[prost(uint64, tag = "4")]
+    pub written_ms: u64,
+    #[prost(message, repeated, tag = "5")]
+    pub events: Vec<WireEvent>,
+}
+
+const ROUTED: u32 = 0;
+const FIRST_TOKEN: u32 = 1;
+const COMPLETED: u32 = 2;
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct WireEvent {
+    #[prost(uint64, tag = "1")]
+    pub key: u64,
+    #[prost(uint32, tag = "2")]
+    pub kind: u32,
+    #[prost(string, tag = "3")]
+    pub endpoint: String,
+    #[prost(fixed64, repeated, tag = "4")]
+    pub blocks: Vec<u64>,
+    #[prost(uint64, tag = "5")]
+    pub prompt_tokens: u64,
+    #[prost(uint64, tag = "6")]
+    pub uncached: u64,
+    #[prost(uint64, tag = "7")]
+    pub at_ms: u64,
+    #[prost(uint64, optional, tag = "8")]
+    pub cached_tokens: Option<u64>,
+}
+
+impl From<&PeerEvent> for WireEvent {
+    fn from(e: &PeerEvent) -> WireEvent {
+        let mut w = WireEvent {
+            key: e.key(),
+            ..WireEvent::default()
+        };
+        match e {
+            PeerEvent::Routed {
+                endpoint,
+                blocks,
+                prompt_tokens,
+                uncached,
+                at,
+                ..
+            } => {
+                w.kind = ROUTED;
+                w.endpoint = endpoint.to_string();
+                w.blocks = blocks.iter().map(|b| b.0).collect();
+                (w.prompt_tokens, w.uncached, w.at_ms) = (prompt_tokens.0, uncached.0, at.0);
+            }
+            PeerEvent::FirstToken { .. } => w.kind = FIRST_TOKEN,
+            PeerEvent::Completed {
+                served_by,
+                cached_tokens,
+                ..
+            } => {
+                w.kind = COMPLETED;
+                w.endpoint = served_by.as_ref().map(ToString::to_string).unwrap_or_default();
+                w.cached_tokens = *cached_tokens;
+            }
+        }
+        w
+    }
+}
+
+impl Segment {
+    /// Whether it carries a placement (a request routed), not only first tokens and
+    /// completions.
+    pub fn holds_placement(&self) -> bool {
+        self.events.iter().any(|e| e.kind == ROUTED)
+    }
+}
+
+impl WireEvent {
+    pub(super) fn into_event(self) -> Option<PeerEvent> {
+        let key = self.key;
+        match self.kind {
+            ROUTED => Some(PeerEvent::Routed {
+                key,
+                endpoint: EndpointId::new(self.endpoint),
+                blocks: self.blocks.into_iter().map(BlockHash).collect(),
+                prompt_tokens: Tokens(self.prompt_tokens),
+                uncached: Tokens(self.uncached),
+                at: Millis(self.at_ms),
+            }),
+            FIRST_TOKEN => Some(PeerEvent::FirstToken { key }),
+            COMPLETED => Some(PeerEvent::Completed {
+                key,
+                served_by: (!self.endpoint.is_empty()).then(|| EndpointId::new(self.endpoint)),
+                cached_tokens: self.cached_tokens,
+            }),
+            _ => None,
+        }
+    }
+}
