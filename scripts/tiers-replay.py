@@ -7,9 +7,10 @@ attainment (share of requests with TTFT <= 500 ms, from the 1%-step TTFT CDF), T
 ITL p95, the premium tier's share of requests, and $/Mtok = fleet $/h / (input + output
 tokens per hour). WORKLOAD: `rag` (prefill-heavy: 4,800-token prompts, 200 out; default) or
 `chat` (decode-heavy: 128 system prompts of 512 tokens, 128-token questions, 1,024 out;
-4,096 requests), where the A100's gap to the H100 is memory bandwidth rather than compute. Prices: USD per GPU-hour, default the middle of the 2026 "specialty
-provider" on-demand ranges (A100 80GB $1.10-1.50, H100 SXM $2.50-3.50; mercatus-ai.com,
-"Cloud GPU pricing 2026"); override with A100_PRICE / H100_PRICE.
+4,096 requests), where the A100's gap to the H100 is memory bandwidth rather than compute.
+Prices: USD per GPU-hour, default the middle of the 2026 "specialty provider" on-demand
+ranges (A100 80GB $1.10-1.50, H100 SXM $2.50-3.50; mercatus-ai.com, "Cloud GPU pricing
+2026"); override with A100_PRICE / H100_PRICE.
 
 Usage: [SIM=path] python3 scripts/tiers-replay.py RATE [WORKLOAD]   (needs `cargo build --release -p kvroute-sim`)
 """

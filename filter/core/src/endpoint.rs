@@ -67,6 +67,8 @@ pub struct Prefill {
     /// Its prompt tokens the router expects cached where it went.
     pub cached: Tokens,
     pub uncached: Tokens,
+    /// This router's own request, whose first token is timed (`RouteRequest::first_token_timed`).
+    pub own_timed: bool,
 }
 
 impl Endpoint {
@@ -126,14 +128,15 @@ impl Endpoint {
         pending.saturating_sub(Tokens((progressed as u64).min(front.uncached.0)))
     }
 
-    /// How long the oldest request router `origin` sent here itself has waited for its first
-    /// token (0 when none waits). Only its own: a peer's first token can be lost on the way
-    /// (a lapped reader), and its request would read as waiting until it expires.
-    pub fn oldest_pending_ms(&self, origin: u32, now: Millis) -> u64 {
+    /// How long this router's oldest request here with a timed first token (a stream) has
+    /// waited for it (0 when none waits). Not a peer's: its first token comes as an event
+    /// that can be lost on the way (a lapped reader), and it would read as waiting until its
+    /// completion or its expiry.
+    pub fn oldest_pending_ms(&self, now: Millis) -> u64 {
         self.prefilling
-            .keys()
-            .find(|(_, key)| crate::peer::origin_of(*key) == origin)
-            .map_or(0, |(routed_at, _)| now.since(*routed_at))
+            .iter()
+            .find(|(_, p)| p.own_timed)
+            .map_or(0, |((routed_at, _), _)| now.since(*routed_at))
     }
 
     /// Whether it says it serves `model`: in `/v1/models`, as a base model in its metrics,

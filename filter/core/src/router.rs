@@ -34,6 +34,10 @@ pub struct RouteRequest {
     pub sheddable: bool,
     /// From `tiers.objective_header`: this request's TTFT objective in ms.
     pub ttft_objective_ms: Option<f64>,
+    /// Its first token will be reported when it comes (a stream). A whole response's comes
+    /// with its last token, so its wait says nothing of the server's TTFT: tiers learn
+    /// neither their scaling nor their floor from it.
+    pub first_token_timed: bool,
 }
 
 /// How a routed request ended.
@@ -190,6 +194,7 @@ impl Router {
             max_tokens: parsed.max_tokens,
             sheddable,
             ttft_objective_ms: None,
+            first_token_timed: parsed.stream,
         }
     }
 

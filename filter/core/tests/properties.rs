@@ -94,6 +94,7 @@ fn request(prefix: u64, len: usize, sheddable: bool) -> RouteRequest {
         max_tokens: Some(16),
         sheddable,
         ttft_objective_ms: None,
+        first_token_timed: true,
     }
 }
 

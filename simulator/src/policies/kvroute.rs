@@ -56,7 +56,9 @@ impl Policy for Kvroute {
         let now = Millis(now_ms as u64);
         let mut held = None;
         let chosen = parse(ApiKind::Chat, req.body).ok().and_then(|parsed| {
-            let r = self.router.request(&parsed, "", sheddable);
+            let mut r = self.router.request(&parsed, "", sheddable);
+            // The replay reports each request's real first token, as a stream does.
+            r.first_token_timed = true;
             let d = self.router.route(&r, now);
             match d.outcome {
                 Outcome::Hold => held = Some(Pick::Hold),

@@ -28,9 +28,15 @@ impl Router {
         let score = decision.breakdown.iter().find(|s| s.endpoint == *best);
         let uncached = score.map_or(req.prompt_tokens, |s| s.uncached_tokens);
         let key = request_key(self.origin, request_id);
+        let timed = req.first_token_timed;
         if self.place(key, best, &req.blocks, req.prompt_tokens, uncached, now) {
-            // Only tiers read the learned ratio of observed to predicted TTFT.
-            if let (true, Some(r), Some(s)) = (self.config.tiers().on(), self.inflight.get_mut(&key), score) {
+            if let Some(p) = self.table.get_mut(best).and_then(|e| e.prefilling.get_mut(&(now, key))) {
+                p.own_timed = timed;
+            }
+            // Only tiers read the learned ratio of observed to predicted TTFT, and only a
+            // timed first token says how far off the prediction was.
+            let learn = self.config.tiers().on() && timed;
+            if let (true, Some(r), Some(s)) = (learn, self.inflight.get_mut(&key), score) {
                 r.predicted_ttft_ms = s.ttft_ms;
             }
             self.stats.routed += 1;
@@ -83,7 +89,14 @@ impl Router {
         }
         if let Some(e) = self.table.get_mut(endpoint) {
             let cached = prompt_tokens.saturating_sub(uncached);
-            e.prefilling.insert((routed_at, key), Prefill { cached, uncached });
+            e.prefilling.insert(
+                (routed_at, key),
+                Prefill {
+                    cached,
+                    uncached,
+                    own_timed: false,
+                },
+            );
         }
         if self.inflight.len() > MAX_INFLIGHT {
             // Lost completions must not pin load forever: release the oldest request (a scan,

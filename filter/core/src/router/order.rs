@@ -155,14 +155,19 @@ impl Router {
         // first token: a server that stopped admitting work (its sequences or KV cache
         // full of long decodes) shows it there long before the slow first tokens teach the
         // scaling.
-        let meets = |i: &&usize| {
-            let e = cands[**i].endpoint;
-            let predicted = terms[**i].ttft_ms * e.ttft_bias.factor(now);
-            predicted.max(e.oldest_pending_ms(self.origin, now) as f64) <= objective
-        };
-        let meeting = order.iter().filter(meets).map(tier_of).min();
+        let meets: Vec<bool> = cands
+            .iter()
+            .zip(terms)
+            .map(|(c, t)| {
+                let e = c.endpoint;
+                t.ttft_ms * e.ttft_bias.factor(now) <= objective && e.oldest_pending_ms(now) as f64 <= objective
+            })
+            .collect();
+        let meeting = order.iter().filter(|i| meets[**i]).map(tier_of).min();
         let tier = meeting.unwrap_or(cheapest);
-        order.sort_by_key(|i| tier_of(i) != tier);
+        // The chosen tier first, and in it the servers that meet the objective: the best
+        // scored may be one that stopped admitting.
+        order.sort_by_key(|i| (tier_of(i) != tier, !meets[*i]));
         Some(Tiering {
             tier,
             spilled: tier != cheapest,

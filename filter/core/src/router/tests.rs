@@ -49,6 +49,7 @@ fn req(prefix: u64, blocks: usize) -> RouteRequest {
         max_tokens: Some(100),
         sheddable: false,
         ttft_objective_ms: None,
+        first_token_timed: true,
     }
 }
 
@@ -1192,41 +1193,40 @@ fn tiers_fill_the_cheap_tier_first_and_spill_only_when_it_would_miss() {
     assert_eq!(d.tier.map(|t| (t.tier, t.spilled, t.met)), Some((0, false, false)));
 }
 
+/// Servers 0 and 1 (the cheap tier) each given one request of `req(id, 32)`'s size at T0:
+/// this router's own (`timed`: a stream), or a peer's.
+fn cheap_servers_with_a_request_each(own: bool, timed: bool) -> Router {
+    let light = [load(1, 0, 0.2), load(1, 0, 0.2), load(0, 0, 0.0), load(0, 0, 0.0)];
+    let mut r = tiered(500.0, &light);
+    for (id, server) in [(1, 0), (2, 1)] {
+        let mut q = req(id, 32);
+        q.first_token_timed = timed;
+        if own {
+            let mut d = r.route(&q, T0);
+            d.endpoints = vec![ep(server)];
+            r.on_routed(id, &q, &d, T0);
+        } else {
+            r.on_peer_event(
+                &PeerEvent::Routed {
+                    key: crate::peer::request_key(7, id),
+                    endpoint: ep(server),
+                    blocks: q.blocks.clone(),
+                    prompt_tokens: q.prompt_tokens,
+                    uncached: q.prompt_tokens,
+                    at: T0,
+                },
+                T0,
+            );
+        }
+    }
+    r
+}
+
 #[test]
 fn a_cheap_server_whose_request_waits_past_the_objective_no_longer_meets_it() {
     // Both cheap servers look light, but each holds a request of ours without a first token
     // (a server out of sequences or KV keeps new work waiting whatever its scrape says).
-    let light = [load(1, 0, 0.2), load(1, 0, 0.2), load(0, 0, 0.0), load(0, 0, 0.0)];
-    let mut r = tiered(500.0, &light);
-    // A peer's request waiting as long does not count: its first token may have been lost
-    // on the way to this router.
-    let mut peer = tiered(500.0, &light);
-    for server in [0, 1] {
-        peer.on_peer_event(
-            &PeerEvent::Routed {
-                key: crate::peer::request_key(7, server),
-                endpoint: ep(server as usize),
-                blocks: vec![BlockHash(900 + server)],
-                prompt_tokens: Tokens(64),
-                uncached: Tokens(64),
-                at: T0,
-            },
-            T0,
-        );
-    }
-    let d = peer.route(&req(5, 32), T0.plus(600));
-    assert_eq!(
-        d.tier.map(|t| (t.tier, t.spilled)),
-        Some((0, false)),
-        "{:?}",
-        d.endpoints
-    );
-    for (id, server) in [(1, 0), (2, 1)] {
-        let q = req(id, 32);
-        let mut d = r.route(&q, T0);
-        d.endpoints = vec![ep(server)];
-        r.on_routed(id, &q, &d, T0);
-    }
+    let r = cheap_servers_with_a_request_each(true, true);
     let soon = r.route(&req(3, 32), T0.plus(100));
     assert_eq!(
         soon.tier.map(|t| (t.tier, t.spilled)),
@@ -1241,6 +1241,25 @@ fn a_cheap_server_whose_request_waits_past_the_objective_no_longer_meets_it() {
         late.endpoints
     );
     assert!([ep(2), ep(3)].contains(late.best().unwrap()));
+    // The prediction alone still meets the objective there: the wait made the difference.
+    let cheap = late.breakdown.iter().find(|s| s.endpoint == ep(0)).unwrap();
+    assert!(cheap.ttft_ms < 500.0, "{}", cheap.ttft_ms);
+}
+
+#[test]
+fn only_our_own_timed_first_tokens_set_the_floor() {
+    // A peer's request (its first token may be lost on the way here) and a whole response
+    // of ours (its first token comes with its last) waiting as long change nothing.
+    for (own, timed) in [(false, true), (true, false)] {
+        let r = cheap_servers_with_a_request_each(own, timed);
+        let d = r.route(&req(4, 32), T0.plus(600));
+        assert_eq!(
+            d.tier.map(|t| (t.tier, t.spilled)),
+            Some((0, false)),
+            "own {own}, timed {timed}: {:?}",
+            d.endpoints
+        );
+    }
 }
 
 /// A pool learned from Envoy whose servers 2-3 sit at priority 1, tiers from priorities.

@@ -9,7 +9,7 @@ use crate::types::Millis;
 /// from lower bounds of the work queued ahead (`policy::predicted_ttft`), good for ranking
 /// servers but short in absolute terms on a busy server; tiers compare a prediction with an
 /// objective, so they scale it by this. It never changes the ranking itself (a busier server
-/// looking slower there would feed on itself; see the note above on first-token samples).
+/// looking slower there would feed on itself; see `speed`'s module note on first-token samples).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct TtftBias {
     log_ratio: Option<f64>,
