@@ -1262,6 +1262,32 @@ fn only_our_own_timed_first_tokens_set_the_floor() {
     }
 }
 
+#[test]
+fn only_streamed_first_tokens_teach_the_tiers_scaling() {
+    // Five requests on server 0 whose first token came 5 s after routing: a stream's says the
+    // prediction ran short; a whole response's only that its generation took 5 s.
+    for timed in [true, false] {
+        let light = [load(1, 0, 0.2), load(1, 0, 0.2), load(0, 0, 0.0), load(0, 0, 0.0)];
+        let mut r = tiered(500.0, &light);
+        let mut at = T0;
+        for id in 1..=5 {
+            for (i, m) in light.iter().enumerate() {
+                r.on_metrics(&ep(i), m.clone(), at);
+            }
+            let mut q = req(id, 32);
+            q.first_token_timed = timed;
+            let mut d = r.route(&q, at);
+            d.endpoints = vec![ep(0)];
+            r.on_routed(id, &q, &d, at);
+            r.on_first_token(id, at.plus(5_000));
+            r.on_completed(id, &Completion::default(), at.plus(5_000));
+            at = at.plus(5_000);
+        }
+        let factor = r.endpoints()[0].ttft_bias.factor(at);
+        assert_eq!(factor > 1.0, timed, "timed {timed}: factor {factor}");
+    }
+}
+
 /// A pool learned from Envoy whose servers 2-3 sit at priority 1, tiers from priorities.
 fn tiered_by_priority(objective_ms: f64, loads: &[VllmMetrics]) -> Router {
     let mut raw = RawConfig::default();
