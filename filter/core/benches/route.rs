@@ -23,11 +23,15 @@ fn body(group: usize, tokens: usize, question: usize) -> String {
 }
 
 fn router(endpoints: usize) -> Router {
+    router_with(endpoints, RawConfig::default())
+}
+
+fn router_with(endpoints: usize, raw: RawConfig) -> Router {
     let raw = RawConfig {
         endpoints: (0..endpoints)
             .map(|i| format!("10.2.{}.{}:8000", i / 250, i % 250))
             .collect(),
-        ..RawConfig::default()
+        ..raw
     };
     let mut r = Router::new(Config::try_from(raw).expect("valid config"));
     let ids: Vec<EndpointId> = r.endpoints().iter().map(|e| e.id.clone()).collect();
@@ -76,6 +80,32 @@ fn bench_route(c: &mut Criterion) {
                 },
             );
         }
+    }
+    group.finish();
+}
+
+/// route() with price tiers on (half the servers premium), 64 endpoints, a 1k-token prompt,
+/// while every server has 0 / 64 / 512 requests without a first token, none of them a
+/// stream of this router's: the tiers' oldest-wait floor looks for the oldest that is.
+fn bench_route_tiers(c: &mut Criterion) {
+    let mut group = c.benchmark_group("route_tiers_pending");
+    for pending in [0usize, 64, 512] {
+        let mut raw = RawConfig::default();
+        raw.tiers.endpoints = (32..64).map(|i| (format!("10.2.0.{i}:8000"), 1)).collect();
+        let mut r = router_with(64, raw);
+        for n in 0..pending * 64 {
+            let parsed = parse(ApiKind::Chat, body(n % 64, 256, n).as_bytes()).expect("valid body");
+            let req = r.request(&parsed, "", false);
+            let d = r.route(&req, NOW);
+            r.on_routed(100_000 + n as u64, &req, &d, NOW);
+        }
+        let parsed = parse(ApiKind::Chat, body(7, 1024, 2).as_bytes()).expect("valid body");
+        group.bench_with_input(BenchmarkId::from_parameter(pending), &parsed, |b, p| {
+            b.iter(|| {
+                let req = r.request(black_box(p), "", false);
+                black_box(r.route(&req, NOW))
+            })
+        });
     }
     group.finish();
 }
@@ -221,6 +251,7 @@ fn bench_hold_board(c: &mut Criterion) {
 criterion_group!(
     benches,
     bench_route,
+    bench_route_tiers,
     bench_parse,
     bench_hostile,
     bench_capture,

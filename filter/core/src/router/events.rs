@@ -30,8 +30,12 @@ impl Router {
         let key = request_key(self.origin, request_id);
         let timed = req.first_token_timed;
         if self.place(key, best, &req.blocks, req.prompt_tokens, uncached, now) {
-            if let Some(p) = self.table.get_mut(best).and_then(|e| e.prefilling.get_mut(&(now, key))) {
-                p.own_timed = timed;
+            if let Some(e) = self
+                .table
+                .get_mut(best)
+                .filter(|e| timed && e.prefilling.contains_key(&(now, key)))
+            {
+                e.timed_prefilling.insert((now, key));
             }
             // Only tiers read the learned ratio of observed to predicted TTFT, and only a
             // timed first token says how far off the prediction was.
@@ -89,14 +93,7 @@ impl Router {
         }
         if let Some(e) = self.table.get_mut(endpoint) {
             let cached = prompt_tokens.saturating_sub(uncached);
-            e.prefilling.insert(
-                (routed_at, key),
-                Prefill {
-                    cached,
-                    uncached,
-                    own_timed: false,
-                },
-            );
+            e.prefilling.insert((routed_at, key), Prefill { cached, uncached });
         }
         if self.inflight.len() > MAX_INFLIGHT {
             // Lost completions must not pin load forever: release the oldest request (a scan,
@@ -294,7 +291,7 @@ impl Router {
                     .observe(uncached.0, work, now.since(started), started == routed_at, now);
                 e.front_done_at = Some(now);
             }
-            e.prefilling.remove(&(routed_at, key));
+            e.end_prefill(routed_at, key);
         }
         true
     }
@@ -304,7 +301,7 @@ impl Router {
             e.inflight = e.inflight.saturating_sub(1);
             if record.prefilling {
                 e.pending_prefill_tokens = e.pending_prefill_tokens.saturating_sub(record.uncached);
-                e.prefilling.remove(&(record.routed_at, record.key));
+                e.end_prefill(record.routed_at, record.key);
             }
             if unseen_by_scrape(e.scraped_at, record.routed_at) {
                 e.sent_since_scrape = e.sent_since_scrape.saturating_sub(1);

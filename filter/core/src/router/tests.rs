@@ -1247,6 +1247,26 @@ fn a_cheap_server_whose_request_waits_past_the_objective_no_longer_meets_it() {
 }
 
 #[test]
+fn the_floor_lifts_once_the_waiting_request_has_its_first_token_or_ends() {
+    // Server 0's request gets its first token, server 1's ends without one (a reset): both
+    // cheap servers meet the objective again.
+    let mut r = cheap_servers_with_a_request_each(true, true);
+    assert_eq!(r.route(&req(3, 32), T0.plus(600)).tier.map(|t| t.tier), Some(1));
+    r.on_first_token(1, T0.plus(600));
+    r.on_completed(2, &Completion::default(), T0.plus(600));
+    for (i, e) in r.endpoints().iter().enumerate().take(2) {
+        assert_eq!(e.oldest_pending_ms(T0.plus(700)), 0, "server {i}");
+    }
+    let d = r.route(&req(4, 32), T0.plus(700));
+    assert_eq!(
+        d.tier.map(|t| (t.tier, t.spilled)),
+        Some((0, false)),
+        "{:?}",
+        d.endpoints
+    );
+}
+
+#[test]
 fn only_our_own_timed_first_tokens_set_the_floor() {
     // A peer's request (its first token may be lost on the way here) and a whole response
     // of ours (its first token comes with its last) waiting as long change nothing.
