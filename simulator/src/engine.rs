@@ -16,7 +16,7 @@ use std::collections::VecDeque;
 
 use crate::kv::{BlockId, KvCache};
 use crate::profile::{Profile, BLOCK_TOKENS};
-use crate::prom::{Histogram, RequestHistograms, View, E2E_BOUNDS, ITL_BOUNDS, TTFT_BOUNDS};
+pub use counters::Counters;
 
 /// A request as the engine sees it: token counts and its prompt's 16-token block hashes.
 #[derive(Clone, Debug)]
@@ -68,39 +68,6 @@ pub struct Finished {
     /// Mean inter-token latency in ms (0 for a single output token).
     pub itl_mean: f64,
     pub preemptions: u32,
-}
-
-/// Counters a vLLM server exports (token counts, not requests, for the prefix cache).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Counters {
-    pub prompt_tokens: u64,
-    pub generation_tokens: u64,
-    pub prefix_queries: u64,
-    pub prefix_hits: u64,
-    pub preemptions: u64,
-    pub finished: u64,
-    pub ttft: Histogram,
-    /// Observed once per generated token after the first, as vLLM does.
-    pub itl: Histogram,
-    pub e2e: Histogram,
-    pub requests: RequestHistograms,
-}
-
-impl Default for Counters {
-    fn default() -> Self {
-        Counters {
-            prompt_tokens: 0,
-            generation_tokens: 0,
-            prefix_queries: 0,
-            prefix_hits: 0,
-            preemptions: 0,
-            finished: 0,
-            ttft: Histogram::new(TTFT_BOUNDS),
-            itl: Histogram::new(ITL_BOUNDS),
-            e2e: Histogram::new(E2E_BOUNDS),
-            requests: RequestHistograms::default(),
-        }
-    }
 }
 
 pub struct Engine {
@@ -198,32 +165,6 @@ impl Engine {
             .map(|s| s.prefill_target - s.computed.min(s.prefill_target))
             .sum();
         queued + running
-    }
-
-    /// The server's `/metrics` body now (`legacy`: pre-0.12 family names).
-    pub fn metrics_text(&self, legacy: bool, created: f64) -> String {
-        let c = &self.counters;
-        crate::prom::render(
-            &View {
-                model: self.profile.model.served_name(),
-                running: self.running.len(),
-                waiting: self.waiting.len(),
-                kv_usage: self.kv.usage(),
-                prompt_tokens: c.prompt_tokens,
-                generation_tokens: c.generation_tokens,
-                prefix_queries: c.prefix_queries,
-                prefix_hits: c.prefix_hits,
-                preemptions: c.preemptions,
-                finished: c.finished,
-                num_gpu_blocks: self.kv.num_blocks(),
-                ttft: &c.ttft,
-                itl: &c.itl,
-                e2e: &c.e2e,
-                requests: &c.requests,
-                created,
-            },
-            legacy,
-        )
     }
 
     pub fn has_work(&self) -> bool {
@@ -443,5 +384,6 @@ impl Engine {
     }
 }
 
+mod counters;
 #[cfg(test)]
 mod tests;
