@@ -340,41 +340,8 @@ fn claim_origin() -> Option<u32> {
 
 #[cfg(test)]
 mod tests {
+    use super::wire::tests::routed;
     use super::*;
-    use kvroute_core::{BlockHash, EndpointId, Tokens};
-
-    fn routed(key: u64) -> PeerEvent {
-        PeerEvent::Routed {
-            key,
-            endpoint: EndpointId::new("10.0.0.1:8000"),
-            blocks: vec![BlockHash(1), BlockHash(u64::MAX)],
-            prompt_tokens: Tokens(300),
-            uncached: Tokens(44),
-            at: Millis(1234),
-        }
-    }
-
-    #[test]
-    fn every_event_kind_survives_the_wire() {
-        let events = vec![
-            routed(7),
-            PeerEvent::FirstToken { key: 7 },
-            PeerEvent::Completed {
-                key: 7,
-                served_by: Some(EndpointId::new("10.0.0.2:8000")),
-                cached_tokens: Some(256),
-            },
-            PeerEvent::Completed {
-                key: 8,
-                served_by: None,
-                cached_tokens: None,
-            },
-        ];
-        for e in events {
-            let bytes = WireEvent::from(&e).encode_to_vec();
-            assert_eq!(WireEvent::decode(bytes.as_slice()).unwrap().into_event(), Some(e));
-        }
-    }
 
     fn reader() -> Mesh {
         Mesh {
@@ -395,12 +362,6 @@ mod tests {
             written_ms: 0,
             events: events.iter().map(WireEvent::from).collect(),
         }
-    }
-
-    #[test]
-    fn a_segment_survives_the_wire() {
-        let s = segment(3, 2, &[routed(1), PeerEvent::FirstToken { key: 1 }]);
-        assert_eq!(Segment::decode(s.encode_to_vec().as_slice()).unwrap(), s);
     }
 
     #[test]

@@ -107,3 +107,67 @@ impl WireEvent {
         }
     }
 }
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::*;
+    use prost::Message;
+
+    pub(in crate::mesh) fn routed(key: u64) -> PeerEvent {
+        PeerEvent::Routed {
+            key,
+            endpoint: EndpointId::new("10.0.0.1:8000"),
+            blocks: vec![BlockHash(1), BlockHash(u64::MAX)],
+            prompt_tokens: Tokens(300),
+            uncached: Tokens(44),
+            at: Millis(1234),
+        }
+    }
+
+    #[test]
+    fn every_event_kind_survives_the_wire() {
+        let events = vec![
+            routed(7),
+            PeerEvent::FirstToken { key: 7 },
+            PeerEvent::Completed {
+                key: 7,
+                served_by: Some(EndpointId::new("10.0.0.2:8000")),
+                cached_tokens: Some(256),
+            },
+            PeerEvent::Completed {
+                key: 8,
+                served_by: None,
+                cached_tokens: None,
+            },
+        ];
+        for e in events {
+            let bytes = WireEvent::from(&e).encode_to_vec();
+            assert_eq!(WireEvent::decode(bytes.as_slice()).unwrap().into_event(), Some(e));
+        }
+    }
+
+    #[test]
+    fn a_segment_survives_the_wire() {
+        let s = Segment {
+            number: 3,
+            origin: 2,
+            nonce: 5,
+            written_ms: 0,
+            events: [routed(1), PeerEvent::FirstToken { key: 1 }]
+                .iter()
+                .map(WireEvent::from)
+                .collect(),
+        };
+        assert!(s.holds_placement());
+        assert_eq!(Segment::decode(s.encode_to_vec().as_slice()).unwrap(), s);
+    }
+
+    #[test]
+    fn an_event_of_an_unknown_kind_is_dropped() {
+        // A newer worker's event kind, read by an older one during a rolling update.
+        let mut e = WireEvent::from(&routed(7));
+        e.kind = 9;
+        let bytes = e.encode_to_vec();
+        assert_eq!(WireEvent::decode(bytes.as_slice()).unwrap().into_event(), None);
+    }
+}
