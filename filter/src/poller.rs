@@ -93,6 +93,7 @@ impl Poller {
                     id: id.clone(),
                     envoy: EnvoyHealth::Serve,
                     priority: 0,
+                    weight: 1,
                 })
                 .collect();
             fleet.on_hosts(&hosts);

@@ -193,6 +193,13 @@ impl RequestStats {
         self.per_endpoint_gauge(endpoint, "step_us", us);
     }
 
+    /// Sets the speed weight `endpoint` is scored with until its rate is learned, in
+    /// thousandths (`kvroute.endpoint.<ip_port>.speed_weight_permille`; `cost.speed_weights`
+    /// or its weight in Envoy's pool cluster).
+    pub fn speed_weight(&self, endpoint: &str, permille: u64) {
+        self.per_endpoint_gauge(endpoint, "speed_weight_permille", permille);
+    }
+
     /// Sets the share of `endpoint`'s recent prompt tokens that went through neither this
     /// worker nor the routers it shares with, in permille
     /// (`kvroute.endpoint.<ip_port>.unseen_permille`; `seen::SeenShare`).

@@ -284,6 +284,8 @@ impl Worker {
                 if let Some(ms) = e.step.ms(now) {
                     stats.step(e.id.as_str(), (ms * 1000.0) as u64);
                 }
+                let weight = kvroute_core::policy::endpoint_speed_weight(router.config(), e);
+                stats.speed_weight(e.id.as_str(), (weight * 1000.0).round() as u64);
                 if let Some(share) = e.seen.unseen().filter(|_| places) {
                     stats.unseen(e.id.as_str(), (share * 1000.0) as u64);
                 }

@@ -56,6 +56,23 @@ impl EdsDir {
     }
 }
 
+impl EdsDir {
+    /// The pool is now `hosts`, all healthy: (port, EDS `load_balancing_weight`).
+    fn write_weighted(&self, hosts: &[(u16, u32)]) {
+        let mut text = String::from(
+            "resources:\n- \"@type\": type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment\n  cluster_name: vllm_pool\n  endpoints:\n  - lb_endpoints:\n",
+        );
+        for (port, weight) in hosts {
+            text.push_str(&format!(
+                "    - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }} }}\n      load_balancing_weight: {weight}\n"
+            ));
+        }
+        let tmp = self.0.join("eds.yaml.tmp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, self.0.join("eds.yaml")).unwrap();
+    }
+}
+
 impl Drop for EdsDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
@@ -658,4 +675,51 @@ fn the_admin_answers_kvroute_only_clusters_and_stats_and_clients_cannot_reach_it
     wait_until("kvroute reading /clusters", Duration::from_secs(5), &envoy, || {
         envoy.stat("wasmcustom.kvroute.discovery.success") >= 1
     });
+}
+
+/// Two hosts weigh 3 in the pool's EDS (H100s beside A100s at 1): kvroute reads the weights
+/// from Envoy, reports them, and on a fleet whose speeds it has not learned places new
+/// prefixes on the heavier hosts.
+#[test]
+fn service_mode_envoy_weights_reach_kvroute_and_place_a_cold_fleets_prefixes() {
+    let servers: Vec<FakeVllm> = (0..4).map(|_| FakeVllm::start(Load::idle()).unwrap()).collect();
+    let eds = EdsDir::new("weights");
+    let weights = [3, 3, 1, 1];
+    let hosts: Vec<(u16, u32)> = servers.iter().zip(weights).map(|(s, w)| (s.port, w)).collect();
+    eds.write_weighted(&hosts);
+    let source = eds_source(&eds.0);
+    let envoy = Envoy::start("envoy.yaml", &[], |t| shaped(t, Mode::Service, &source, "")).unwrap();
+    let gauge = |port: u16| {
+        envoy.stat(&format!(
+            "wasmcustom.kvroute.endpoint.127_0_0_1_{port}.speed_weight_permille"
+        ))
+    };
+    wait_until(
+        "the weights in kvroute's stats",
+        Duration::from_secs(10),
+        &envoy,
+        || hosts.iter().all(|(port, w)| gauge(*port) == u64::from(*w) * 1000),
+    );
+    let post = |n: usize| {
+        let system = format!("Weighted prompt {n}. ").repeat(30);
+        let body = format!(
+            r#"{{"model":"{MODEL}","max_tokens":8,"messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"q"}}]}}"#
+        );
+        envoy
+            .post("/v1/chat/completions", &[("content-type", "application/json")], &body)
+            .unwrap()
+    };
+    wait_until("kvroute routing", Duration::from_secs(10), &envoy, || {
+        (0..8).all(|i| routed_reason(&post(1000 + i)))
+    });
+    let heavy: Vec<String> = servers[..2].iter().map(addr).collect();
+    for n in 0..24 {
+        let r = post(n);
+        let by = r.header("x-served-by").unwrap_or("").to_string();
+        assert!(
+            routed_reason(&r) && heavy.contains(&by),
+            "prefix {n} served by {by} ({:?}); the weight-3 hosts are {heavy:?}",
+            r.header("x-kvroute-reason")
+        );
+    }
 }

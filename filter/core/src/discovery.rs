@@ -102,6 +102,8 @@ struct HostStatus {
     health_status: HealthStatus,
     #[serde(default)]
     priority: u32,
+    #[serde(default)]
+    weight: u32,
 }
 
 #[derive(Deserialize)]
@@ -175,6 +177,8 @@ pub fn parse_clusters(body: &[u8], cluster: &str) -> Result<Vec<Host>, Discovery
                 id: EndpointId::new(id),
                 envoy: h.health_status.envoy_health(),
                 priority: h.priority,
+                // Envoy's weights are at least 1; an answer without one is Envoy's default.
+                weight: h.weight.max(1),
             })
         })
         .collect())
@@ -207,7 +211,7 @@ mod tests {
     const ANSWER: &str = r#"{"cluster_statuses":[{"name":"vllm_pool","added_via_api":true,"host_statuses":[
       {"address":{"socket_address":{"address":"10.0.0.1","port_value":8000}},"stats":[{"name":"cx_total"}],
        "health_status":{"eds_health_status":"HEALTHY"},"weight":1,"locality":{},"priority":2},
-      {"address":{"socket_address":{"address":"10.0.0.2","port_value":8000}},
+      {"address":{"socket_address":{"address":"10.0.0.2","port_value":8000}},"weight":3,
        "health_status":{"failed_active_health_check":true,"eds_health_status":"HEALTHY"}},
       {"address":{"socket_address":{"address":"10.0.0.3","port_value":8000}},
        "health_status":{"eds_health_status":"DRAINING"}},
@@ -239,6 +243,12 @@ mod tests {
         );
         let priorities: Vec<u32> = hosts.iter().map(|h| h.priority).collect();
         assert_eq!(priorities, vec![2, 0, 0, 0, 0, 0, 0], "EDS priority, 0 when absent");
+        let weights: Vec<u32> = hosts.iter().map(|h| h.weight).collect();
+        assert_eq!(
+            weights,
+            vec![1, 3, 1, 1, 1, 1, 1],
+            "EDS load-balancing weight, 1 when absent"
+        );
     }
 
     #[test]

@@ -51,6 +51,9 @@ pub struct Endpoint {
     pub envoy: EnvoyHealth,
     /// Its priority in Envoy's pool cluster (0 for a static pool).
     pub priority: u32,
+    /// Its load-balancing weight in Envoy's pool cluster (1 for a static pool; see
+    /// `policy::speed_weight`).
+    pub lb_weight: u32,
     /// The model ids its `/v1/models` lists, once read.
     pub models: Option<Vec<String>>,
     /// Its prefill rate as this router learned it (see `speed`).
@@ -93,6 +96,7 @@ impl Endpoint {
             reports_cached: false,
             envoy: EnvoyHealth::Serve,
             priority: 0,
+            lb_weight: 1,
             models: None,
             speed: Speed::default(),
             step: StepTime::default(),

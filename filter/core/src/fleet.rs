@@ -49,6 +49,8 @@ pub struct Host {
     pub envoy: EnvoyHealth,
     /// Its priority in the cluster (EDS `priority`; 0 the highest and Envoy's default).
     pub priority: u32,
+    /// Its load-balancing weight in the cluster (EDS `load_balancing_weight`; 1 by default).
+    pub weight: u32,
 }
 
 /// One member of the published fleet state.
@@ -58,6 +60,10 @@ pub struct Member {
     pub envoy: EnvoyHealth,
     /// Its priority in Envoy's pool cluster (`tiers.from_priority`).
     pub priority: u32,
+    /// Its load-balancing weight there: its speed relative to the others until its own is
+    /// learned (`cost.speed_weights`).
+    #[serde(default = "one")]
+    pub weight: u32,
     /// The scrape verdict: false once `unhealthy_after_failures` scrapes failed in a row
     /// (never scraped yet counts as true).
     pub scrape_healthy: bool,
@@ -65,6 +71,10 @@ pub struct Member {
     pub metrics: Option<VllmMetrics>,
     /// The model ids `/v1/models` lists (base models and LoRA adapters), once read.
     pub models: Option<Vec<String>>,
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// What the scraping side publishes and every router applies.
@@ -142,6 +152,7 @@ impl Fleet {
                 Some(mut row) => {
                     row.member.envoy = host.envoy;
                     row.member.priority = host.priority;
+                    row.member.weight = host.weight;
                     self.rows.push(row);
                 }
                 None => {
@@ -151,6 +162,7 @@ impl Fleet {
                             id: host.id.clone(),
                             envoy: host.envoy,
                             priority: host.priority,
+                            weight: host.weight,
                             scrape_healthy: true,
                             scraped_at: None,
                             metrics: None,
@@ -253,6 +265,7 @@ mod tests {
             id: EndpointId::new(id),
             envoy,
             priority: 0,
+            weight: 1,
         }
     }
 

@@ -31,7 +31,9 @@ use crate::speed::{PrefillPace, PACE_SAME_WITHIN, SAME_WITHIN};
 use crate::types::{BlockHash, Cost, EndpointId, Millis, Tokens};
 
 mod classes;
+mod weights;
 pub use classes::RateClasses;
+pub use weights::{endpoint_speed_weight, speed_weight, typical_weight};
 
 /// A candidate endpoint that passed the hard filters.
 pub struct Candidate<'a> {
@@ -66,6 +68,9 @@ pub struct ScoreContext {
     /// time charged to any candidate (`with_steps`, `server_step`).
     pub typical_step: Option<f64>,
     pub fastest_step: Option<f64>,
+    /// The weight of a typical server, when the candidates' speed weights differ
+    /// (`typical_weight`).
+    pub typical_weight: Option<f64>,
 }
 
 /// A policy's score split into its terms (all zero but `cost` for non-`cost` policies).
@@ -295,8 +300,11 @@ fn median_of(config: &Config, cands: &[Candidate], value: impl Fn(&Candidate) ->
 /// A100s of a mixed fleet in the first 6 s of a cold start, where it stayed for every
 /// later turn (replay, 4 H100 + 4 A100, multi-turn at 80%: steady-state TTFT p95 30.8 →
 /// 20.3 ms, the oracle 18.2); identical fleets never pass that test (8 H100s and 2
-/// gateways × 8 workers: every cell unchanged). The configured rate stands in for the
-/// typical rate while none is learned, and is used alone when learning is off.
+/// gateways × 8 workers: every cell unchanged). With neither a learned rate nor a placed
+/// pace, a server whose speed weight differs from the typical servers' is scored at the
+/// typical rate scaled by it (`weights`: a fleet that starts cold). The configured rate
+/// stands in for the typical rate while none is learned, and is used alone when learning
+/// is off.
 fn server_rate(config: &Config, c: &Candidate, ctx: &ScoreContext) -> f64 {
     let prior = config.cost().prefill_tokens_per_s;
     if !config.cost().learn_speeds {
@@ -316,7 +324,7 @@ fn server_rate(config: &Config, c: &Candidate, ctx: &ScoreContext) -> f64 {
     let own = match (c.endpoint.speed.learned(ctx.now), by_pace()) {
         (Some(learned), Some((paced, within))) if learned / paced > within => Some((paced, within)),
         (Some(learned), _) => Some((ctx.rates.class_of(learned), SAME_WITHIN)),
-        (None, paced) => paced,
+        (None, paced) => paced.or_else(|| weights::prior_rate(config, c, ctx.typical_weight, typical)),
     };
     match own {
         Some((own, within)) if (own / typical).max(typical / own) > within => own,
@@ -406,6 +414,7 @@ mod tests {
             typical_pace,
             typical_step: None,
             fastest_step: None,
+            typical_weight: None,
         }
     }
 
@@ -548,6 +557,64 @@ mod tests {
         assert!((ms[3] - (100.0 + 1.5 * 4.0)).abs() < 1e-9, "{}", ms[3]);
         let off = Config::from_json(br#"{"cost": {"first_token_steps": 0}}"#).unwrap();
         assert!((predicted_ttft(&off, &cands[3], &ctx).ttft_ms - 100.0).abs() < 1e-9);
+    }
+
+    /// Predicted TTFT (no step charge) of 1,200 uncached tokens on each of `table`'s idle
+    /// servers, with `config`'s speed weights.
+    fn weighted_ms(config_json: &str, table: &EndpointTable) -> Vec<f64> {
+        let config = Config::from_json(config_json.as_bytes()).unwrap();
+        let idle = VllmMetrics::default();
+        let cands = idle_cands(table, &idle, 1200);
+        let mut ctx = ctx_at_zero(rate_classes(&config, &cands, Millis(0)), None);
+        ctx.typical_weight = typical_weight(&config, &cands, &ctx.rates, Millis(0));
+        cands.iter().map(|c| predicted_ttft(&config, c, &ctx).ttft_ms).collect()
+    }
+
+    const H100_H100_A100_A100: &str = r#"{"cost": {"first_token_steps": 0, "speed_weights":
+        {"10.0.0.1:8000": 3, "10.0.0.2:8000": 3, "10.0.0.3:8000": 1, "10.0.0.4:8000": 1}}}"#;
+
+    #[test]
+    fn a_server_weighted_slower_is_scored_slower_until_its_own_rate_is_learned() {
+        let mut table = table_of(4);
+        let ms = weighted_ms(H100_H100_A100_A100, &table);
+        // Nothing learned: the configured 20k tokens/s is the typical (weight 3) servers'.
+        let near = |a: &[f64], b: &[f64]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-9);
+        assert!(near(&ms, &[60.0, 60.0, 180.0, 180.0]), "{ms:?}");
+        table.rows_mut()[3].speed = crate::speed::Speed::exact(12_000.0, Millis(0));
+        let ms = weighted_ms(H100_H100_A100_A100, &table);
+        assert!((ms[3] - 100.0).abs() < 1e-9, "its learned 12k/s: {ms:?}");
+        // The typical rate is now the only one learned (12k, at weight 1): the weight-3
+        // servers are scored at 36k/s, the other weight-1 server at 12k/s.
+        assert!(
+            (ms[0] - 1200.0 / 36.0).abs() < 1e-9 && (ms[2] - 100.0).abs() < 1e-9,
+            "{ms:?}"
+        );
+    }
+
+    #[test]
+    fn envoy_weights_count_where_the_config_names_no_weight() {
+        let mut table = table_of(4);
+        for (row, w) in [3, 3, 1, 1].into_iter().enumerate() {
+            table.rows_mut()[row].lb_weight = w;
+        }
+        assert_eq!(
+            weighted_ms(r#"{"cost": {"first_token_steps": 0}}"#, &table),
+            weighted_ms(H100_H100_A100_A100, &table_of(4))
+        );
+    }
+
+    #[test]
+    fn equal_or_near_weights_change_nothing() {
+        let plain = weighted_ms(r#"{"cost": {"first_token_steps": 0}}"#, &table_of(4));
+        assert_eq!(plain, [60.0; 4]);
+        let all_two = r#"{"cost": {"first_token_steps": 0, "speed_weights": {"10.0.0.1:8000": 2,
+            "10.0.0.2:8000": 2, "10.0.0.3:8000": 2, "10.0.0.4:8000": 2}}}"#;
+        assert_eq!(weighted_ms(all_two, &table_of(4)), plain);
+        let near = r#"{"cost": {"first_token_steps": 0, "speed_weights": {"10.0.0.1:8000": 1.4}}}"#;
+        assert_eq!(weighted_ms(near, &table_of(4)), plain, "within 1.5x counts as alike");
+        let off = r#"{"cost": {"first_token_steps": 0, "learn_speeds": false, "speed_weights":
+            {"10.0.0.1:8000": 3, "10.0.0.2:8000": 3}}}"#;
+        assert_eq!(weighted_ms(off, &table_of(4)), plain, "the configured rate alone");
     }
 
     #[test]

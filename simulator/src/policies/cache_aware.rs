@@ -226,6 +226,7 @@ impl Policy for Oracle {
             typical_pace: None,
             typical_step: None,
             fastest_step: None,
+            typical_weight: None,
         };
         let ctx = with_steps(&self.config, &cands, ctx);
         let costs: Vec<f64> = cands

@@ -175,6 +175,13 @@ pub struct RawCost {
     /// Learn each server's prefill rate from first-token times (`speed`); the configured
     /// rate is the prior.
     pub learn_speeds: bool,
+    /// Each server's speed relative to the others (`ip:port` → weight, e.g. 3 for each H100
+    /// beside A100s at 1): until its own rate is learned, a server is scored at the typical
+    /// rate × its weight ÷ the typical servers' weight. Servers not listed take their
+    /// load-balancing weight in Envoy's pool cluster when the pool is learned from Envoy,
+    /// else 1. Weights within `speed::SAME_WITHIN` (1.5×) of the typical one count as
+    /// alike (`policy::weights`).
+    pub speed_weights: std::collections::BTreeMap<String, f64>,
     /// Phase-aware placement (an experiment, off at 0): the stall a request's uncached
     /// prefill adds to the decodes running on a server (running × its prefill ms) enters
     /// the cost at this weight, so long prefills keep away from decode-heavy servers.

@@ -160,6 +160,12 @@ pub(super) fn validate_scoring(raw: &RawConfig) -> Result<(), ConfigError> {
             return Err(reject(field, format!("({v}) must be a non-negative number")));
         }
     }
+    if let Some((id, w)) = c.speed_weights.iter().find(|(_, w)| !(w.is_finite() && **w > 0.0)) {
+        return Err(reject(
+            "cost.speed_weights",
+            format!("{id}: ({w}) must be a positive number"),
+        ));
+    }
     if !(0.0..1.0).contains(&c.kv_pressure_threshold) {
         return Err(reject(
             "cost.kv_pressure_threshold",

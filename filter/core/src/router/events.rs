@@ -379,6 +379,7 @@ impl Router {
                 e.health.set_active(m.scrape_healthy);
                 e.envoy = m.envoy;
                 e.priority = m.priority;
+                e.lb_weight = m.weight;
                 if e.models != m.models {
                     e.models.clone_from(&m.models);
                 }

@@ -11,6 +11,7 @@ use crate::types::{BlockHash, Millis};
 impl Router {
     /// What scoring `cands` needs to know of the fleet as a whole.
     pub(super) fn context(&self, req: &RouteRequest, cands: &[Candidate], now: Millis) -> ScoreContext {
+        let rates = policy::rate_classes(&self.config, cands, now);
         let ctx = ScoreContext {
             total_blocks: req.blocks.len(),
             fleet_backlog: policy::fleet_backlog(&self.config, cands, self.mean_uncached, now),
@@ -18,7 +19,8 @@ impl Router {
             rotation: self.rotation,
             seed: self.config.seed(),
             now,
-            rates: policy::rate_classes(&self.config, cands, now),
+            typical_weight: policy::typical_weight(&self.config, cands, &rates, now),
+            rates,
             typical_pace: policy::typical_pace(&self.config, cands, now),
             typical_step: None,
             fastest_step: None,

@@ -950,6 +950,7 @@ mod fleet {
                 id: ep(i),
                 envoy: *s,
                 priority: 0,
+                weight: 1,
             })
             .collect()
     }
@@ -1321,6 +1322,7 @@ fn tiered_by_priority(objective_ms: f64, loads: &[VllmMetrics]) -> Router {
             id: ep(i),
             envoy: EnvoyHealth::Serve,
             priority: u32::from(i >= 2),
+            weight: 1,
             scrape_healthy: true,
             scraped_at: Some(T0),
             metrics: Some(m.clone()),
@@ -1703,4 +1705,40 @@ fn a_prompt_prefilled_in_the_same_step_as_the_one_before_it_is_no_fastest_sample
         best <= per_ms,
         "the fastest sample ({best} work/ms) is at most the server's throughput ({per_ms})"
     );
+}
+
+#[test]
+fn a_cold_fleet_places_new_prefixes_by_envoys_weights() {
+    // Servers 2 and 3 weigh 3 in Envoy's pool cluster (H100s beside A100s at 1): before any
+    // rate is learned, a new prefix goes to one of them, and the others' predicted time is
+    // the same prefill at a third of the rate.
+    let mut r = Router::new(Config::try_from(RawConfig::default()).unwrap());
+    let members = (0..4)
+        .map(|i| crate::fleet::Member {
+            id: ep(i),
+            envoy: EnvoyHealth::Serve,
+            priority: 0,
+            weight: if i >= 2 { 3 } else { 1 },
+            scrape_healthy: true,
+            scraped_at: Some(T0),
+            metrics: Some(load(0, 0, 0.0)),
+            models: None,
+        })
+        .collect();
+    r.on_fleet(&crate::FleetState {
+        version: 1,
+        published_at: T0,
+        members,
+    });
+    for prefix in 1..=8 {
+        let d = r.route(&req(prefix, 32), T0);
+        assert!([ep(2), ep(3)].contains(d.best().unwrap()), "{:?}", d.endpoints);
+        let prefill = |i: usize| d.breakdown.iter().find(|s| s.endpoint == ep(i)).unwrap().prefill_ms;
+        assert!(
+            (prefill(0) - 3.0 * prefill(2)).abs() < 1e-6,
+            "{} vs {}",
+            prefill(0),
+            prefill(2)
+        );
+    }
 }
