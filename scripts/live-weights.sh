@@ -3,10 +3,11 @@
 # fleet that starts cold"): real Envoy + dist/kvroute.wasm + `kvroute-sim serve` with
 # 2 × H100 + 2 × A100 started fresh for every run, `bench --workload multi-turn` for 60 s,
 # kvroute as shipped ("plain") and with the H100s at load_balancing_weight 3 in the pool
-# cluster ("weighted"; kvroute reads it from Envoy's /clusters), RUNS runs of each,
-# alternating; RATE_SCALE multiplies the workload's arrival rate. Needs `make build
-# setup-envoy`. OUT (default target/live-weights) gets each run's JSON and the filter's
-# per-server stats. Ports 24000-24004, 24900, 24901 must be free.
+# cluster and `cost.speed_weights_from_envoy` on ("weighted": kvroute reads the weights
+# from Envoy's /clusters), RUNS runs of each, alternating; RATE_SCALE multiplies the
+# workload's arrival rate. Needs `make build setup-envoy`. OUT (default
+# target/live-weights) gets each run's JSON and the filter's per-server stats. Ports
+# 24000-24004, 24900, 24901 must be free.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-target/live-weights}
@@ -26,6 +27,8 @@ for i in range(4):
     assert line in s, line
     weight = " } } }, load_balancing_weight: 3 }" if mode == "weighted" and i < 2 else " } } } }"
     s = s.replace(line, f"- {{ endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: 2400{i + 1}{weight}")
+if mode == "weighted":
+    s = s.replace('"policy": "cost",', '"policy": "cost", "cost": {"speed_weights_from_envoy": true},')
 s = s.replace("port_value: 9901", "port_value: 24901").replace("port_value: 10000", "port_value: 24900")
 open(out, "w").write(s)
 PY

@@ -193,9 +193,11 @@ impl RequestStats {
         self.per_endpoint_gauge(endpoint, "step_us", us);
     }
 
-    /// Sets the speed weight `endpoint` is scored with until its rate is learned, in
-    /// thousandths (`kvroute.endpoint.<ip_port>.speed_weight_permille`; `cost.speed_weights`
-    /// or its weight in Envoy's pool cluster).
+    /// Sets `endpoint`'s speed weight, in thousandths
+    /// (`kvroute.endpoint.<ip_port>.speed_weight_permille`; `cost.speed_weights`, or its
+    /// weight in Envoy's pool cluster with `cost.speed_weights_from_envoy`): the weight
+    /// itself, applied only until its rate is learned and only where weights differ by
+    /// more than 1.5×.
     pub fn speed_weight(&self, endpoint: &str, permille: u64) {
         self.per_endpoint_gauge(endpoint, "speed_weight_permille", permille);
     }

@@ -688,7 +688,8 @@ fn service_mode_envoy_weights_reach_kvroute_and_place_a_cold_fleets_prefixes() {
     let hosts: Vec<(u16, u32)> = servers.iter().zip(weights).map(|(s, w)| (s.port, w)).collect();
     eds.write_weighted(&hosts);
     let source = eds_source(&eds.0);
-    let envoy = Envoy::start("envoy.yaml", &[], |t| shaped(t, Mode::Service, &source, "")).unwrap();
+    let from_envoy = r#" "cost": {"speed_weights_from_envoy": true},"#;
+    let envoy = Envoy::start("envoy.yaml", &[], |t| shaped(t, Mode::Service, &source, from_envoy)).unwrap();
     let gauge = |port: u16| {
         envoy.stat(&format!(
             "wasmcustom.kvroute.endpoint.127_0_0_1_{port}.speed_weight_permille"

@@ -143,6 +143,11 @@ fn replicas_that_do_not_share_read_the_others_traffic_as_unseen() {
     for envoy in &replicas {
         let unseen = unseen_permille(envoy);
         assert!(unseen.len() >= 3, "unseen share of too few servers: {unseen:?}");
-        assert!(unseen.iter().all(|u| (250..=750).contains(u)), "{unseen:?}");
+        // Each server's figure is a few seconds of a 96-request run: one read 776 of 13 runs
+        // with the other test beside it. Their mean says "about half"; a replica that shared
+        // would read near 0, one that missed every placement near 1000.
+        let mean = unseen.iter().sum::<u64>() / unseen.len() as u64;
+        assert!((350..=650).contains(&mean), "mean {mean}: {unseen:?}");
+        assert!(unseen.iter().all(|u| (200..=800).contains(u)), "{unseen:?}");
     }
 }

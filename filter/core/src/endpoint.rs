@@ -39,7 +39,7 @@ pub struct Endpoint {
     /// oldest first: the tiers' floor reads the first one on every request, and a walk of
     /// `prefilling` to find it grows with peers' and whole responses' requests (64 servers
     /// with 512 each: route() 18 → 200 µs).
-    pub timed_prefilling: BTreeSet<(Millis, u64)>,
+    timed_prefilling: BTreeSet<(Millis, u64)>,
     /// When the oldest of them last produced its first token here.
     pub front_done_at: Option<Millis>,
     /// How fast those first tokens came (see `speed::PrefillPace`).
@@ -146,10 +146,22 @@ impl Endpoint {
             .map_or(0, |(routed_at, _)| now.since(*routed_at))
     }
 
+    /// Request `(routed_at, key)`, waiting here for its first token, is this router's own
+    /// stream (only a request in `prefilling` can be).
+    pub fn mark_timed(&mut self, routed_at: Millis, key: u64) {
+        if self.prefilling.contains_key(&(routed_at, key)) {
+            self.timed_prefilling.insert((routed_at, key));
+        }
+    }
+
     /// Request `(routed_at, key)` no longer waits for its first token here.
     pub fn end_prefill(&mut self, routed_at: Millis, key: u64) {
         self.prefilling.remove(&(routed_at, key));
         self.timed_prefilling.remove(&(routed_at, key));
+        debug_assert!(
+            self.timed_prefilling.len() <= self.prefilling.len(),
+            "a timed request must be one waiting for its first token"
+        );
     }
 
     /// Whether it says it serves `model`: in `/v1/models`, as a base model in its metrics,

@@ -60,9 +60,7 @@ pub struct Member {
     pub envoy: EnvoyHealth,
     /// Its priority in Envoy's pool cluster (`tiers.from_priority`).
     pub priority: u32,
-    /// Its load-balancing weight there: its speed relative to the others until its own is
-    /// learned (`cost.speed_weights`).
-    #[serde(default = "one")]
+    /// Its load-balancing weight there (`cost.speed_weights_from_envoy`).
     pub weight: u32,
     /// The scrape verdict: false once `unhealthy_after_failures` scrapes failed in a row
     /// (never scraped yet counts as true).
@@ -71,10 +69,6 @@ pub struct Member {
     pub metrics: Option<VllmMetrics>,
     /// The model ids `/v1/models` lists (base models and LoRA adapters), once read.
     pub models: Option<Vec<String>>,
-}
-
-fn one() -> u32 {
-    1
 }
 
 /// What the scraping side publishes and every router applies.

@@ -592,15 +592,36 @@ mod tests {
     }
 
     #[test]
-    fn envoy_weights_count_where_the_config_names_no_weight() {
+    fn envoy_weights_count_when_asked_where_the_config_names_no_weight() {
         let mut table = table_of(4);
         for (row, w) in [3, 3, 1, 1].into_iter().enumerate() {
             table.rows_mut()[row].lb_weight = w;
         }
+        let from_envoy = r#"{"cost": {"first_token_steps": 0, "speed_weights_from_envoy": true}}"#;
         assert_eq!(
-            weighted_ms(r#"{"cost": {"first_token_steps": 0}}"#, &table),
+            weighted_ms(from_envoy, &table),
             weighted_ms(H100_H100_A100_A100, &table_of(4))
         );
+        assert_eq!(
+            weighted_ms(r#"{"cost": {"first_token_steps": 0}}"#, &table),
+            [60.0; 4],
+            "not read unless asked: weights set for a canary's share are no speed"
+        );
+        // The config's weight wins: server 1 named at 1 beside its Envoy weight of 3.
+        let named = r#"{"cost": {"first_token_steps": 0, "speed_weights_from_envoy": true,
+            "speed_weights": {"10.0.0.2:8000": 1}}}"#;
+        let ms = weighted_ms(named, &table);
+        assert!(ms[1] > 2.9 * ms[0], "{ms:?}");
+    }
+
+    #[test]
+    fn a_weights_rate_stays_within_eight_times_the_configured_one() {
+        let far = r#"{"cost": {"first_token_steps": 0, "speed_weights": {"10.0.0.1:8000": 100,
+            "10.0.0.4:8000": 0.01}}}"#;
+        let ms = weighted_ms(far, &table_of(4));
+        // Typical weight 1 at the configured 20k tokens/s: 160k and 2.5k at most and least.
+        let near = |a: f64, b: f64| (a - b).abs() < 1e-9;
+        assert!(near(ms[0], 7.5) && near(ms[1], 60.0) && near(ms[3], 480.0), "{ms:?}");
     }
 
     #[test]

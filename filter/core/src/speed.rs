@@ -94,7 +94,8 @@ pub const MIN_WINDOW_MS: u64 = 2000;
 /// A learned rate with no new sample for this long falls back to the configured one.
 pub const FORGET_MS: u64 = 60_000;
 const ALPHA: f64 = 0.25;
-const CLAMP: f64 = 8.0;
+/// Learned rates are kept within this factor either way of the configured one.
+pub const CLAMP: f64 = 8.0;
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Speed {

@@ -149,6 +149,7 @@ impl Default for RawCost {
             lora_load_ms: 50.0,
             learn_speeds: true,
             speed_weights: std::collections::BTreeMap::new(),
+            speed_weights_from_envoy: false,
             phase_weight: 0.0,
             progress_credit: 0.5,
             // Per token, the dense layers cost 2 × params FLOPs and attention 4 × layers ×

@@ -177,11 +177,16 @@ pub struct RawCost {
     pub learn_speeds: bool,
     /// Each server's speed relative to the others (`ip:port` → weight, e.g. 3 for each H100
     /// beside A100s at 1): until its own rate is learned, a server is scored at the typical
-    /// rate × its weight ÷ the typical servers' weight. Servers not listed take their
-    /// load-balancing weight in Envoy's pool cluster when the pool is learned from Envoy,
-    /// else 1. Weights within `speed::SAME_WITHIN` (1.5×) of the typical one count as
-    /// alike (`policy::weights`).
+    /// rate × its weight ÷ the typical servers' weight. Servers not listed weigh 1, or their
+    /// load-balancing weight in Envoy's pool cluster with `speed_weights_from_envoy`.
+    /// Weights within `speed::SAME_WITHIN` (1.5×) of the typical one count as alike
+    /// (`policy::weights`).
     pub speed_weights: std::collections::BTreeMap<String, f64>,
+    /// Read the servers' load-balancing weights in Envoy's pool cluster (EDS
+    /// `load_balancing_weight`, from the admin `/clusters` view) as speed weights. Off by
+    /// default: weights set for another reason (a canary's small share) would read as a
+    /// slow server.
+    pub speed_weights_from_envoy: bool,
     /// Phase-aware placement (an experiment, off at 0): the stall a request's uncached
     /// prefill adds to the decodes running on a server (running × its prefill ms) enters
     /// the cost at this weight, so long prefills keep away from decode-heavy servers.

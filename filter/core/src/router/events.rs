@@ -30,12 +30,8 @@ impl Router {
         let key = request_key(self.origin, request_id);
         let timed = req.first_token_timed;
         if self.place(key, best, &req.blocks, req.prompt_tokens, uncached, now) {
-            if let Some(e) = self
-                .table
-                .get_mut(best)
-                .filter(|e| timed && e.prefilling.contains_key(&(now, key)))
-            {
-                e.timed_prefilling.insert((now, key));
+            if let Some(e) = self.table.get_mut(best).filter(|_| timed) {
+                e.mark_timed(now, key);
             }
             // Only tiers read the learned ratio of observed to predicted TTFT, and only a
             // timed first token says how far off the prediction was.
@@ -379,7 +375,7 @@ impl Router {
                 e.health.set_active(m.scrape_healthy);
                 e.envoy = m.envoy;
                 e.priority = m.priority;
-                e.lb_weight = m.weight;
+                e.lb_weight = m.weight.max(1);
                 if e.models != m.models {
                     e.models.clone_from(&m.models);
                 }

@@ -1712,7 +1712,9 @@ fn a_cold_fleet_places_new_prefixes_by_envoys_weights() {
     // Servers 2 and 3 weigh 3 in Envoy's pool cluster (H100s beside A100s at 1): before any
     // rate is learned, a new prefix goes to one of them, and the others' predicted time is
     // the same prefill at a third of the rate.
-    let mut r = Router::new(Config::try_from(RawConfig::default()).unwrap());
+    let mut raw = RawConfig::default();
+    raw.cost.speed_weights_from_envoy = true;
+    let mut r = Router::new(Config::try_from(raw).unwrap());
     let members = (0..4)
         .map(|i| crate::fleet::Member {
             id: ep(i),
@@ -1730,6 +1732,7 @@ fn a_cold_fleet_places_new_prefixes_by_envoys_weights() {
         published_at: T0,
         members,
     });
+    // Eight new prefixes: without weights their rendezvous owners spread over all four.
     for prefix in 1..=8 {
         let d = r.route(&req(prefix, 32), T0);
         assert!([ep(2), ep(3)].contains(d.best().unwrap()), "{:?}", d.endpoints);
