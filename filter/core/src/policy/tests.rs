@@ -1,0 +1,319 @@
+use super::*;
+use crate::endpoint::EndpointTable;
+
+fn table_of(n: usize) -> EndpointTable {
+    let mut table = EndpointTable::default();
+    let ids: Vec<EndpointId> = (1..=n).map(|i| EndpointId::new(format!("10.0.0.{i}:8000"))).collect();
+    table.replace(&ids);
+    table
+}
+
+/// Every endpoint of `table` as an idle candidate for a prompt of `uncached` tokens.
+fn idle_cands<'a>(table: &'a EndpointTable, idle: &'a VllmMetrics, uncached: u64) -> Vec<Candidate<'a>> {
+    table
+        .rows()
+        .iter()
+        .map(|endpoint| Candidate {
+            endpoint,
+            metrics: idle,
+            matched_blocks: 0,
+            uncached: Tokens(uncached),
+        })
+        .collect()
+}
+
+/// A context at time 0 with no backlog and the given rate classes and typical pace.
+fn ctx_at_zero(rates: RateClasses, typical_pace: Option<f64>) -> ScoreContext {
+    ScoreContext {
+        total_blocks: 0,
+        fleet_backlog: 0.0,
+        mean_uncached_tokens: 0.0,
+        rotation: 0,
+        seed: 0,
+        now: Millis(0),
+        rates,
+        typical_pace,
+        typical_step: None,
+        fastest_step: None,
+        typical_weight: None,
+    }
+}
+
+fn cands<'a>(table: &'a EndpointTable, metrics: [&'a VllmMetrics; 2]) -> Vec<Candidate<'a>> {
+    table
+        .rows()
+        .iter()
+        .zip(metrics)
+        .map(|(endpoint, metrics)| Candidate {
+            endpoint,
+            metrics,
+            matched_blocks: 0,
+            uncached: Tokens(1000),
+        })
+        .collect()
+}
+
+#[test]
+fn the_backlog_counts_prefills_queued_in_the_running_batch() {
+    let mut table = EndpointTable::default();
+    table.replace(&[EndpointId::new("10.0.0.1:8000"), EndpointId::new("10.0.0.2:8000")]);
+    let config = Config::from_json(b"{}").unwrap();
+    // Nothing waits anywhere, but 40k and 100k tokens of this gateway's prompts have no
+    // first token yet: 4 and 10 requests of 10k, one of them prefilling.
+    table.rows_mut()[0].pending_prefill_tokens = Tokens(40_000);
+    table.rows_mut()[1].pending_prefill_tokens = Tokens(100_000);
+    let idle = VllmMetrics::default();
+    let busy = VllmMetrics {
+        waiting: 5,
+        ..VllmMetrics::default()
+    };
+    assert_eq!(
+        fleet_backlog(&config, &cands(&table, [&idle, &idle]), 10_000.0, Millis(0)),
+        3.0,
+        "the least-loaded server's queue"
+    );
+    assert_eq!(
+        fleet_backlog(&config, &cands(&table, [&busy, &idle]), 10_000.0, Millis(0)),
+        5.0,
+        "waiting counts when it is more"
+    );
+    assert_eq!(
+        fleet_backlog(&config, &cands(&table, [&idle, &idle]), 80_000.0, Millis(0)),
+        0.0,
+        "one request prefilling is no queue"
+    );
+}
+
+#[test]
+fn a_server_with_no_learned_rate_is_placed_by_its_pace_when_it_is_far_off() {
+    let config = Config::from_json(b"{}").unwrap();
+    let mut table = table_of(3);
+    // First tokens came 4× slower from the third server, 1.5× from the second.
+    for (row, ms) in [(0, 100), (1, 150), (2, 400)] {
+        for _ in 0..PrefillPace::PLACE_SAMPLES {
+            table.rows_mut()[row].pace.observe(3000, 3000.0, ms, true, Millis(0));
+        }
+    }
+    let idle = VllmMetrics::default();
+    let cands = idle_cands(&table, &idle, 1000);
+    let ctx = |typical_pace| ctx_at_zero(RateClasses::default(), typical_pace);
+    let ms =
+        |ctx: &ScoreContext| -> Vec<f64> { cands.iter().map(|c| predicted_ttft(&config, c, ctx).ttft_ms).collect() };
+    let paced = ctx(typical_pace(&config, &cands, Millis(0)));
+    let [fast, near, slow] = ms(&paced)[..] else { panic!() };
+    assert_eq!(fast, near, "within 2x of the median pace: typical");
+    assert!(
+        (slow / near - 400.0 / 150.0).abs() < 1e-9,
+        "past 2x: its own pace ({slow} vs {near})"
+    );
+    // The configured rate stands in for the typical one: 1000 tokens at 20k/s.
+    assert!((near - 50.0).abs() < 1e-9, "{near}");
+    let unpaced = ctx(None);
+    assert!(ms(&unpaced).iter().all(|m| (m - 50.0).abs() < 1e-9));
+}
+
+#[test]
+fn a_slower_gpu_is_placed_from_its_first_prompts_and_an_unlucky_like_server_is_not() {
+    let config = Config::from_json(b"{}").unwrap();
+    let mut table = table_of(4);
+    for row in 0..2 {
+        for _ in 0..PrefillPace::PLACE_SAMPLES {
+            table.rows_mut()[row].pace.observe(3000, 3000.0, 100, true, Millis(0));
+        }
+    }
+    // Three prompts each: the third server waited behind others twice but was as fast
+    // once; the fourth was 3× slower every time.
+    for (row, times) in [(2, [300, 300, 100]), (3, [300, 300, 300])] {
+        for ms in times {
+            table.rows_mut()[row].pace.observe(3000, 3000.0, ms, true, Millis(0));
+        }
+    }
+    let idle = VllmMetrics::default();
+    let cands = idle_cands(&table, &idle, 1000);
+    let ctx = ctx_at_zero(RateClasses::default(), typical_pace(&config, &cands, Millis(0)));
+    let [fast, _, unlucky, slow] = cands
+        .iter()
+        .map(|c| predicted_ttft(&config, c, &ctx).ttft_ms)
+        .collect::<Vec<_>>()[..]
+    else {
+        panic!()
+    };
+    let unlucky_pace = table.rows()[2].pace.per_ms(Millis(0)).unwrap();
+    assert!(
+        unlucky_pace * PACE_SAME_WITHIN < 30.0,
+        "its pace alone reads over 2x slow ({unlucky_pace})"
+    );
+    assert_eq!(unlucky, fast, "one fast sample of three: typical");
+    assert!((slow / fast - 3.0).abs() < 1e-9, "{slow} vs {fast}");
+}
+
+#[test]
+fn an_unlike_server_is_charged_its_longer_steps_and_like_servers_are_not() {
+    let config = Config::from_json(b"{}").unwrap();
+    let mut table = table_of(4);
+    // Three H100s (40k tokens/s), one with a busy batch's 9 ms steps, and an A100
+    // (12k tokens/s) with 9 ms steps.
+    for (row, rate, step) in [
+        (0, 40_000.0, 5.0),
+        (1, 40_000.0, 5.0),
+        (2, 40_000.0, 9.0),
+        (3, 12_000.0, 9.0),
+    ] {
+        table.rows_mut()[row].speed = crate::speed::Speed::exact(rate, Millis(0));
+        table.rows_mut()[row].step = crate::speed::StepTime::exact(step, Millis(0));
+    }
+    let idle = VllmMetrics::default();
+    let cands = idle_cands(&table, &idle, 1200);
+    let ctx = ctx_at_zero(rate_classes(&config, &cands, Millis(0)), None);
+    let ctx = with_steps(&config, &cands, ctx);
+    let ms: Vec<f64> = cands.iter().map(|c| predicted_ttft(&config, c, &ctx).ttft_ms).collect();
+    assert!(
+        (ms[0] - 30.0).abs() < 1e-9,
+        "1200 tokens at 40k/s, no step charge: {}",
+        ms[0]
+    );
+    assert_eq!(ms[0], ms[2], "a like server's longer steps are not charged");
+    // 100 ms of prefill at 12k/s, then 1.5 steps of 9 ms against the H100s' 5 ms.
+    assert!((ms[3] - (100.0 + 1.5 * 4.0)).abs() < 1e-9, "{}", ms[3]);
+    let off = Config::from_json(br#"{"cost": {"first_token_steps": 0}}"#).unwrap();
+    assert!((predicted_ttft(&off, &cands[3], &ctx).ttft_ms - 100.0).abs() < 1e-9);
+}
+
+/// Predicted TTFT (no step charge) of 1,200 uncached tokens on each of `table`'s idle
+/// servers, with `config`'s speed weights.
+fn weighted_ms(config_json: &str, table: &EndpointTable) -> Vec<f64> {
+    let config = Config::from_json(config_json.as_bytes()).unwrap();
+    let idle = VllmMetrics::default();
+    let cands = idle_cands(table, &idle, 1200);
+    let mut ctx = ctx_at_zero(rate_classes(&config, &cands, Millis(0)), None);
+    ctx.typical_weight = typical_weight(&config, &cands, &ctx.rates, Millis(0));
+    cands.iter().map(|c| predicted_ttft(&config, c, &ctx).ttft_ms).collect()
+}
+
+const H100_H100_A100_A100: &str = r#"{"cost": {"first_token_steps": 0, "speed_weights":
+    {"10.0.0.1:8000": 3, "10.0.0.2:8000": 3, "10.0.0.3:8000": 1, "10.0.0.4:8000": 1}}}"#;
+
+#[test]
+fn a_server_weighted_slower_is_scored_slower_until_its_own_rate_is_learned() {
+    let mut table = table_of(4);
+    let ms = weighted_ms(H100_H100_A100_A100, &table);
+    // Nothing learned: the configured 20k tokens/s is the typical (weight 3) servers'.
+    let near = |a: &[f64], b: &[f64]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-9);
+    assert!(near(&ms, &[60.0, 60.0, 180.0, 180.0]), "{ms:?}");
+    table.rows_mut()[3].speed = crate::speed::Speed::exact(12_000.0, Millis(0));
+    let ms = weighted_ms(H100_H100_A100_A100, &table);
+    assert!((ms[3] - 100.0).abs() < 1e-9, "its learned 12k/s: {ms:?}");
+    // The typical rate is now the only one learned (12k, at weight 1): the weight-3
+    // servers are scored at 36k/s, the other weight-1 server at 12k/s.
+    assert!(
+        (ms[0] - 1200.0 / 36.0).abs() < 1e-9 && (ms[2] - 100.0).abs() < 1e-9,
+        "{ms:?}"
+    );
+}
+
+#[test]
+fn envoy_weights_count_when_asked_where_the_config_names_no_weight() {
+    let mut table = table_of(4);
+    for (row, w) in [3, 3, 1, 1].into_iter().enumerate() {
+        table.rows_mut()[row].lb_weight = w;
+    }
+    let from_envoy = r#"{"cost": {"first_token_steps": 0, "speed_weights_from_envoy": true}}"#;
+    assert_eq!(
+        weighted_ms(from_envoy, &table),
+        weighted_ms(H100_H100_A100_A100, &table_of(4))
+    );
+    assert_eq!(
+        weighted_ms(r#"{"cost": {"first_token_steps": 0}}"#, &table),
+        [60.0; 4],
+        "not read unless asked: weights set for a canary's share are no speed"
+    );
+    // The config's weight wins: server 1 named at 1 beside its Envoy weight of 3.
+    let named = r#"{"cost": {"first_token_steps": 0, "speed_weights_from_envoy": true,
+        "speed_weights": {"10.0.0.2:8000": 1}}}"#;
+    let ms = weighted_ms(named, &table);
+    assert!(ms[1] > 2.9 * ms[0], "{ms:?}");
+}
+
+#[test]
+fn a_weights_rate_stays_within_eight_times_the_configured_one() {
+    let far = r#"{"cost": {"first_token_steps": 0, "speed_weights": {"10.0.0.1:8000": 100,
+        "10.0.0.4:8000": 0.01}}}"#;
+    let ms = weighted_ms(far, &table_of(4));
+    // Typical weight 1 at the configured 20k tokens/s: 160k and 2.5k at most and least.
+    let near = |a: f64, b: f64| (a - b).abs() < 1e-9;
+    assert!(near(ms[0], 7.5) && near(ms[1], 60.0) && near(ms[3], 480.0), "{ms:?}");
+}
+
+#[test]
+fn equal_or_near_weights_change_nothing() {
+    let plain = weighted_ms(r#"{"cost": {"first_token_steps": 0}}"#, &table_of(4));
+    assert_eq!(plain, [60.0; 4]);
+    let all_two = r#"{"cost": {"first_token_steps": 0, "speed_weights": {"10.0.0.1:8000": 2,
+        "10.0.0.2:8000": 2, "10.0.0.3:8000": 2, "10.0.0.4:8000": 2}}}"#;
+    assert_eq!(weighted_ms(all_two, &table_of(4)), plain);
+    let near = r#"{"cost": {"first_token_steps": 0, "speed_weights": {"10.0.0.1:8000": 1.4}}}"#;
+    assert_eq!(weighted_ms(near, &table_of(4)), plain, "within 1.5x counts as alike");
+    let off = r#"{"cost": {"first_token_steps": 0, "learn_speeds": false, "speed_weights":
+        {"10.0.0.1:8000": 3, "10.0.0.2:8000": 3}}}"#;
+    assert_eq!(weighted_ms(off, &table_of(4)), plain, "the configured rate alone");
+}
+
+#[test]
+fn like_servers_are_scored_at_their_class_rate() {
+    // Four H100s whose learned rates drifted apart (the outer two 1.7x apart) and four
+    // A100s, 3x slower (`RateClasses`).
+    let rates = [
+        30_000.0, 38_000.0, 44_000.0, 51_000.0, 10_000.0, 11_500.0, 12_000.0, 14_000.0,
+    ];
+    let config = Config::from_json(b"{}").unwrap();
+    let mut table = table_of(8);
+    for (row, rate) in rates.iter().enumerate() {
+        table.rows_mut()[row].speed = crate::speed::Speed::exact(*rate, Millis(0));
+    }
+    let idle = VllmMetrics::default();
+    let cands = idle_cands(&table, &idle, 1200);
+    let ctx = ctx_at_zero(rate_classes(&config, &cands, Millis(0)), None);
+    let off = Config::from_json(br#"{"cost": {"first_token_steps": 0}}"#).unwrap();
+    let ms: Vec<f64> = cands.iter().map(|c| predicted_ttft(&off, c, &ctx).ttft_ms).collect();
+    assert!(ms[..4].iter().all(|m| (m - 1200.0 / 44.0).abs() < 1e-9), "{ms:?}");
+    assert!(
+        ms[4..].iter().all(|m| (m - 100.0).abs() < 1e-9),
+        "1200 tokens at 12k/s: {ms:?}"
+    );
+}
+
+#[test]
+fn a_learned_rate_gives_way_to_a_pace_far_off_it() {
+    let config = Config::from_json(b"{}").unwrap();
+    let mut table = table_of(3);
+    // All three learned 40k tokens/s from vLLM's sums; then the third slowed 3x: its
+    // first tokens show it at once, its sums only when its requests finish. The first
+    // reads 3x faster than the median pace: a pace never speeds a learned rate up.
+    for (row, ms) in [(0, 50), (1, 150), (2, 450)] {
+        table.rows_mut()[row].speed = crate::speed::Speed::exact(40_000.0, Millis(0));
+        for _ in 0..PrefillPace::PLACE_SAMPLES {
+            table.rows_mut()[row].pace.observe(3000, 3000.0, ms, true, Millis(0));
+        }
+    }
+    let idle = VllmMetrics::default();
+    let cands = idle_cands(&table, &idle, 1000);
+    let ctx = ctx_at_zero(
+        rate_classes(&config, &cands, Millis(0)),
+        typical_pace(&config, &cands, Millis(0)),
+    );
+    let [fast, near, slow] = cands
+        .iter()
+        .map(|c| predicted_ttft(&config, c, &ctx).ttft_ms)
+        .collect::<Vec<_>>()[..]
+    else {
+        panic!()
+    };
+    assert!(
+        (fast - 25.0).abs() < 1e-9 && fast == near,
+        "1000 tokens at the learned 40k/s: {fast}, {near}"
+    );
+    assert!(
+        (slow / near - 3.0).abs() < 1e-9,
+        "3x the median pace: its pace ({slow} vs {near})"
+    );
+}
