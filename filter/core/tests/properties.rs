@@ -245,3 +245,94 @@ proptest! {
         prop_assert!(rates.contains(&typical));
     }
 }
+
+#[derive(Clone, Debug)]
+enum WaitEvent {
+    Route { prefix: u64, timed: bool },
+    Peer { ep: usize },
+    FirstToken { back: usize },
+    Complete { back: usize },
+    Membership { mask: u8 },
+    Tick { ms: u64 },
+}
+
+fn wait_event() -> impl Strategy<Value = WaitEvent> {
+    prop_oneof![
+        (0..20u64, any::<bool>()).prop_map(|(prefix, timed)| WaitEvent::Route { prefix, timed }),
+        (0..8usize).prop_map(|ep| WaitEvent::Peer { ep }),
+        (0..6usize).prop_map(|back| WaitEvent::FirstToken { back }),
+        (0..6usize).prop_map(|back| WaitEvent::Complete { back }),
+        any::<u8>().prop_map(|mask| WaitEvent::Membership { mask }),
+        (0..500u64).prop_map(|ms| WaitEvent::Tick { ms }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// The tiers' floor (`Endpoint::oldest_pending_ms`) is the wait of the oldest of this
+    /// router's own streams on each server still without a first token, whatever happened
+    /// between: other requests, peers' requests, completions without a first token, servers
+    /// leaving and coming back.
+    #[test]
+    fn the_oldest_wait_is_that_of_the_oldest_own_stream_still_waiting(
+        events in prop::collection::vec(wait_event(), 1..150),
+    ) {
+        let mut r = router(PolicyKind::Cost, 1 << 20);
+        let mut now = Millis(1_000);
+        // This router's streams still without a first token: (request id, server, routed at).
+        let mut waiting: Vec<(u64, EndpointId, Millis)> = Vec::new();
+        let mut live: Vec<u64> = Vec::new();
+        let mut next_id = 0u64;
+        for e in events {
+            match e {
+                WaitEvent::Route { prefix, timed } => {
+                    let mut req = request(prefix, 8, false);
+                    req.first_token_timed = timed;
+                    let d = r.route(&req, now);
+                    r.on_routed(next_id, &req, &d, now);
+                    if let Some(best) = d.best() {
+                        live.push(next_id);
+                        if timed {
+                            waiting.push((next_id, best.clone(), now));
+                        }
+                    }
+                    next_id += 1;
+                }
+                WaitEvent::Peer { ep } => r.on_peer_event(
+                    &kvroute_core::PeerEvent::Routed {
+                        key: kvroute_core::peer::request_key(7, next_id),
+                        endpoint: id(ep),
+                        blocks: vec![BlockHash(next_id)],
+                        prompt_tokens: Tokens(64),
+                        uncached: Tokens(64),
+                        at: now,
+                    },
+                    now,
+                ),
+                WaitEvent::FirstToken { back } | WaitEvent::Complete { back } => {
+                    let Some(i) = live.len().checked_sub(back + 1) else { continue };
+                    let req_id = live[i];
+                    if matches!(e, WaitEvent::FirstToken { .. }) {
+                        r.on_first_token(req_id, now);
+                    } else {
+                        live.remove(i);
+                        r.on_completed(req_id, &Completion::default(), now);
+                    }
+                    waiting.retain(|(w, _, _)| *w != req_id);
+                }
+                WaitEvent::Membership { mask } => {
+                    let members: Vec<EndpointId> = (0..8).filter(|i| mask & (1 << i) != 0).map(id).collect();
+                    r.on_endpoints(&members);
+                    // A server that left is forgotten with what waited there.
+                    waiting.retain(|(_, ep, _)| members.contains(ep));
+                }
+                WaitEvent::Tick { ms } => now = now.plus(ms),
+            }
+            for e in r.endpoints() {
+                let oldest = waiting.iter().filter(|(_, ep, _)| *ep == e.id).map(|(_, _, at)| *at).min();
+                prop_assert_eq!(e.oldest_pending_ms(now), oldest.map_or(0, |at| now.since(at)), "{}", e.id);
+            }
+        }
+    }
+}
