@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # Speed weights for a fleet that starts cold, live (BENCHMARKS.md, "Speed weights for a
 # fleet that starts cold"): real Envoy + dist/kvroute.wasm + `kvroute-sim serve` with
-# 2 × H100 + 2 × A100 started fresh for every run, `bench --workload multi-turn` for 60 s,
-# kvroute as shipped ("plain") and with the H100s at load_balancing_weight 3 in the pool
-# cluster and `cost.speed_weights_from_envoy` on ("weighted": kvroute reads the weights
-# from Envoy's /clusters), RUNS runs of each, alternating; RATE_SCALE multiplies the
-# workload's arrival rate. Needs `make build setup-envoy`. OUT (default
-# target/live-weights) gets each run's JSON and the filter's per-server stats. Ports
-# 24000-24004, 24900, 24901 must be free.
+# 2 × H100 + 2 × A100 started fresh for every run, `bench --workload WORKLOAD` (multi-turn
+# unless set) for 60 s, kvroute as shipped ("plain") and with the H100s at
+# load_balancing_weight 3 in the pool cluster and `cost.speed_weights_from_envoy` on
+# ("weighted": kvroute reads the weights from Envoy's /clusters), RUNS runs of each,
+# alternating; RATE_SCALE multiplies the workload's arrival rate. Needs `make build
+# setup-envoy`. OUT (default target/live-weights) gets each run's JSON and the filter's
+# per-server stats. Ports 24000-24004, 24900, 24901 must be free.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-target/live-weights}
 RUNS=${RUNS:-3}
 RATE_SCALE=${RATE_SCALE:-1}  # multiplies the workload's default arrival rate
+WORKLOAD=${WORKLOAD:-multi-turn}  # or rag, shared-prefix
 SIM=target/release/kvroute-sim
 ENVOY=.venv/bin/envoy
 mkdir -p "$OUT"
@@ -42,7 +43,7 @@ for run in $(seq 1 "$RUNS"); do
     "$ENVOY" -c "$OUT/envoy.yaml" --concurrency 2 --use-dynamic-base-id -l warning >"$OUT/envoy.log" 2>&1 &
     ENVOY_PID=$!
     sleep 3
-    "$SIM" bench --workload multi-turn --rate-scale "$RATE_SCALE" --seed "$run" --url http://127.0.0.1:24900 --duration 60 --json "$OUT/$mode-$run.json" >/dev/null 2>&1
+    "$SIM" bench --workload "$WORKLOAD" --rate-scale "$RATE_SCALE" --seed "$run" --url http://127.0.0.1:24900 --duration 60 --json "$OUT/$mode-$run.json" >/dev/null 2>&1
     curl -s "127.0.0.1:24901/stats?filter=kvroute.endpoint" >"$OUT/$mode-$run-stats.txt"
     kill "$ENVOY_PID" "$SIM_PID" 2>/dev/null || true
     wait "$ENVOY_PID" "$SIM_PID" 2>/dev/null || true
