@@ -506,15 +506,7 @@ fn two_models_in_one_cluster(mode: Mode) {
         }
     })
     .unwrap();
-    let post = |model: &str, n: usize| {
-        let system = format!("Prompt {n} for {model}. ").repeat(30);
-        let body = format!(
-            r#"{{"model":"{model}","max_tokens":8,"messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"q"}}]}}"#
-        );
-        envoy
-            .post("/v1/chat/completions", &[("content-type", "application/json")], &body)
-            .unwrap()
-    };
+    let post = |model: &str, n: usize| chat(&envoy, model, &format!("Prompt {n} for {model}. ").repeat(30));
     // Every worker routes both models (a worker that has not applied a fleet state yet
     // leaves requests to Envoy).
     wait_until("kvroute routing", Duration::from_secs(10), &envoy, || {
@@ -564,6 +556,16 @@ fn service_mode_two_models_in_one_cluster_are_each_served_only_by_their_servers(
 #[test]
 fn lease_mode_two_models_in_one_cluster_are_each_served_only_by_their_servers() {
     two_models_in_one_cluster(Mode::Lease);
+}
+
+/// A chat completion for `model` with `system` as its system prompt, through `envoy`.
+fn chat(envoy: &Envoy, model: &str, system: &str) -> http_client::Response {
+    let body = format!(
+        r#"{{"model":"{model}","max_tokens":8,"messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"q"}}]}}"#
+    );
+    envoy
+        .post("/v1/chat/completions", &[("content-type", "application/json")], &body)
+        .unwrap()
 }
 
 fn routed_reason(r: &http_client::Response) -> bool {
@@ -701,15 +703,7 @@ fn service_mode_envoy_weights_reach_kvroute_and_place_a_cold_fleets_prefixes() {
         &envoy,
         || hosts.iter().all(|(port, w)| gauge(*port) == u64::from(*w) * 1000),
     );
-    let post = |n: usize| {
-        let system = format!("Weighted prompt {n}. ").repeat(30);
-        let body = format!(
-            r#"{{"model":"{MODEL}","max_tokens":8,"messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"q"}}]}}"#
-        );
-        envoy
-            .post("/v1/chat/completions", &[("content-type", "application/json")], &body)
-            .unwrap()
-    };
+    let post = |n: usize| chat(&envoy, MODEL, &format!("Weighted prompt {n}. ").repeat(30));
     wait_until("kvroute routing", Duration::from_secs(10), &envoy, || {
         (0..8).all(|i| routed_reason(&post(1000 + i)))
     });

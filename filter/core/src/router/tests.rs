@@ -1315,14 +1315,21 @@ fn tiered_by_priority(objective_ms: f64, loads: &[VllmMetrics]) -> Router {
     raw.tiers.from_priority = true;
     raw.tiers.ttft_objective_ms = objective_ms;
     let mut r = Router::new(Config::try_from(raw).unwrap());
+    apply_discovered(&mut r, loads, |i| (u32::from(i >= 2), 1));
+    r
+}
+
+/// Gives `r` a pool learned from Envoy: server `i` with `loads[i]` and the (priority,
+/// load-balancing weight) `of(i)`.
+fn apply_discovered(r: &mut Router, loads: &[VllmMetrics], of: impl Fn(usize) -> (u32, u32)) {
     let members = loads
         .iter()
         .enumerate()
         .map(|(i, m)| crate::fleet::Member {
             id: ep(i),
             envoy: EnvoyHealth::Serve,
-            priority: u32::from(i >= 2),
-            weight: 1,
+            priority: of(i).0,
+            weight: of(i).1,
             scrape_healthy: true,
             scraped_at: Some(T0),
             metrics: Some(m.clone()),
@@ -1334,7 +1341,6 @@ fn tiered_by_priority(objective_ms: f64, loads: &[VllmMetrics]) -> Router {
         published_at: T0,
         members,
     });
-    r
 }
 
 #[test]
@@ -1715,23 +1721,8 @@ fn a_cold_fleet_places_new_prefixes_by_envoys_weights() {
     let mut raw = RawConfig::default();
     raw.cost.speed_weights_from_envoy = true;
     let mut r = Router::new(Config::try_from(raw).unwrap());
-    let members = (0..4)
-        .map(|i| crate::fleet::Member {
-            id: ep(i),
-            envoy: EnvoyHealth::Serve,
-            priority: 0,
-            weight: if i >= 2 { 3 } else { 1 },
-            scrape_healthy: true,
-            scraped_at: Some(T0),
-            metrics: Some(load(0, 0, 0.0)),
-            models: None,
-        })
-        .collect();
-    r.on_fleet(&crate::FleetState {
-        version: 1,
-        published_at: T0,
-        members,
-    });
+    let idle = [load(0, 0, 0.0), load(0, 0, 0.0), load(0, 0, 0.0), load(0, 0, 0.0)];
+    apply_discovered(&mut r, &idle, |i| (0, if i >= 2 { 3 } else { 1 }));
     // Eight new prefixes: without weights their rendezvous owners spread over all four.
     for prefix in 1..=8 {
         let d = r.route(&req(prefix, 32), T0);
