@@ -197,7 +197,7 @@ impl RequestStats {
     /// (`kvroute.endpoint.<ip_port>.speed_weight_permille`; `cost.speed_weights`, or its
     /// weight in Envoy's pool cluster with `cost.speed_weights_from_envoy`): the weight
     /// itself, applied only until its rate is learned and only where weights differ by
-    /// more than 1.5×.
+    /// more than 1.5×. Reported only where weights are in use (`policy::weights_in_use`).
     pub fn speed_weight(&self, endpoint: &str, permille: u64) {
         self.per_endpoint_gauge(endpoint, "speed_weight_permille", permille);
     }

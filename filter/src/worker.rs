@@ -9,6 +9,7 @@ use std::rc::Rc;
 
 use kvroute_core::capture::Capturer;
 use kvroute_core::config::ClusterShape;
+use kvroute_core::policy;
 use kvroute_core::{Config, Decision, FleetState, Millis, Outcome, RouteRequest, Router};
 use proxy_wasm::types::LogLevel;
 
@@ -284,8 +285,10 @@ impl Worker {
                 if let Some(ms) = e.step.ms(now) {
                     stats.step(e.id.as_str(), (ms * 1000.0) as u64);
                 }
-                let weight = kvroute_core::policy::endpoint_speed_weight(router.config(), e);
-                stats.speed_weight(e.id.as_str(), (weight * 1000.0).round() as u64);
+                if policy::weights_in_use(router.config()) {
+                    let weight = policy::speed_weight(router.config(), e);
+                    stats.speed_weight(e.id.as_str(), (weight * 1000.0).round() as u64);
+                }
                 if let Some(share) = e.seen.unseen().filter(|_| places) {
                     stats.unseen(e.id.as_str(), (share * 1000.0) as u64);
                 }

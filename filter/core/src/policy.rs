@@ -33,7 +33,7 @@ use crate::types::{BlockHash, Cost, EndpointId, Millis, Tokens};
 mod classes;
 mod weights;
 pub use classes::RateClasses;
-pub use weights::{endpoint_speed_weight, speed_weight, typical_weight};
+pub use weights::{speed_weight, typical_weight, weights_in_use};
 
 /// A candidate endpoint that passed the hard filters.
 pub struct Candidate<'a> {

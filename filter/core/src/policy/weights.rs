@@ -19,14 +19,16 @@ use crate::types::Millis;
 
 use super::{Candidate, RateClasses};
 
-/// A candidate's speed weight (`endpoint_speed_weight`).
-pub fn speed_weight(config: &Config, c: &Candidate) -> f64 {
-    endpoint_speed_weight(config, c.endpoint)
+/// Whether any server can have a weight other than 1 (`cost.speed_weights` names one, or
+/// Envoy's weights are read): without, nothing here runs on the request path.
+pub fn weights_in_use(config: &Config) -> bool {
+    let cost = config.cost();
+    !cost.speed_weights.is_empty() || cost.speed_weights_from_envoy
 }
 
 /// A server's speed weight: `cost.speed_weights` for its `ip:port`, else its weight in
 /// Envoy's pool cluster with `cost.speed_weights_from_envoy` (1 for a static pool), else 1.
-pub fn endpoint_speed_weight(config: &Config, e: &Endpoint) -> f64 {
+pub fn speed_weight(config: &Config, e: &Endpoint) -> f64 {
     let cost = config.cost();
     match cost.speed_weights.get(e.id.as_str()) {
         Some(w) => *w,
@@ -40,11 +42,12 @@ pub fn endpoint_speed_weight(config: &Config, e: &Endpoint) -> f64 {
 /// when every candidate has the same weight (nothing to scale: checked first, without
 /// allocating, as it is on every request) or learning is off.
 pub fn typical_weight(config: &Config, cands: &[Candidate], rates: &RateClasses, now: Millis) -> Option<f64> {
-    if !config.cost().learn_speeds {
+    if !config.cost().learn_speeds || !weights_in_use(config) {
         return None;
     }
-    let first = speed_weight(config, cands.first()?);
-    if cands.iter().all(|c| speed_weight(config, c) == first) {
+    let weight = |c: &Candidate| speed_weight(config, c.endpoint);
+    let first = weight(cands.first()?);
+    if cands.iter().all(|c| weight(c) == first) {
         return None;
     }
     let typical_rate = rates.typical();
@@ -52,13 +55,9 @@ pub fn typical_weight(config: &Config, cands: &[Candidate], rates: &RateClasses,
         let learned = c.endpoint.speed.learned(now);
         typical_rate.is_some_and(|t| learned.is_some_and(|l| rates.class_of(l) == t))
     };
-    let mut weights: Vec<f64> = cands
-        .iter()
-        .filter(|c| in_typical_class(c))
-        .map(|c| speed_weight(config, c))
-        .collect();
+    let mut weights: Vec<f64> = cands.iter().filter(|c| in_typical_class(c)).map(weight).collect();
     if weights.is_empty() {
-        weights = cands.iter().map(|c| speed_weight(config, c)).collect();
+        weights = cands.iter().map(weight).collect();
     }
     weights.sort_by(f64::total_cmp);
     weights.get(weights.len() / 2).copied()
@@ -73,6 +72,6 @@ pub fn prior_rate(
     typical_rate: f64,
 ) -> Option<(f64, f64)> {
     let prior = config.cost().prefill_tokens_per_s;
-    let rate = typical_rate * speed_weight(config, c) / typical_weight?;
+    let rate = typical_rate * speed_weight(config, c.endpoint) / typical_weight?;
     Some((rate.clamp(prior / CLAMP, prior * CLAMP), SAME_WITHIN))
 }
