@@ -333,7 +333,7 @@ impl Shared {
             Outcome::PrefixHit | Outcome::Cold => {
                 self.stats.hold_released.inc();
                 slot.routed = self.apply_decision(router, &w.req, decision, now);
-                self.peers.publish_now(router, now);
+                self.peers.publish_now(router, &self.stats, now);
             }
             // A sheddable request past every server's limits by the scrape: 429, as on arrival.
             Outcome::Shed { retry_after_s } => {

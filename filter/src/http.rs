@@ -392,6 +392,9 @@ impl HttpContext for Http {
             shared.stats.usage_missing.inc();
         }
         let Ok(mut router) = shared.router.try_borrow_mut() else {
+            // Never expected (callbacks do not nest while the router is held); counted, as
+            // the request's load then stays in this worker's view.
+            shared.stats.skipped_error.inc();
             return;
         };
         let done = Completion {

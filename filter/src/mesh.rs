@@ -97,6 +97,18 @@ pub struct Mesh {
 }
 
 /// Where a reader is in the process's log.
+/// What became of a `Mesh::publish`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Published {
+    Written,
+    /// No events, and no heartbeat due.
+    NotDue,
+    /// No segment number could be reserved (shared data refused): nothing was written.
+    NotReserved,
+    /// A number was reserved but the segment could not be written: its events are lost.
+    NotWritten,
+}
+
 #[derive(Debug, Default)]
 pub struct Cursor {
     /// The next segment number to read (`None` before the first read).
@@ -210,11 +222,14 @@ impl Mesh {
 
     /// Publishes `events` (this worker's changes since its last tick) as one segment, or an
     /// empty one when a heartbeat is due.
-    pub fn publish(&mut self, events: &[PeerEvent], now: Millis) {
+    pub fn publish(&mut self, events: &[PeerEvent], now: Millis) -> Published {
         if events.is_empty() && now.0.saturating_sub(self.last_write_ms) < HEARTBEAT_MS {
-            return;
+            return Published::NotDue;
         }
-        let Some(number) = self.cursor.reserve() else { return };
+        // Nothing reserved: the caller keeps the events for its next try.
+        let Some(number) = self.cursor.reserve() else {
+            return Published::NotReserved;
+        };
         let segment = Segment {
             number,
             origin: self.origin,
@@ -222,9 +237,12 @@ impl Mesh {
             written_ms: now.0,
             events: events.iter().map(WireEvent::from).collect(),
         };
-        if host::set_shared_data(&slot_key(number), &segment.encode_to_vec()).is_ok() {
-            self.last_write_ms = now.0;
+        if host::set_shared_data(&slot_key(number), &segment.encode_to_vec()).is_err() {
+            // The number is taken: readers count the segment lost after `UNWRITTEN_WAIT_MS`.
+            return Published::NotWritten;
         }
+        self.last_write_ms = now.0;
+        Published::Written
     }
 
     /// What the peers published since the last call.

@@ -20,7 +20,7 @@ use kvroute_core::{Config, Millis, Router};
 use proxy_wasm::types::LogLevel;
 
 use crate::host;
-use crate::mesh::Mesh;
+use crate::mesh::{Mesh, Published};
 use crate::stats::{self_clock, RequestStats};
 
 const IDLE_AFTER_MS: u64 = 1000;
@@ -149,7 +149,7 @@ impl Peers {
         // tick: the tick then only publishes what completions and first tokens left.
         let pulled_lately = self.on_request && now.0.saturating_sub(self.last_pull.get()) < self.tick_ms;
         let moved = if pulled_lately {
-            self.push(router, now);
+            self.push(router, stats, now);
             true
         } else {
             self.exchange(router, stats, now)
@@ -188,7 +188,7 @@ impl Peers {
             stats.share_ns[0].add(self_clock().saturating_sub(t0));
             return;
         }
-        self.push(router, now);
+        self.push(router, stats, now);
         stats.share_ns[0].add(self_clock().saturating_sub(t0));
         self.last_activity.set(now.0);
         if host::set_tick_period_ms(self.tick_ms).is_ok() {
@@ -214,36 +214,48 @@ impl Peers {
             )
         {
             let t0 = self_clock();
-            self.push(router, now);
+            self.push(router, stats, now);
             stats.share_ns[1].add(self_clock().saturating_sub(t0));
         }
     }
 
     /// Publishes what this worker did at once, whatever `share.on_request` says: a held
     /// request's release, which the owner of the next held one must see before it routes.
-    pub fn publish_now(&self, router: &mut Router, now: Millis) {
-        self.push(router, now);
+    pub fn publish_now(&self, router: &mut Router, stats: &RequestStats, now: Millis) {
+        self.push(router, stats, now);
     }
 
     /// Publishes this worker's changes and applies its peers'. Returns whether anything moved.
     fn exchange(&self, router: &mut Router, stats: &RequestStats, now: Millis) -> bool {
-        let pushed = self.push(router, now);
+        let pushed = self.push(router, stats, now);
         let pulled = self.pull(router, stats, now);
         pushed || pulled
     }
 
     /// Publishes what this worker did since it last published.
-    fn push(&self, router: &mut Router, now: Millis) -> bool {
+    fn push(&self, router: &mut Router, stats: &RequestStats, now: Millis) -> bool {
         let Ok(mut guard) = self.mesh.try_borrow_mut() else {
             return false;
         };
         let Some(mesh) = guard.as_mut() else { return false };
         let out = router.take_peer_events();
-        mesh.publish(&out, now);
-        if !out.is_empty() {
+        let count = out.len() as u64;
+        match mesh.publish(&out, now) {
+            Published::Written => stats.peer_events_published.add(count),
+            Published::NotDue => {}
+            // Kept for the next push: a completion peers never hear of pins its load in
+            // their views for `PEER_REQUEST_MAX_MS`.
+            Published::NotReserved => {
+                let dropped = router.return_peer_events(out);
+                stats.peer_events_unpublished.add(dropped as u64);
+                return false;
+            }
+            Published::NotWritten => stats.peer_events_unpublished.add(count),
+        }
+        if count > 0 {
             self.last_push.set(now.0);
         }
-        !out.is_empty()
+        count > 0
     }
 
     /// Applies what the peers published since this worker last looked.

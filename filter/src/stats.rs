@@ -74,6 +74,9 @@ pub struct RequestStats {
     pub inflight: Metric,
     pub peer_events: Metric,
     pub peer_events_lost: Metric,
+    /// Events this worker wrote into the log, and events it could not (shared data refused).
+    pub peer_events_published: Metric,
+    pub peer_events_unpublished: Metric,
     pub peers_gone: Metric,
     pub usage_reported: Metric,
     pub usage_missing: Metric,
@@ -138,6 +141,8 @@ impl RequestStats {
             inflight: g("inflight_requests"),
             peer_events: c("mesh.events_applied"),
             peer_events_lost: c("mesh.events_lost"),
+            peer_events_published: c("mesh.events_published"),
+            peer_events_unpublished: c("mesh.events_unpublished"),
             peers_gone: c("mesh.peers_gone"),
             usage_reported: c("responses.usage_reported"),
             usage_missing: c("responses.usage_missing"),

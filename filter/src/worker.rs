@@ -271,7 +271,7 @@ impl Worker {
                 .contribute(&self.reported_entries, router.index().entries() as u64);
             stats
                 .inflight
-                .contribute(&self.reported_inflight, router.inflight_requests() as u64);
+                .contribute(&self.reported_inflight, router.own_inflight_requests() as u64);
             // Only a router that places requests (its own or its peers') can tell what it
             // did not see: the VM that only scrapes would read every server as unseen.
             let places = router.stats().routed + router.stats().peer_events > 0;

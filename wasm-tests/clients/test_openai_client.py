@@ -106,12 +106,19 @@ class ThroughTheGateway(unittest.TestCase):
             self.assertEqual(delta.get(skipped, 0), 0, f"kvroute {skipped}: {delta}")
         decided = sum(delta.get(f"decision.{d}", 0) for d in ("cold", "prefix_hit", "fallback"))
         self.assertEqual(decided, self.routed, f"kvroute decisions vs inference bodies sent: {delta}")
-        # kvroute releases every request's load. The gauge is each worker's count summed at
-        # its ticks, a peer's copy released when the completion event reaches it: usually a
-        # few ms, but twice on the loaded 2-core CI machine still 1 after 2 s (and 0 by the
-        # next test). A leak never clears: 10 s tells them apart.
-        deadline = time.monotonic() + 10.0
-        while STACK.stat("inflight_requests") != 0 and time.monotonic() < deadline:
+        # kvroute releases every request's load. The gauge is the sum of each worker's own
+        # requests in flight, reported at its ticks (every 100 ms): a request that ended just
+        # now may still show, or show only after a read of 0 (the worker reports it once it
+        # routed it and again once it ended). So it must read 0 throughout half a second,
+        # within 10 s: a leak never clears.
+        deadline, quiet_since = time.monotonic() + 10.0, None
+        while time.monotonic() < deadline:
+            if STACK.stat("inflight_requests") != 0:
+                quiet_since = None
+            elif quiet_since is None:
+                quiet_since = time.monotonic()
+            elif time.monotonic() - quiet_since >= 0.5:
+                break
             time.sleep(0.02)
         after = STACK.stats()
         self.assertEqual(after.get("inflight_requests", 0), 0,

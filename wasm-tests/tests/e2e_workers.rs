@@ -24,10 +24,19 @@ fn long_prompt(tag: &str) -> String {
     format!("You are the assistant of team {tag}. Follow the house style. ").repeat(60)
 }
 
+/// What the workers' exchange did, once it settled (or after 5 s).
+#[derive(Debug)]
+struct Exchange {
+    applied: u64,
+    published: u64,
+    unpublished: u64,
+    inflight: u64,
+}
+
 /// Sends PAIRS pairs of requests sharing a prefix, each on its own connection (so Envoy
 /// spreads them over its workers), the second 50 ms after the first. Returns, per pair,
 /// (server of the first, server of the second, kvroute's reason for the second).
-fn pairs(share: bool) -> (Vec<(String, String, String)>, u64) {
+fn pairs(share: bool) -> (Vec<(String, String, String)>, Exchange) {
     let servers: Vec<FakeVllm> = (0..4).map(|_| FakeVllm::start(Load::idle()).unwrap()).collect();
     let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
     let edit = |text: String| {
@@ -61,12 +70,26 @@ fn pairs(share: bool) -> (Vec<(String, String, String)>, u64) {
             (first, second, reason)
         })
         .collect();
-    (out, envoy.stat("wasmcustom.kvroute.mesh.events_applied"))
+    let read = || Exchange {
+        applied: envoy.stat("wasmcustom.kvroute.mesh.events_applied"),
+        published: envoy.stat("wasmcustom.kvroute.mesh.events_published"),
+        unpublished: envoy.stat("wasmcustom.kvroute.mesh.events_unpublished"),
+        inflight: envoy.stat("wasmcustom.kvroute.inflight_requests"),
+    };
+    // Every event one worker published is applied by each of the others.
+    let settled = |x: &Exchange| x.applied == x.published * u64::from(WORKERS - 1) && x.inflight == 0;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut exchange = read();
+    while !settled(&exchange) && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(50));
+        exchange = read();
+    }
+    (out, exchange)
 }
 
 #[test]
 fn every_worker_finds_the_prefix_another_worker_placed() {
-    let (pairs, applied) = pairs(true);
+    let (pairs, exchange) = pairs(true);
     for (i, (first, second, reason)) in pairs.iter().enumerate() {
         assert_eq!(
             reason, "prefix_hit",
@@ -74,20 +97,21 @@ fn every_worker_finds_the_prefix_another_worker_placed() {
         );
         assert_eq!(first, second, "pair {i}: {pairs:?}");
     }
-    assert!(applied >= PAIRS as u64, "peer events applied: {applied}");
-    // A request makes at most three events (routed, first token, completed), each applied by
-    // the other workers only: the filter's root on Envoy's main thread serves no traffic
-    // and must not read the log too.
-    let most = (2 * PAIRS * 3) as u64 * u64::from(WORKERS - 1);
-    assert!(applied <= most, "peer events applied: {applied} > {most}");
+    // A request makes three events (routed, first token, completed), each applied by the
+    // other workers only: the filter's root on Envoy's main thread serves no traffic and
+    // must not read the log too. None is lost on the way, and the gauge counts each
+    // request once, by the worker that routed it.
+    assert_eq!(exchange.published, (2 * PAIRS * 3) as u64, "{exchange:?}");
+    assert_eq!(exchange.applied, exchange.published * u64::from(WORKERS - 1), "{exchange:?}");
+    assert_eq!((exchange.unpublished, exchange.inflight), (0, 0), "{exchange:?}");
 }
 
 #[test]
 fn without_sharing_workers_route_blind() {
     // The claim above can fail: the same traffic with sharing off leaves the workers that
     // did not place a prefix treating it as cold.
-    let (pairs, applied) = pairs(false);
+    let (pairs, exchange) = pairs(false);
     let cold = pairs.iter().filter(|(_, _, r)| r == "cold").count();
     assert!(cold >= 1, "every sibling hit its prefix without sharing: {pairs:?}");
-    assert_eq!(applied, 0);
+    assert_eq!((exchange.applied, exchange.published), (0, 0));
 }

@@ -154,6 +154,17 @@ impl Endpoint {
         }
     }
 
+    /// Request `(routed_at, old)`, if waiting here, is now known as `new` (its router took
+    /// a new origin: `Router::share_with_peers`).
+    pub fn rekey_prefill(&mut self, routed_at: Millis, old: u64, new: u64) {
+        if let Some(p) = self.prefilling.remove(&(routed_at, old)) {
+            self.prefilling.insert((routed_at, new), p);
+            if self.timed_prefilling.remove(&(routed_at, old)) {
+                self.timed_prefilling.insert((routed_at, new));
+            }
+        }
+    }
+
     /// Request `(routed_at, key)` no longer waits for its first token here.
     pub fn end_prefill(&mut self, routed_at: Millis, key: u64) {
         self.prefilling.remove(&(routed_at, key));

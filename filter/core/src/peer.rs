@@ -31,6 +31,11 @@ pub fn origin_of(key: u64) -> u32 {
     (key >> LOCAL_ID_BITS) as u32
 }
 
+/// The router-local request id a key holds.
+pub fn local_id_of(key: u64) -> u64 {
+    key & ((1 << LOCAL_ID_BITS) - 1)
+}
+
 /// One change to a router's view, for its peers to apply.
 #[derive(Clone, Debug, PartialEq)]
 pub enum PeerEvent {

@@ -180,8 +180,19 @@ impl Router {
         self.index.set_budget(max_memory_bytes);
     }
 
+    /// Requests in flight as this router sees them: its own and its peers'.
     pub fn inflight_requests(&self) -> usize {
         self.inflight.len()
+    }
+
+    /// This router's own requests in flight (summed over a process's workers, each request
+    /// counts once; a peer's copy would count it once per worker, late by the exchange).
+    pub fn own_inflight_requests(&self) -> usize {
+        let origin = self.origin;
+        self.inflight
+            .keys()
+            .filter(|k| crate::peer::origin_of(**k) == origin)
+            .count()
     }
 
     /// Hashes a parsed body into a routing request for `tenant`.

@@ -3,15 +3,61 @@
 //! peer that went silent.
 
 use super::Router;
-use crate::peer::{origin_of, PeerEvent};
+use crate::peer::{local_id_of, origin_of, request_key, PeerEvent};
 use crate::types::Millis;
+
+/// Events waiting for the peers at most, when the log keeps refusing them.
+const MAX_OUTBOX: usize = 65_536;
 
 impl Router {
     /// From now on, record every change peers must know (see `take_peer_events`), and stamp
     /// this router's requests with `origin`, unique among the peers.
     pub fn share_with_peers(&mut self, origin: u32) {
-        self.origin = origin;
+        let before = std::mem::replace(&mut self.origin, origin);
+        let sharing = self.outbox.is_some();
         self.outbox.get_or_insert_with(Vec::new);
+        if sharing && before != origin {
+            self.rekey_own(before);
+        }
+    }
+
+    /// This router's requests in flight under its previous origin `before` take keys of its
+    /// new one: their first tokens and completions are looked up by the current origin.
+    /// Peers knew them by the old keys: they release those and place the new ones.
+    fn rekey_own(&mut self, before: u32) {
+        let old: Vec<u64> = self
+            .inflight
+            .keys()
+            .copied()
+            .filter(|k| origin_of(*k) == before)
+            .collect();
+        for key in old {
+            let Some(mut record) = self.inflight.remove(&key) else {
+                continue;
+            };
+            let new = request_key(self.origin, local_id_of(key));
+            if let Some(e) = self.table.get_mut(&record.endpoint) {
+                e.rekey_prefill(record.routed_at, key, new);
+            }
+            record.key = new;
+            self.tell_peers(|| PeerEvent::Completed {
+                key,
+                served_by: None,
+                cached_tokens: None,
+            });
+            self.tell_peers(|| PeerEvent::Routed {
+                key: new,
+                endpoint: record.endpoint.clone(),
+                blocks: record.blocks.clone(),
+                prompt_tokens: record.prompt_tokens,
+                uncached: record.uncached,
+                at: record.routed_at,
+            });
+            if !record.prefilling {
+                self.tell_peers(|| PeerEvent::FirstToken { key: new });
+            }
+            self.inflight.insert(new, record);
+        }
     }
 
     /// Whether the changes waiting for the peers include a placement that is news
@@ -23,6 +69,20 @@ impl Router {
     /// The changes made since the last call, oldest first, for the peers.
     pub fn take_peer_events(&mut self) -> Vec<PeerEvent> {
         self.outbox.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// Events `take_peer_events` handed out that could not be published: they go first
+    /// again. The outbox keeps at most `MAX_OUTBOX` events (the oldest go past it: a log
+    /// refused that long is down); returns how many were dropped.
+    pub fn return_peer_events(&mut self, mut events: Vec<PeerEvent>) -> usize {
+        let Some(outbox) = self.outbox.as_mut() else {
+            return events.len();
+        };
+        events.append(outbox);
+        let dropped = events.len().saturating_sub(MAX_OUTBOX);
+        events.drain(..dropped);
+        *outbox = events;
+        dropped
     }
 
     pub(super) fn tell_peers(&mut self, event: impl FnOnce() -> PeerEvent) {

@@ -676,6 +676,7 @@ fn keys_from_two_peers_with_the_same_local_id_stay_apart_and_own_events_are_igno
         2,
         "same local id, two origins; a repeated event counts once"
     );
+    assert_eq!(a.own_inflight_requests(), 1, "b's copy is not a's own");
     let applied = a.stats().peer_events;
     for ev in a.take_peer_events() {
         a.on_peer_event(&ev, T0);
@@ -701,6 +702,74 @@ fn a_completion_that_overtakes_its_placement_leaves_no_load() {
         .iter()
         .all(|e| e.inflight == 0 && e.pending_prefill_tokens == Tokens(0)));
     assert_eq!(b.route(&req(3, 8), T0).matched_blocks, 8, "the placement still counts");
+}
+
+#[test]
+fn events_the_log_refused_go_first_at_the_next_publish() {
+    let (mut a, mut b) = peers(2);
+    let d = a.route(&req(3, 8), T0);
+    a.on_routed(1, &req(3, 8), &d, T0);
+    a.on_first_token(1, T0);
+    let refused = a.take_peer_events();
+    assert_eq!(refused.len(), 2);
+    a.on_completed(1, &done_at(None, None), T0);
+    assert_eq!(a.return_peer_events(refused), 0);
+    pass(&mut a, &mut b);
+    assert_eq!(b.inflight_requests(), 0, "placement, first token, completion, in order");
+    assert_eq!(b.stats().peer_events, 3);
+    assert!(b.endpoints().iter().all(|e| e.inflight == 0));
+}
+
+#[test]
+fn the_outbox_keeps_the_newest_events_when_the_log_refuses_for_long() {
+    let (mut a, _) = peers(2);
+    let d = a.route(&req(3, 8), T0);
+    for id in 0..70_000u64 {
+        a.on_routed(id, &req(3, 8), &d, T0);
+        a.on_completed(id, &done_at(None, None), T0);
+    }
+    let all = a.take_peer_events();
+    assert_eq!(all.len(), 140_000);
+    let newest = all.last().cloned();
+    assert_eq!(a.return_peer_events(all), 140_000 - 65_536);
+    let kept = a.take_peer_events();
+    assert_eq!(kept.len(), 65_536);
+    assert_eq!(kept.last().cloned(), newest);
+}
+
+#[test]
+fn requests_in_flight_when_a_router_takes_a_new_origin_still_end() {
+    // Two VMs that started at the same instant can take one origin; the one that notices
+    // takes another while its requests are in flight. Their first tokens and completions
+    // must still find them, here and on every peer.
+    let (mut a, mut b) = peers(2);
+    let d = a.route(&req(3, 8), T0);
+    a.on_routed(1, &req(3, 8), &d, T0);
+    a.on_routed(2, &req(3, 8), &d, T0);
+    a.on_first_token(2, T0);
+    pass(&mut a, &mut b);
+    a.share_with_peers(7);
+    a.on_first_token(1, T0);
+    pass(&mut a, &mut b);
+    let chosen = d.best().unwrap().clone();
+    assert_eq!(
+        inflight_on(&b, &chosen),
+        (2, Tokens(0)),
+        "b sees both, neither prefilling"
+    );
+    a.on_completed(1, &done_at(None, None), T0);
+    a.on_completed(2, &done_at(None, None), T0);
+    assert_eq!(a.inflight_requests(), 0);
+    assert!(a
+        .endpoints()
+        .iter()
+        .all(|e| e.inflight == 0 && e.pending_prefill_tokens == Tokens(0)));
+    pass(&mut a, &mut b);
+    assert_eq!(b.inflight_requests(), 0);
+    assert!(b
+        .endpoints()
+        .iter()
+        .all(|e| e.inflight == 0 && e.pending_prefill_tokens == Tokens(0)));
 }
 
 #[test]
