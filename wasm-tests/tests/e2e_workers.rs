@@ -102,7 +102,11 @@ fn every_worker_finds_the_prefix_another_worker_placed() {
     // must not read the log too. None is lost on the way, and the gauge counts each
     // request once, by the worker that routed it.
     assert_eq!(exchange.published, (2 * PAIRS * 3) as u64, "{exchange:?}");
-    assert_eq!(exchange.applied, exchange.published * u64::from(WORKERS - 1), "{exchange:?}");
+    assert_eq!(
+        exchange.applied,
+        exchange.published * u64::from(WORKERS - 1),
+        "{exchange:?}"
+    );
     assert_eq!((exchange.unpublished, exchange.inflight), (0, 0), "{exchange:?}");
 }
 
