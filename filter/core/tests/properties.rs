@@ -336,3 +336,150 @@ proptest! {
         }
     }
 }
+
+#[derive(Clone, Debug)]
+enum MeshEvent {
+    Route {
+        at: usize,
+        prefix: u64,
+    },
+    FirstToken {
+        at: usize,
+        back: usize,
+    },
+    Complete {
+        at: usize,
+        back: usize,
+    },
+    /// Delivers up to `n` of `from`'s events waiting for `to`, oldest first.
+    Deliver {
+        from: usize,
+        to: usize,
+        n: usize,
+    },
+    /// Router `at` takes a new origin (two VMs took one origin, and this one noticed).
+    NewOrigin {
+        at: usize,
+    },
+}
+
+fn mesh_event() -> impl Strategy<Value = MeshEvent> {
+    prop_oneof![
+        3 => (0..3usize, 0..6u64).prop_map(|(at, prefix)| MeshEvent::Route { at, prefix }),
+        2 => (0..3usize, 0..4usize).prop_map(|(at, back)| MeshEvent::FirstToken { at, back }),
+        2 => (0..3usize, 0..4usize).prop_map(|(at, back)| MeshEvent::Complete { at, back }),
+        4 => (0..3usize, 0..3usize, 1..6usize).prop_map(|(from, to, n)| MeshEvent::Deliver { from, to, n }),
+        1 => (0..3usize).prop_map(|at| MeshEvent::NewOrigin { at }),
+    ]
+}
+
+/// Every router's view of the load: (requests in flight, per server (in flight, tokens
+/// waiting for a first token)).
+fn load_view(r: &Router) -> (usize, Vec<(u32, Tokens)>) {
+    let per_server = r
+        .endpoints()
+        .iter()
+        .map(|e| (e.inflight, e.pending_prefill_tokens))
+        .collect();
+    (r.inflight_requests(), per_server)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// Three routers that share (the workers of one Envoy): whatever order their events
+    /// arrive in (each sender's in order), and whichever of them takes a new origin while
+    /// its requests are in flight, each counts exactly its own live requests, and once
+    /// every event has arrived, every router sees the same load; when everything has ended,
+    /// none is left anywhere.
+    #[test]
+    fn peers_agree_on_the_load_once_their_events_arrive(
+        events in prop::collection::vec(mesh_event(), 1..120),
+    ) {
+        let mut routers: Vec<Router> = (0..3).map(|_| router(PolicyKind::Cost, 1 << 20)).collect();
+        for (i, r) in routers.iter_mut().enumerate() {
+            r.share_with_peers(i as u32 + 1);
+        }
+        let mut next_origin = 10u32;
+        let now = Millis(1_000);
+        // Per router: its live requests (id, first token seen).
+        let mut live: Vec<Vec<(u64, bool)>> = vec![Vec::new(); 3];
+        // What each router published and each other router has not applied yet.
+        let mut channels: Vec<Vec<std::collections::VecDeque<kvroute_core::PeerEvent>>> =
+            vec![vec![std::collections::VecDeque::new(); 3]; 3];
+        let mut next_id = 0u64;
+        let publish = |routers: &mut Vec<Router>, channels: &mut Vec<Vec<std::collections::VecDeque<kvroute_core::PeerEvent>>>, at: usize| {
+            for ev in routers[at].take_peer_events() {
+                for (to, ch) in channels[at].iter_mut().enumerate() {
+                    if to != at {
+                        ch.push_back(ev.clone());
+                    }
+                }
+            }
+        };
+        let deliver_all = |routers: &mut Vec<Router>, channels: &mut Vec<Vec<std::collections::VecDeque<kvroute_core::PeerEvent>>>| {
+            for from in 0..3 {
+                for to in 0..3 {
+                    while let Some(ev) = channels[from][to].pop_front() {
+                        routers[to].on_peer_event(&ev, now);
+                    }
+                }
+            }
+        };
+        for e in events {
+            match e {
+                MeshEvent::Route { at, prefix } => {
+                    let req = request(prefix, 8, false);
+                    let d = routers[at].route(&req, now);
+                    routers[at].on_routed(next_id, &req, &d, now);
+                    if d.best().is_some() {
+                        live[at].push((next_id, false));
+                    }
+                    next_id += 1;
+                }
+                MeshEvent::FirstToken { at, back } => {
+                    let Some(i) = live[at].len().checked_sub(back + 1) else { continue };
+                    routers[at].on_first_token(live[at][i].0, now);
+                    live[at][i].1 = true;
+                }
+                MeshEvent::Complete { at, back } => {
+                    let Some(i) = live[at].len().checked_sub(back + 1) else { continue };
+                    let (id, _) = live[at].remove(i);
+                    routers[at].on_completed(id, &Completion::default(), now);
+                }
+                MeshEvent::Deliver { from, to, n } => {
+                    for _ in 0..n {
+                        let Some(ev) = channels[from][to].pop_front() else { break };
+                        routers[to].on_peer_event(&ev, now);
+                    }
+                }
+                MeshEvent::NewOrigin { at } => {
+                    routers[at].share_with_peers(next_origin);
+                    next_origin += 1;
+                }
+            }
+            for at in 0..3 {
+                publish(&mut routers, &mut channels, at);
+                prop_assert_eq!(routers[at].own_inflight_requests(), live[at].len(), "router {}", at);
+            }
+        }
+        deliver_all(&mut routers, &mut channels);
+        let total: usize = live.iter().map(Vec::len).sum();
+        let first = load_view(&routers[0]);
+        prop_assert_eq!(first.0, total);
+        for r in &routers[1..] {
+            prop_assert_eq!(load_view(r), first.clone());
+        }
+        for at in 0..3 {
+            for (id, _) in std::mem::take(&mut live[at]) {
+                routers[at].on_completed(id, &Completion::default(), now);
+            }
+            publish(&mut routers, &mut channels, at);
+        }
+        deliver_all(&mut routers, &mut channels);
+        for r in &routers {
+            prop_assert_eq!(r.inflight_requests(), 0);
+            prop_assert!(r.endpoints().iter().all(|e| e.inflight == 0 && e.pending_prefill_tokens == Tokens(0)));
+        }
+    }
+}
