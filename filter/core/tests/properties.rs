@@ -373,6 +373,10 @@ fn mesh_event() -> impl Strategy<Value = MeshEvent> {
     ]
 }
 
+/// What each router published that each other router has not applied yet, by sender and
+/// receiver.
+type Channels = Vec<Vec<std::collections::VecDeque<kvroute_core::PeerEvent>>>;
+
 /// Every router's view of the load: (requests in flight, per server (in flight, tokens
 /// waiting for a first token)).
 fn load_view(r: &Router) -> (usize, Vec<(u32, Tokens)>) {
@@ -405,10 +409,10 @@ proptest! {
         // Per router: its live requests (id, first token seen).
         let mut live: Vec<Vec<(u64, bool)>> = vec![Vec::new(); 3];
         // What each router published and each other router has not applied yet.
-        let mut channels: Vec<Vec<std::collections::VecDeque<kvroute_core::PeerEvent>>> =
+        let mut channels: Channels =
             vec![vec![std::collections::VecDeque::new(); 3]; 3];
         let mut next_id = 0u64;
-        let publish = |routers: &mut Vec<Router>, channels: &mut Vec<Vec<std::collections::VecDeque<kvroute_core::PeerEvent>>>, at: usize| {
+        let publish = |routers: &mut Vec<Router>, channels: &mut Channels, at: usize| {
             for ev in routers[at].take_peer_events() {
                 for (to, ch) in channels[at].iter_mut().enumerate() {
                     if to != at {
@@ -417,10 +421,10 @@ proptest! {
                 }
             }
         };
-        let deliver_all = |routers: &mut Vec<Router>, channels: &mut Vec<Vec<std::collections::VecDeque<kvroute_core::PeerEvent>>>| {
-            for from in 0..3 {
-                for to in 0..3 {
-                    while let Some(ev) = channels[from][to].pop_front() {
+        let deliver_all = |routers: &mut Vec<Router>, channels: &mut Channels| {
+            for row in channels.iter_mut() {
+                for (to, ch) in row.iter_mut().enumerate() {
+                    while let Some(ev) = ch.pop_front() {
                         routers[to].on_peer_event(&ev, now);
                     }
                 }
