@@ -10,47 +10,17 @@ use proxy_wasm::types::{BufferType, LogLevel, MapType, MetricType, Status};
 pub type HostResult<T> = Result<T, Status>;
 
 /// Host time in milliseconds (the one clock the filter reads): Envoy's wall clock, made
-/// monotonic (`Monotonic`).
+/// monotonic across the process (`clock`).
 pub fn now() -> Millis {
-    let wall = hostcalls::get_current_time()
+    crate::clock::now()
+}
+
+/// Envoy's wall clock in ms since the epoch, when it answers.
+pub fn wall_ms() -> Option<u64> {
+    hostcalls::get_current_time()
         .ok()
         .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map_or(0, |d| d.as_millis() as u64);
-    CLOCK.with(|c| {
-        let mut clock = c.get();
-        let t = clock.at(wall);
-        c.set(clock);
-        Millis(t)
-    })
-}
-
-thread_local! {
-    static CLOCK: std::cell::Cell<Monotonic> = const { std::cell::Cell::new(Monotonic { last: 0, offset: 0 }) };
-}
-
-/// The wall clock with its steps back absorbed. Proxy-wasm ABI 0.2.1 gives only the wall
-/// clock, and the filter measures every interval on it (scrapes, discovery, heartbeats,
-/// holding's wait bound): a step back (NTP at boot, a migrated VM) would stop them all until
-/// the wall clock caught up. From a step back on, time goes on from where it was, at the
-/// wall clock's pace (an offset that stays). A step forward cannot be told from a pause
-/// and is taken as it comes (peers may look gone and held requests time out: both release).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Monotonic {
-    last: u64,
-    offset: u64,
-}
-
-impl Monotonic {
-    /// The time at wall clock `wall` (ms), never before the last one returned.
-    pub fn at(&mut self, wall: u64) -> u64 {
-        let t = wall.saturating_add(self.offset);
-        if t < self.last {
-            self.offset += self.last - t;
-            return self.last;
-        }
-        self.last = t;
-        t
-    }
+        .map(|d| d.as_millis() as u64)
 }
 
 pub fn log(level: LogLevel, message: &str) {
@@ -197,23 +167,4 @@ pub fn set_effective_context(context_id: u32) -> HostResult<()> {
 /// Resumes the effective stream's paused request.
 pub fn resume_http_request() -> HostResult<()> {
     hostcalls::resume_http_request()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Monotonic;
-
-    #[test]
-    fn a_step_back_of_the_wall_clock_neither_stops_nor_reverses_time() {
-        const HOUR: u64 = 3_600_000;
-        let mut clock = Monotonic::default();
-        assert_eq!(clock.at(HOUR + 10_000), HOUR + 10_000);
-        assert_eq!(clock.at(HOUR + 10_050), HOUR + 10_050);
-        // The wall clock steps back an hour: time stays, then goes on at the wall's pace.
-        assert_eq!(clock.at(10_060), HOUR + 10_050);
-        assert_eq!(clock.at(10_160), HOUR + 10_150);
-        assert_eq!(clock.at(10_200), HOUR + 10_190);
-        // A step forward is taken as it comes.
-        assert_eq!(clock.at(20_000), HOUR + 19_990);
-    }
 }

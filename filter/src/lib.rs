@@ -6,6 +6,7 @@
 //! The service, when there is one, runs the `Poller` (discovery, scrapes, the published
 //! fleet state); without it one worker does, elected by a lease (`lease`).
 
+pub mod clock;
 pub mod hold;
 pub mod host;
 pub mod http;

@@ -257,6 +257,8 @@ impl Mesh {
         if rx.origin_taken {
             if let Some(origin) = claim_origin() {
                 self.origin = origin;
+                // A departed peer's origin, reused: its segments are now this worker's own.
+                self.peers.remove(&origin);
                 rx.new_origin = Some(origin);
             }
         }

@@ -280,7 +280,13 @@ impl Poller {
         let Some(replicas) = self.config.share().replicas.clone() else {
             return;
         };
-        let Some(body) = forwarder.collect(*nonce, now, replicas.at_once, replicas.interval_ms) else {
+        let Some(body) = forwarder.collect(
+            *nonce,
+            now,
+            replicas.at_once,
+            replicas.interval_ms,
+            &self.stats.forward_lost,
+        ) else {
             return;
         };
         for peer in &replicas.peers {

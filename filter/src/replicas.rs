@@ -34,11 +34,13 @@
 //! queued) and its workers' load is released on the others after `share.peer_timeout_ms`
 //! without a heartbeat. Its placements already taken stay: the servers still hold them.
 
+use kvroute_core::peer::{local_id_of, origin_of, request_key};
 use kvroute_core::Millis;
 use prost::Message;
 
 use crate::host;
 use crate::mesh::{increment, read_u64, slot_key, Cursor, Segment, HEAD_KEY, HEARTBEAT_MS, MAX_PEERS};
+use crate::stats::Metric;
 
 /// What one replica forwards to the others: its workers' segments since its last batch.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -96,8 +98,20 @@ impl Forwarder {
     /// workers' segments since the last batch (not those that came from other replicas).
     /// Due at once when `at_once` and one of them holds a placement, else `interval_ms`
     /// after the last batch; an empty batch after `HEARTBEAT_MS` of nothing.
-    pub fn collect(&mut self, replica: u64, now: Millis, at_once: bool, interval_ms: u64) -> Option<Vec<u8>> {
-        let (segments, _) = self.cursor.read_new(now);
+    /// Segments this process's log lost before the forwarder read them (it fell behind or a
+    /// writer never wrote one) are counted in `lost`: the other replicas never see them.
+    pub fn collect(
+        &mut self,
+        replica: u64,
+        now: Millis,
+        at_once: bool,
+        interval_ms: u64,
+        lost: &Metric,
+    ) -> Option<Vec<u8>> {
+        let (segments, missed) = self.cursor.read_new(now);
+        if missed > 0 {
+            lost.add(missed);
+        }
         self.pending.extend(
             segments
                 .into_iter()
@@ -125,46 +139,101 @@ impl Forwarder {
     }
 }
 
+/// What a batch forwarded by another replica came to.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Taken {
+    /// Events written into this process's log.
+    pub events: usize,
+    /// Events shared data refused (their segment or those after it).
+    pub dropped: usize,
+}
+
 /// Takes a batch another replica forwarded into this process's log, each segment under the
 /// sender's remote origin with its request keys re-stamped, so every worker here applies it.
-/// Returns the number of events taken, `None` for a batch that does not decode, and
-/// `Some(0)` for this replica's own.
-pub fn take_forwarded(body: &[u8], now: Millis) -> Option<usize> {
+/// `None` for a batch that does not decode; nothing taken for this replica's own.
+pub fn take_forwarded(body: &[u8], now: Millis) -> Option<Taken> {
     let batch = Forward::decode(body).ok()?;
     let events: usize = batch.segments.iter().map(|s| s.events.len()).sum();
     if batch.segments.len() > MAX_SEGMENTS_PER_BATCH || events > MAX_EVENTS_PER_BATCH {
         return None;
     }
+    let mut taken = Taken::default();
     // Until the scraping service named this replica, a batch could be this replica's own.
     if replica_nonce().is_none_or(|own| own == batch.replica) {
-        return Some(0);
+        return Some(taken);
     }
-    let mut taken = 0;
+    let mut refused = false;
     for mut segment in batch.segments {
-        let origin = remote_origin(batch.replica, segment.origin);
-        for e in &mut segment.events {
-            e.key = kvroute_core::peer::request_key(origin, e.key);
-            // The sender's clock is not ours: "routed after the scrape" is judged by arrival.
-            if e.at_ms != 0 {
-                e.at_ms = now.0;
-            }
+        let n = segment.events.len();
+        if !refused {
+            restamp(&mut segment, batch.replica, now);
+            refused = !increment(HEAD_KEY).is_some_and(|number| {
+                segment.number = number;
+                host::set_shared_data(&slot_key(number), &segment.encode_to_vec()).is_ok()
+            });
         }
-        taken += segment.events.len();
-        let Some(number) = increment(HEAD_KEY) else {
-            return Some(taken);
-        };
-        segment.number = number;
-        segment.origin = origin;
-        segment.nonce = batch.replica;
-        segment.written_ms = now.0;
-        let _ = host::set_shared_data(&slot_key(number), &segment.encode_to_vec());
+        if refused {
+            taken.dropped += n;
+        } else {
+            taken.events += n;
+        }
     }
     Some(taken)
+}
+
+/// Re-stamps a segment forwarded by replica `replica` for this process's log: its origin,
+/// and each event's key, under the sender's remote origins; its times as of arrival.
+fn restamp(segment: &mut Segment, replica: u64, now: Millis) {
+    segment.origin = remote_origin(replica, segment.origin);
+    segment.nonce = replica;
+    segment.written_ms = now.0;
+    for e in &mut segment.events {
+        // By the key's own origin, not the segment's: a worker that took a new origin
+        // publishes its requests' old keys (their completions, `Router::share_with_peers`)
+        // under the new one.
+        let origin = remote_origin(replica, origin_of(e.key));
+        e.key = request_key(origin, local_id_of(e.key));
+        // The sender's clock is not ours: "routed after the scrape" is judged by arrival.
+        if e.at_ms != 0 {
+            e.at_ms = now.0;
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mesh::WireEvent;
+
+    #[test]
+    fn a_forwarded_key_keeps_its_own_origin_under_the_senders_remote_one() {
+        // Worker 3 took origin 5 while its request 7 (keyed under 3) was in flight: the
+        // completion of that request travels in a segment of origin 5.
+        let mut segment = Segment {
+            number: 40,
+            origin: 5,
+            nonce: 1,
+            written_ms: 10,
+            events: vec![
+                WireEvent {
+                    key: request_key(3, 7),
+                    kind: 2,
+                    ..WireEvent::default()
+                },
+                WireEvent {
+                    key: request_key(5, 7),
+                    at_ms: 10,
+                    ..WireEvent::default()
+                },
+            ],
+        };
+        restamp(&mut segment, 99, Millis(500));
+        assert_eq!(segment.origin, remote_origin(99, 5));
+        assert_eq!(segment.events[0].key, request_key(remote_origin(99, 3), 7));
+        assert_eq!(segment.events[1].key, request_key(remote_origin(99, 5), 7));
+        assert_eq!(segment.events[1].at_ms, 500, "the sender's clock is not ours");
+        assert_eq!((segment.nonce, segment.written_ms), (99, 500));
+    }
 
     #[test]
     fn remote_origins_sit_above_local_ones_and_differ_per_worker() {

@@ -82,6 +82,7 @@ pub struct RequestStats {
     pub usage_missing: Metric,
     pub replica_events: Metric,
     pub replica_batches_refused: Metric,
+    pub replica_events_dropped: Metric,
     pub unknown_model: Metric,
     pub lease_taken: Metric,
     pub captured: Metric,
@@ -148,6 +149,7 @@ impl RequestStats {
             usage_missing: c("responses.usage_missing"),
             replica_events: c("replicas.events_taken"),
             replica_batches_refused: c("replicas.batches_refused"),
+            replica_events_dropped: c("replicas.events_dropped"),
             unknown_model: c("decision.unknown_model"),
             lease_taken: c("lease.taken"),
             captured: c("capture.lines"),
@@ -258,6 +260,8 @@ impl RequestStats {
 #[derive(Debug, Default)]
 pub struct ScrapeStats {
     pub forward_failure: Metric,
+    /// Segments of this process's log lost before the forwarder read them.
+    pub forward_lost: Metric,
     /// Batches POSTed to other replicas (each peer counts once).
     pub forwarded: Metric,
     pub success: Metric,
@@ -273,6 +277,7 @@ impl ScrapeStats {
     pub fn define() -> ScrapeStats {
         ScrapeStats {
             forward_failure: Metric::define(MetricType::Counter, "kvroute.replicas.forward_failure"),
+            forward_lost: Metric::define(MetricType::Counter, "kvroute.replicas.segments_lost"),
             forwarded: Metric::define(MetricType::Counter, "kvroute.replicas.batches_sent"),
             success: Metric::define(MetricType::Counter, "kvroute.scrape.success"),
             failure: Metric::define(MetricType::Counter, "kvroute.scrape.failure"),

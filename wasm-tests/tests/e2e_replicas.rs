@@ -120,6 +120,11 @@ fn a_replica_finds_the_prefix_another_replica_placed() {
     }
     assert!(p.b.stat("wasmcustom.kvroute.replicas.events_taken") >= 12);
     assert_eq!(p.a.stat("wasmcustom.kvroute.replicas.forward_failure"), failed_at_start);
+    for (name, envoy) in [("a", &p.a), ("b", &p.b)] {
+        for stat in ["replicas.events_dropped", "replicas.segments_lost", "mesh.events_lost"] {
+            assert_eq!(envoy.stat(&format!("wasmcustom.kvroute.{stat}")), 0, "{name}: {stat}");
+        }
+    }
 }
 
 #[test]

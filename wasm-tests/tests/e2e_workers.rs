@@ -76,8 +76,12 @@ fn pairs(share: bool) -> (Vec<(String, String, String)>, Exchange) {
         unpublished: envoy.stat("wasmcustom.kvroute.mesh.events_unpublished"),
         inflight: envoy.stat("wasmcustom.kvroute.inflight_requests"),
     };
-    // Every event one worker published is applied by each of the others.
-    let settled = |x: &Exchange| x.applied == x.published * u64::from(WORKERS - 1) && x.inflight == 0;
+    // Settled: every request's three events published (the last completions leave at
+    // the next tick, after the client has its response) and applied by each other worker.
+    // Without sharing nothing is published.
+    let events = if share { (2 * PAIRS * 3) as u64 } else { 0 };
+    let settled =
+        |x: &Exchange| x.published == events && x.applied == x.published * u64::from(WORKERS - 1) && x.inflight == 0;
     let deadline = Instant::now() + Duration::from_secs(5);
     let mut exchange = read();
     while !settled(&exchange) && Instant::now() < deadline {

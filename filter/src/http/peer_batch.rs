@@ -59,8 +59,11 @@ impl Http {
             .ok()
             .and_then(|body| crate::replicas::take_forwarded(&body, host::now()));
         let (status, body): (u32, &[u8]) = match taken {
-            Some(n) => {
-                shared.stats.replica_events.add(n as u64);
+            Some(taken) => {
+                shared.stats.replica_events.add(taken.events as u64);
+                if taken.dropped > 0 {
+                    shared.stats.replica_events_dropped.add(taken.dropped as u64);
+                }
                 (204, b"")
             }
             None => {

@@ -17,6 +17,9 @@ impl Router {
         let sharing = self.outbox.is_some();
         self.outbox.get_or_insert_with(Vec::new);
         if sharing && before != origin {
+            // Whatever this router still holds under its new origin is a departed peer's
+            // (origins are reused after `MAX_PEERS` claims): released, not taken as its own.
+            self.forget_peer(origin);
             self.rekey_own(before);
         }
     }
@@ -56,7 +59,9 @@ impl Router {
             if !record.prefilling {
                 self.tell_peers(|| PeerEvent::FirstToken { key: new });
             }
-            self.inflight.insert(new, record);
+            if let Some(stale) = self.inflight.insert(new, record) {
+                self.release(&stale);
+            }
         }
     }
 

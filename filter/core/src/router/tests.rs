@@ -773,6 +773,29 @@ fn requests_in_flight_when_a_router_takes_a_new_origin_still_end() {
 }
 
 #[test]
+fn a_new_origin_once_a_departed_peers_releases_what_that_peer_left() {
+    // Origins are reused after `MAX_PEERS` claims: the one a router takes may still name a
+    // departed peer's requests in its view. They are released, not counted as its own.
+    let (mut a, mut b) = peers(2);
+    let mut gone = router(PolicyKind::Cost, &idle(2));
+    gone.share_with_peers(9);
+    let d = gone.route(&req(3, 8), T0);
+    gone.on_routed(5, &req(3, 8), &d, T0);
+    pass(&mut gone, &mut a);
+    assert_eq!(a.inflight_requests(), 1);
+    let d = a.route(&req(4, 8), T0);
+    a.on_routed(1, &req(4, 8), &d, T0);
+    pass(&mut a, &mut b);
+    a.share_with_peers(9);
+    assert_eq!(a.inflight_requests(), 1, "the departed peer's request is released");
+    assert_eq!(a.own_inflight_requests(), 1);
+    assert_eq!(a.endpoints().iter().map(|e| e.inflight).sum::<u32>(), 1);
+    a.on_completed(1, &done_at(None, None), T0);
+    pass(&mut a, &mut b);
+    assert_eq!((a.inflight_requests(), b.inflight_requests()), (0, 0));
+}
+
+#[test]
 fn peer_requests_whose_completion_never_came_are_released_after_a_while() {
     let (mut a, mut b) = peers(2);
     let d = a.route(&req(3, 8), T0);
