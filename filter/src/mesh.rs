@@ -105,7 +105,8 @@ pub enum Published {
     NotDue,
     /// No segment number could be reserved (shared data refused): nothing was written.
     NotReserved,
-    /// A number was reserved but the segment could not be written: its events are lost.
+    /// A number was reserved but the segment could not be written (readers count it lost
+    /// after `UNWRITTEN_WAIT_MS`); the caller keeps the events for its next try.
     NotWritten,
 }
 
@@ -238,7 +239,6 @@ impl Mesh {
             events: events.iter().map(WireEvent::from).collect(),
         };
         if host::set_shared_data(&slot_key(number), &segment.encode_to_vec()).is_err() {
-            // The number is taken: readers count the segment lost after `UNWRITTEN_WAIT_MS`.
             return Published::NotWritten;
         }
         self.last_write_ms = now.0;

@@ -241,16 +241,17 @@ impl Peers {
         let out = router.take_peer_events();
         let count = out.len() as u64;
         match mesh.publish(&out, now) {
-            Published::Written => stats.peer_events_published.add(count),
-            Published::NotDue => {}
+            Published::Written if count > 0 => stats.peer_events_published.add(count),
+            Published::Written | Published::NotDue => {}
             // Kept for the next push: a completion peers never hear of pins its load in
             // their views for `PEER_REQUEST_MAX_MS`.
-            Published::NotReserved => {
+            Published::NotReserved | Published::NotWritten => {
                 let dropped = router.return_peer_events(out);
-                stats.peer_events_unpublished.add(dropped as u64);
+                if dropped > 0 {
+                    stats.peer_events_unpublished.add(dropped as u64);
+                }
                 return false;
             }
-            Published::NotWritten => stats.peer_events_unpublished.add(count),
         }
         if count > 0 {
             self.last_push.set(now.0);

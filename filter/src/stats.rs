@@ -74,7 +74,8 @@ pub struct RequestStats {
     pub inflight: Metric,
     pub peer_events: Metric,
     pub peer_events_lost: Metric,
-    /// Events this worker wrote into the log, and events it could not (shared data refused).
+    /// Events this worker wrote into the log, and events it dropped after shared data kept
+    /// refusing them (`Router::return_peer_events`).
     pub peer_events_published: Metric,
     pub peer_events_unpublished: Metric,
     pub peers_gone: Metric,
