@@ -63,12 +63,12 @@ impl Service {
 }
 
 impl Context for Root {
-    fn on_http_call_response(&mut self, token_id: u32, _num_headers: usize, body_size: usize, _num_trailers: usize) {
+    fn on_http_call_response(&mut self, token_id: u32, num_headers: usize, body_size: usize, _num_trailers: usize) {
         match self {
             Root::Service(s) => {
-                s.poller.on_http_call_response(token_id, body_size);
+                s.poller.on_http_call_response(token_id, num_headers, body_size);
             }
-            Root::Worker(w) => w.on_http_call_response(token_id, body_size),
+            Root::Worker(w) => w.on_http_call_response(token_id, num_headers, body_size),
             Root::Unconfigured => {}
         }
     }

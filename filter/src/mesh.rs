@@ -77,8 +77,10 @@ pub struct Received {
     pub lost: u64,
     /// Origins to forget: silent past the timeout.
     pub gone: Vec<u32>,
-    /// Origins now written by a new VM (forget the old one's requests before applying).
-    pub replaced: Vec<u32>,
+    /// Origins now written by a new VM, each with the index in `events` of the new VM's
+    /// first event: the old one's requests are forgotten there, after the old one's last
+    /// events and before the new one's.
+    pub replaced: Vec<(usize, u32)>,
     /// This process's live workers (counted once a heartbeat period; 0 otherwise).
     pub members: u64,
     /// Another VM writes under this worker's origin...
@@ -306,7 +308,7 @@ impl Mesh {
             gone: false,
         });
         if peer.nonce != segment.nonce {
-            rx.replaced.push(segment.origin);
+            rx.replaced.push((rx.events.len(), segment.origin));
         }
         (peer.nonce, peer.heard_ms, peer.gone) = (segment.nonce, now.0, false);
         rx.events
@@ -399,6 +401,19 @@ mod tests {
         m.apply(other, Millis(10), &mut rx);
         assert!(rx.origin_taken, "another VM writes under origin 1");
         assert_eq!(rx.events.len(), 2);
+    }
+
+    #[test]
+    fn a_restarted_peer_is_forgotten_between_its_old_events_and_its_new_ones() {
+        let mut m = reader();
+        let mut rx = Received::default();
+        m.apply(segment(1, 2, &[routed(1)]), Millis(10), &mut rx);
+        m.apply(segment(2, 2, &[routed(2)]), Millis(10), &mut rx);
+        let mut again = segment(3, 2, &[routed(3)]);
+        again.nonce = 6;
+        m.apply(again, Millis(10), &mut rx);
+        assert_eq!(rx.events.len(), 3);
+        assert_eq!(rx.replaced, vec![(2, 2)], "after the old VM's two events");
     }
 
     #[test]

@@ -267,13 +267,18 @@ impl Peers {
         let Some(mesh) = guard.as_mut() else { return false };
         self.last_pull.set(now.0);
         let rx = mesh.receive(now, router.config().share().peer_timeout_ms);
-        // A known origin now written by a new VM: what the old one had in flight goes first.
-        for origin in &rx.replaced {
-            router.forget_peer(*origin);
-        }
         let t0 = self_clock();
-        for event in &rx.events {
+        let mut replaced = rx.replaced.iter().peekable();
+        for (i, event) in rx.events.iter().enumerate() {
+            // A known origin now written by a new VM: what the old one had in flight goes,
+            // once the old one's last events are applied.
+            while let Some((_, origin)) = replaced.next_if(|(at, _)| *at == i) {
+                router.forget_peer(*origin);
+            }
             router.on_peer_event(event, now);
+        }
+        for (_, origin) in replaced {
+            router.forget_peer(*origin);
         }
         stats.share_ns[3].add(self_clock().saturating_sub(t0));
         if let Some(origin) = rx.new_origin {

@@ -207,9 +207,9 @@ impl Worker {
     }
 
     /// Hands an HTTP call's answer to the poller, if this worker runs it.
-    pub fn on_http_call_response(&mut self, token: u32, body_size: usize) {
+    pub fn on_http_call_response(&mut self, token: u32, num_headers: usize, body_size: usize) {
         if let Some(poller) = self.poller.as_mut() {
-            poller.on_http_call_response(token, body_size);
+            poller.on_http_call_response(token, num_headers, body_size);
         }
     }
 

@@ -78,6 +78,9 @@ pub enum MetricsFault {
     Huge,
     /// A wanted family with more labels than any parser should accept.
     LabelBomb,
+    /// The headers and half the body, then the connection drops (a server killed in the
+    /// middle of its answer).
+    Cut,
 }
 
 /// vLLM's admission limits (`None`: unbounded, vLLM's default).
@@ -263,12 +266,28 @@ async fn metrics(State(srv): State<Arc<SimServer>>) -> Response {
             let labels: Vec<String> = (0..10_000).map(|i| format!("l{i}=\"{i}\"")).collect();
             format!("vllm:num_requests_running{{{}}} 1.0\n", labels.join(","))
         }
-        MetricsFault::Ok => srv
+        MetricsFault::Ok | MetricsFault::Cut => srv
             .engine
             .lock()
             .map(|e| e.metrics_text(f.legacy, srv.created))
             .unwrap_or_default(),
     };
+    if f.metrics == MetricsFault::Cut {
+        let mut half = Bytes::from(text);
+        half.truncate(half.len() / 2);
+        // The error waits for the first half to leave: sent together, the server would
+        // close before its headers.
+        let parts = futures_util::stream::unfold(Some(half), |left| async move {
+            match left {
+                Some(half) => Some((Ok(half), None)),
+                None => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    Some((Err(std::io::Error::other("cut")), None))
+                }
+            }
+        });
+        return with_server(axum::body::Body::from_stream(parts).into_response(), &srv);
+    }
     let mut r = text.into_response();
     r.headers_mut().insert(
         header::CONTENT_TYPE,

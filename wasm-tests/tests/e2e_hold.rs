@@ -244,7 +244,20 @@ fn with_four_workers_a_later_higher_priority_request_passes_every_held_one() {
 
 #[test]
 fn with_four_workers_a_full_queue_answers_the_request_it_displaces_whichever_worker_holds_it() {
-    let (server, envoy) = start_holding(4, 1_500, r#""max_wait_ms": 20000, "max_requests": 2"#);
+    displacement(4);
+}
+
+#[test]
+fn on_one_worker_a_full_queue_answers_the_request_it_displaces() {
+    // The arrival and the request it displaces on one worker: the displaced one's 429 goes
+    // out from the tick, not from the arrival's own callback.
+    displacement(1);
+}
+
+/// A full queue (2) of lower-priority requests, a higher-priority arrival: the newest of
+/// them is answered 429 at once, the others are served, each once.
+fn displacement(workers: u32) {
+    let (server, envoy) = start_holding(workers, 1_500, r#""max_wait_ms": 20000, "max_requests": 2"#);
     let first = send(&envoy, vec![]);
     thread::sleep(Duration::from_millis(150));
     let old = send(&envoy, vec![]);

@@ -17,7 +17,7 @@ impl Http {
             req,
             slot: Slot::default(),
         };
-        match shared.hold(waiting, self.priority, &self.tenant, now, retry_after_s) {
+        match shared.hold(waiting, self.priority, &self.tenant, now) {
             Held::Waiting(slot) => {
                 self.release = Some(slot);
                 Action::Pause

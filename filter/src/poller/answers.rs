@@ -10,12 +10,19 @@ use crate::host;
 
 impl Poller {
     /// Handles the answer to one of this poller's calls; false when the token is not one.
-    pub fn on_http_call_response(&mut self, token: u32, body_size: usize) -> bool {
+    /// A call that failed (the upstream reset it after its headers, e.g. a server killed in
+    /// the middle of `/metrics`) comes with no headers: Envoy then has no response map, and
+    /// reading one is an error the SDK turns into a panic, so nothing is read.
+    pub fn on_http_call_response(&mut self, token: u32, num_headers: usize, body_size: usize) -> bool {
         let Some(call) = self.calls.remove(&token) else {
             return false;
         };
         let now = host::now();
-        let status = host::call_response_header(":status").ok().flatten();
+        let status = if num_headers > 0 {
+            host::call_response_header(":status").ok().flatten()
+        } else {
+            None
+        };
         let ok = status.as_deref() == Some(b"200");
         match call {
             Call::Forward => {
