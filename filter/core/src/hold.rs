@@ -132,6 +132,9 @@ impl<T> HoldQueue<T> {
 
     /// Offers an arrival; see `Admit`.
     pub fn push(&mut self, item: T, priority: i64, tenant: &str, since: Millis) -> Admit<T> {
+        // Beyond ±MAX_PRIORITY a band weighs no more: it is that band (and a client naming
+        // a new priority each time adds no flow).
+        let priority = priority.clamp(-MAX_PRIORITY, MAX_PRIORITY);
         let mut displaced = None;
         if self.len >= self.max_requests {
             match self.lowest_priority() {
@@ -154,6 +157,7 @@ impl<T> HoldQueue<T> {
             start,
         });
         self.len += 1;
+        self.trim_idle();
         match displaced {
             Some(d) => Admit::Displaced(d),
             None => Admit::Held,
@@ -260,7 +264,31 @@ impl<T> HoldQueue<T> {
         self.len -= out.len();
         let now_v = self.now_v;
         self.flows.retain(|_, f| !f.queue.is_empty() || f.finish > now_v);
+        self.trim_idle();
         out
+    }
+
+    /// Keeps at most `max_requests` empty flows, those whose finish tag is furthest ahead
+    /// (the ones that were served most lately). An empty flow only remembers that its
+    /// tenant was served lately, and `V` passes it only when requests are released: while
+    /// held requests expire or hang up instead, every tenant and band ever held would stay.
+    /// A flow forgotten early starts its next request at `V`, as a new one does.
+    fn trim_idle(&mut self) {
+        let count = self.flows.values().filter(|f| f.queue.is_empty()).count();
+        let excess = count.saturating_sub(self.max_requests);
+        if excess == 0 {
+            return;
+        }
+        let mut idle: Vec<(f64, (i64, String))> = self
+            .flows
+            .iter()
+            .filter(|(_, f)| f.queue.is_empty())
+            .map(|(k, f)| (f.finish, k.clone()))
+            .collect();
+        idle.sort_by(|a, b| a.0.total_cmp(&b.0));
+        for (_, key) in idle.into_iter().take(excess) {
+            self.flows.remove(&key);
+        }
     }
 }
 

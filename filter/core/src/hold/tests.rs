@@ -222,3 +222,25 @@ fn past_the_threshold_a_flow_serves_its_newest_first_and_keeps_its_share() {
     q2.set_now(Millis(1300));
     assert_eq!(drain(&mut q2, 2), vec![1, 2]);
 }
+
+#[test]
+fn tenants_and_priorities_that_come_and_go_leave_a_bounded_board() {
+    // Clients that name a new tenant or priority each time and hang up while held (or
+    // expire): their empty flows keep a finish tag ahead of a virtual time that only a
+    // release moves, so without a bound the board (decoded and written by every worker at
+    // every tick) would grow with every name ever held.
+    let mut q = HoldQueue::new(8, 4.0);
+    for i in 0..2_000i64 {
+        q.push(i, i * 7_919 - 1_000_000, &format!("tenant-{i}"), Millis(0));
+        q.remove_where(|_| true);
+    }
+    assert!(q.is_empty());
+    assert!(q.flows.len() <= 2 * 8, "{} flows kept", q.flows.len());
+    // Priorities past ±MAX_PRIORITY weigh as ±MAX_PRIORITY, and share its flows.
+    q.push(1, 1_000, "t", Millis(0));
+    q.push(2, 9, "t", Millis(0));
+    assert_eq!(
+        q.flows.keys().filter(|(p, t)| *p == MAX_PRIORITY && t == "t").count(),
+        1
+    );
+}
