@@ -36,16 +36,23 @@ fn start_with_workers(workers: u32, delay_ms: u64, max_wait_ms: u64) -> (FakeVll
 
 /// `hold` is the JSON members of `overload.hold` besides `wait_limit_ms`.
 fn start_holding(workers: u32, delay_ms: u64, hold: &str) -> (FakeVllm, Envoy) {
+    start_holding_with(workers, delay_ms, hold, |text| text)
+}
+
+/// Like `start_holding`, with `edit` applied to Envoy's config as well.
+fn start_holding_with(workers: u32, delay_ms: u64, hold: &str, edit: impl Fn(String) -> String) -> (FakeVllm, Envoy) {
     let server = FakeVllm::start(Load::idle()).unwrap();
     let hold = format!(r#""overload": {{"hold": {{{hold}, "wait_limit_ms": 1}}}},"#);
     let envoy = Envoy::start_workers("envoy.yaml", &[server.port], workers, move |text| {
         // Each new connection to the worker with the fewest open: the held requests of one
         // test sit on different workers (`spread_over_workers` checks it).
-        text.replace("\"policy\": \"cost\",", &format!("\"policy\": \"cost\", {hold}"))
-            .replace(
-                "    - name: inference\n",
-                "    - name: inference\n      connection_balance_config: { exact_balance: {} }\n",
-            )
+        edit(
+            text.replace("\"policy\": \"cost\",", &format!("\"policy\": \"cost\", {hold}"))
+                .replace(
+                    "    - name: inference\n",
+                    "    - name: inference\n      connection_balance_config: { exact_balance: {} }\n",
+                ),
+        )
     })
     .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -166,6 +173,39 @@ fn a_client_that_hangs_up_while_held_leaves_the_queue_and_nothing_reaches_the_se
     server.set_delay_ms(0);
     let (status, _, _) = send(&envoy, vec![]).join().unwrap();
     assert_eq!(status, 200, "the gateway still routes");
+}
+
+#[test]
+fn a_held_request_that_envoy_answers_itself_leaves_the_queue() {
+    // A route with a stream duration bound: a held request on it gets Envoy's own answer
+    // (504) while held, and its ticket must leave the queue then, not when the server frees.
+    let (server, envoy) = start_holding_with(1, 1_500, r#""max_wait_ms": 20000"#, |text| {
+        let short = "                        - match: { prefix: \"/v1/\", headers: [{ name: x-test-short, present_match: true }] }\n                          route: { cluster: vllm_pool, max_stream_duration: { max_stream_duration: 0.5s } }\n";
+        text.replacen(
+            "                        - match: { safe_regex: { regex: \"/v1/.*|/tokenize|/detokenize|/health\" } }\n",
+            &format!("{short}                        - match: {{ safe_regex: {{ regex: \"/v1/.*|/tokenize|/detokenize|/health\" }} }}\n"),
+            1,
+        )
+    });
+    let first = send(&envoy, vec![]);
+    thread::sleep(Duration::from_millis(150));
+    let (status, took, _) = send(&envoy, vec![("x-test-short", "1")]).join().unwrap();
+    assert_eq!(status, 504, "Envoy's stream duration bound: {}", envoy.log_text());
+    assert!(took < Duration::from_millis(1_200), "{took:?}");
+    thread::sleep(Duration::from_millis(200));
+    assert_eq!(envoy.stat("wasmcustom.kvroute.hold.held"), 1);
+    assert_eq!(
+        envoy.stat("wasmcustom.kvroute.hold.waiting"),
+        0,
+        "the ticket left the queue"
+    );
+    assert_eq!(envoy.stat("wasmcustom.kvroute.hold.gone"), 1);
+    assert_eq!(first.join().unwrap().0, 200);
+    assert_eq!(
+        server.inference_requests(),
+        1,
+        "the timed-out request never reached the server"
+    );
 }
 
 /// How many of Envoy's workers accepted a connection on the inference listener.

@@ -37,10 +37,16 @@ impl Http {
         }
     }
 
-    /// Takes over what the tick did with this request while it was held.
+    /// Takes over what the tick did with this request while it was held. A request still
+    /// held has no answer of the tick's: one that ends anyway (a response while held is
+    /// Envoy's own, a stream timeout) leaves the queue at the next tick.
     pub(super) fn adopt_release(&mut self) {
         let Some(slot) = self.release.take() else { return };
-        let r = slot.borrow();
+        let mut r = slot.borrow_mut();
+        if r.routed.is_none() && !r.rejected {
+            r.gone = true;
+            return;
+        }
         if let Some(reason) = r.reason {
             self.reason = reason;
         }
@@ -57,12 +63,6 @@ impl Http {
 
     /// The stream ends: a request still held leaves the queue at the next tick.
     pub(super) fn leave_hold(&mut self) {
-        if let Some(slot) = &self.release {
-            let mut r = slot.borrow_mut();
-            if r.routed.is_none() && !r.rejected {
-                r.gone = true;
-            }
-        }
         self.adopt_release();
     }
 }
