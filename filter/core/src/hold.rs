@@ -275,19 +275,17 @@ impl<T> HoldQueue<T> {
     /// A flow forgotten early starts its next request at `V`, as a new one does.
     fn trim_idle(&mut self) {
         let count = self.flows.values().filter(|f| f.queue.is_empty()).count();
-        let excess = count.saturating_sub(self.max_requests);
-        if excess == 0 {
-            return;
-        }
-        let mut idle: Vec<(f64, (i64, String))> = self
-            .flows
-            .iter()
-            .filter(|(_, f)| f.queue.is_empty())
-            .map(|(k, f)| (f.finish, k.clone()))
-            .collect();
-        idle.sort_by(|a, b| a.0.total_cmp(&b.0));
-        for (_, key) in idle.into_iter().take(excess) {
-            self.flows.remove(&key);
+        // Usually one past the bound (each push adds at most one flow): one walk each.
+        for _ in self.max_requests..count {
+            let oldest = self
+                .flows
+                .iter()
+                .filter(|(_, f)| f.queue.is_empty())
+                .min_by(|a, b| a.1.finish.total_cmp(&b.1.finish))
+                .map(|(k, _)| k.clone());
+            if let Some(key) = oldest {
+                self.flows.remove(&key);
+            }
         }
     }
 }
