@@ -215,7 +215,7 @@ impl Http {
 
 impl Context for Http {
     fn on_done(&mut self) -> bool {
-        self.leave_hold();
+        self.adopt_release();
         true
     }
 }
@@ -356,7 +356,7 @@ impl HttpContext for Http {
     }
 
     fn on_log(&mut self) {
-        self.leave_hold();
+        self.adopt_release();
         let Some(shared) = self.shared.clone() else { return };
         let routed = match self.phase {
             Phase::Routed { request_id } => Some(request_id),

@@ -98,7 +98,6 @@ pub struct Mesh {
     peers: BTreeMap<u32, Peer>,
 }
 
-/// Where a reader is in the process's log.
 /// What became of a `Mesh::publish`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Published {
@@ -112,6 +111,7 @@ pub enum Published {
     NotWritten,
 }
 
+/// Where a reader is in the process's log.
 #[derive(Debug, Default)]
 pub struct Cursor {
     /// The next segment number to read (`None` before the first read).

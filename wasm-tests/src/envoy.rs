@@ -227,13 +227,16 @@ impl Envoy {
 
     /// A counter or gauge from the admin `/stats` (0 when absent).
     pub fn stat(&self, name: &str) -> u64 {
-        let Ok(r) = http_client::request(self.admin, "GET", &format!("/stats?filter=^{name}$"), &[], b"") else {
-            return 0;
-        };
+        self.stat_if_defined(name).unwrap_or(0)
+    }
+
+    /// A stat's value, `None` when Envoy has no stat of that name (a check that a figure is
+    /// 0 must not pass on a misspelt name).
+    pub fn stat_if_defined(&self, name: &str) -> Option<u64> {
+        let r = http_client::request(self.admin, "GET", &format!("/stats?filter=^{name}$"), &[], b"").ok()?;
         r.body
             .lines()
             .find_map(|l| l.strip_prefix(&format!("{name}: ")).and_then(|v| v.trim().parse().ok()))
-            .unwrap_or(0)
     }
 
     pub fn post(&self, path: &str, headers: &[(&str, &str)], body: &str) -> Result<http_client::Response, String> {

@@ -37,9 +37,10 @@ impl Http {
         }
     }
 
-    /// Takes over what the tick did with this request while it was held. A request still
-    /// held has no answer of the tick's: one that ends anyway (a response while held is
-    /// Envoy's own, a stream timeout) leaves the queue at the next tick.
+    /// Takes over what the tick did with this request while it was held, at its response
+    /// or when its stream ends. A request still held has no answer of the tick's: one that
+    /// ends anyway (the client hung up; a response while held is Envoy's own, a stream
+    /// timeout) leaves the queue at the next tick.
     pub(super) fn adopt_release(&mut self) {
         let Some(slot) = self.release.take() else { return };
         let mut r = slot.borrow_mut();
@@ -59,10 +60,5 @@ impl Http {
         if r.rejected {
             self.status = 429;
         }
-    }
-
-    /// The stream ends: a request still held leaves the queue at the next tick.
-    pub(super) fn leave_hold(&mut self) {
-        self.adopt_release();
     }
 }

@@ -28,13 +28,7 @@ impl Router {
     /// new one: their first tokens and completions are looked up by the current origin.
     /// Peers knew them by the old keys: they release those and place the new ones.
     fn rekey_own(&mut self, before: u32) {
-        let old: Vec<u64> = self
-            .inflight
-            .keys()
-            .copied()
-            .filter(|k| origin_of(*k) == before)
-            .collect();
-        for key in old {
+        for key in self.keys_of(before) {
             let Some(mut record) = self.inflight.remove(&key) else {
                 continue;
             };
@@ -160,16 +154,19 @@ impl Router {
     /// Peer `origin` is gone (its VM stopped reporting): release its requests' load, which
     /// no completion will ever release. Their prefix blocks stay: the servers still hold them.
     pub fn forget_peer(&mut self, origin: u32) {
-        let keys: Vec<u64> = self
-            .inflight
-            .keys()
-            .copied()
-            .filter(|k| origin_of(*k) == origin)
-            .collect();
-        for key in keys {
+        for key in self.keys_of(origin) {
             if let Some(record) = self.inflight.remove(&key) {
                 self.release(&record);
             }
         }
+    }
+
+    /// The keys of the requests in flight that router `origin` made.
+    fn keys_of(&self, origin: u32) -> Vec<u64> {
+        self.inflight
+            .keys()
+            .copied()
+            .filter(|k| origin_of(*k) == origin)
+            .collect()
     }
 }
