@@ -217,6 +217,28 @@ impl RequestStats {
         self.per_endpoint_gauge(endpoint, "unseen_permille", permille);
     }
 
+    /// Sets to 0 and forgets the per-server gauges of servers no longer in the pool: a
+    /// metric cannot be removed, and a departed server's last prefill rate or step time
+    /// would read as a live server's in every dashboard (with pod IPs, one per pod that
+    /// ever ran). Its `chosen` counter stays: a counter keeps its total.
+    pub fn forget_departed(&self, in_pool: &[kvroute_core::endpoint::Endpoint]) {
+        let Ok(mut map) = self.speeds.try_borrow_mut() else {
+            return;
+        };
+        for gauges in map.values_mut() {
+            let departed: Vec<String> = gauges
+                .keys()
+                .filter(|id| in_pool.binary_search_by(|e| e.id.as_str().cmp(id)).is_err())
+                .cloned()
+                .collect();
+            for id in departed {
+                if let Some((metric, _)) = gauges.remove(&id) {
+                    metric.set(0);
+                }
+            }
+        }
+    }
+
     fn per_endpoint_gauge(&self, endpoint: &str, name: &'static str, value: u64) {
         let Ok(mut map) = self.speeds.try_borrow_mut() else {
             return;

@@ -293,6 +293,7 @@ impl Worker {
                     stats.unseen(e.id.as_str(), (share * 1000.0) as u64);
                 }
             }
+            stats.forget_departed(router.endpoints());
         }
         let cached = self.shared.predicted_cached.get().saturating_mul(1000);
         if let Some(permille) = cached.checked_div(self.shared.prompt_tokens.get()) {
