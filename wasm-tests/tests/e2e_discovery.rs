@@ -679,30 +679,41 @@ fn the_admin_answers_kvroute_only_clusters_and_stats_and_clients_cannot_reach_it
     });
 }
 
+/// Envoy (service mode, `cost.speed_weights_from_envoy`) over an EDS pool of `hosts` (port,
+/// weight), once kvroute's stats show every weight.
+fn weighted_pool(tag: &str, hosts: &[(u16, u32)]) -> (EdsDir, Envoy) {
+    let eds = EdsDir::new(tag);
+    eds.write_weighted(hosts);
+    let source = eds_source(&eds.0);
+    let from_envoy = r#" "cost": {"speed_weights_from_envoy": true},"#;
+    let envoy = Envoy::start("envoy.yaml", &[], |t| shaped(t, Mode::Service, &source, from_envoy)).unwrap();
+    wait_until(
+        "the weights in kvroute's stats",
+        Duration::from_secs(10),
+        &envoy,
+        || {
+            hosts
+                .iter()
+                .all(|(port, w)| weight_gauge(&envoy, *port) == Some(u64::from(*w) * 1000))
+        },
+    );
+    (eds, envoy)
+}
+
+fn weight_gauge(envoy: &Envoy, port: u16) -> Option<u64> {
+    envoy.stat_if_defined(&format!(
+        "wasmcustom.kvroute.endpoint.127_0_0_1_{port}.speed_weight_permille"
+    ))
+}
+
 /// Two hosts weigh 3 in the pool's EDS (H100s beside A100s at 1): kvroute reads the weights
 /// from Envoy, reports them, and on a fleet whose speeds it has not learned places new
 /// prefixes on the heavier hosts.
 #[test]
 fn service_mode_envoy_weights_reach_kvroute_and_place_a_cold_fleets_prefixes() {
     let servers: Vec<FakeVllm> = (0..4).map(|_| FakeVllm::start(Load::idle()).unwrap()).collect();
-    let eds = EdsDir::new("weights");
-    let weights = [3, 3, 1, 1];
-    let hosts: Vec<(u16, u32)> = servers.iter().zip(weights).map(|(s, w)| (s.port, w)).collect();
-    eds.write_weighted(&hosts);
-    let source = eds_source(&eds.0);
-    let from_envoy = r#" "cost": {"speed_weights_from_envoy": true},"#;
-    let envoy = Envoy::start("envoy.yaml", &[], |t| shaped(t, Mode::Service, &source, from_envoy)).unwrap();
-    let gauge = |port: u16| {
-        envoy.stat(&format!(
-            "wasmcustom.kvroute.endpoint.127_0_0_1_{port}.speed_weight_permille"
-        ))
-    };
-    wait_until(
-        "the weights in kvroute's stats",
-        Duration::from_secs(10),
-        &envoy,
-        || hosts.iter().all(|(port, w)| gauge(*port) == u64::from(*w) * 1000),
-    );
+    let hosts: Vec<(u16, u32)> = servers.iter().zip([3, 3, 1, 1]).map(|(s, w)| (s.port, w)).collect();
+    let (_eds, envoy) = weighted_pool("weights", &hosts);
     let post = |n: usize| chat(&envoy, MODEL, &format!("Weighted prompt {n}. ").repeat(30));
     wait_until("kvroute routing", Duration::from_secs(10), &envoy, || {
         (0..8).all(|i| routed_reason(&post(1000 + i)))
