@@ -12,7 +12,10 @@ Prices: USD per GPU-hour, default the middle of the 2026 "specialty provider" on
 ranges (A100 80GB $1.10-1.50, H100 SXM $2.50-3.50; mercatus-ai.com, "Cloud GPU pricing
 2026"); override with A100_PRICE / H100_PRICE.
 
-Usage: [SIM=path] python3 scripts/tiers-replay.py RATE [WORKLOAD]   (needs `cargo build --release -p kvroute-sim`)
+The tiered runs give each tier's sequence slots (`tiers.max_num_seqs`, vLLM's defaults the
+simulator's profiles follow: 256 on the A100, 1024 on the H100); SLOTS=none leaves them out.
+
+Usage: [SIM=path] [SLOTS=none] python3 scripts/tiers-replay.py RATE [WORKLOAD]   (needs `cargo build --release -p kvroute-sim`)
 """
 import json, os, subprocess, statistics, sys
 SIM = os.environ.get("SIM", "target/release/kvroute-sim")
@@ -27,7 +30,10 @@ def cfg(n_cheap, n_prem, tiered):
     if not tiered: return None
     eps = {f"127.0.0.1:{8001 + n_cheap + i}": 1 for i in range(n_prem)}
     path = f"target/tiers/cfg-{n_cheap}-{n_prem}.json"
-    json.dump({"tiers": {"endpoints": eps, "ttft_objective_ms": 500}}, open(path, "w"))
+    tiers = {"endpoints": eps, "ttft_objective_ms": 500}
+    if os.environ.get("SLOTS") != "none":
+        tiers["max_num_seqs"] = [256, 1024]
+    json.dump({"tiers": tiers}, open(path, "w"))
     return path
 def run(n_cheap, n_prem, tiered, rate, seed):
     parts = ([f"{n_cheap}xa100-80g:llama-3.1-8b"] if n_cheap else []) + ([f"{n_prem}xh100-80g:llama-3.1-8b"] if n_prem else [])

@@ -2,7 +2,8 @@
 //! (`tiers.from_priority`). Two idle servers at priority 0 and two at priority 1 of the same
 //! cluster: with tiers from priorities every request stays on priority 0 (it meets its
 //! objective there); without tiers kvroute spreads cold prompts over all four, which also
-//! shows that Envoy's `override_host` reaches hosts at priority 1.
+//! shows that Envoy's `override_host` reaches hosts at priority 1. With each tier's sequence
+//! slots given (`tiers.max_num_seqs`), a request spills once the cheap servers' are taken.
 
 #![allow(clippy::disallowed_methods)] // wall-time end-to-end tests read the clock
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] functions
@@ -20,11 +21,13 @@ fn chat_body(system: &str) -> String {
     )
 }
 
-/// The servers (by port) that 16 distinct prompts went to.
-fn served(from_priority: bool) -> (BTreeSet<u16>, Vec<u16>, u64) {
+/// Four idle servers, the third at priority 1 of the pool cluster, and Envoy with kvroute
+/// whose configuration gains `tiers` (a JSON member, or "" for none), once it has scraped.
+fn start(tiers: &str) -> (Vec<FakeVllm>, Vec<u16>, Envoy) {
     let servers: Vec<FakeVllm> = (0..4).map(|_| FakeVllm::start(Load::idle()).unwrap()).collect();
     let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
     let premium = ports[2];
+    let tiers = tiers.to_string();
     let edit = move |text: String| {
         let line = format!("              - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {premium} }} }} }}");
         let text = text.replacen(
@@ -32,11 +35,6 @@ fn served(from_priority: bool) -> (BTreeSet<u16>, Vec<u16>, u64) {
             &format!("          - priority: 1\n            lb_endpoints:\n{line}"),
             1,
         );
-        let tiers = if from_priority {
-            r#" "tiers": {"from_priority": true},"#
-        } else {
-            ""
-        };
         text.replace("\"policy\": \"cost\",", &format!("\"policy\": \"cost\",{tiers}"))
     };
     let envoy = Envoy::start_workers("envoy.yaml", &ports, 1, edit).unwrap();
@@ -46,6 +44,17 @@ fn served(from_priority: bool) -> (BTreeSet<u16>, Vec<u16>, u64) {
         thread::sleep(Duration::from_millis(20));
     }
     thread::sleep(Duration::from_millis(300));
+    (servers, ports, envoy)
+}
+
+/// The servers (by port) that 16 distinct prompts went to.
+fn served(from_priority: bool) -> (BTreeSet<u16>, Vec<u16>, u64) {
+    let tiers = if from_priority {
+        r#" "tiers": {"from_priority": true},"#
+    } else {
+        ""
+    };
+    let (_servers, ports, envoy) = start(tiers);
     let mut used = BTreeSet::new();
     for i in 0..16 {
         let system = format!("You are assistant number {i} of the tier test. ").repeat(40);
@@ -83,4 +92,55 @@ fn without_tiers_the_priority_one_servers_get_requests_too() {
         "servers used {used:?}: nothing reached priority 1 ({:?})",
         &ports[2..]
     );
+}
+
+/// With one sequence slot per priority-0 server, two slow requests in flight there fill
+/// them: the third request goes to priority 1, though every scrape reads idle.
+#[test]
+fn a_cheap_tier_whose_sequence_slots_are_taken_spills() {
+    let (servers, ports, envoy) = start(r#" "tiers": {"from_priority": true, "max_num_seqs": [1]},"#);
+    for s in &servers {
+        s.set_delay_ms(1500);
+    }
+    let post = |i: usize| {
+        let system = format!("You are assistant number {i} of the slot test. ").repeat(40);
+        envoy.post(
+            "/v1/chat/completions",
+            &[("content-type", "application/json")],
+            &chat_body(&system),
+        )
+    };
+    let by = |r: &kvroute_wasm_tests::http_client::Response| {
+        r.header("x-served-by")
+            .unwrap_or("")
+            .rsplit(':')
+            .next()
+            .unwrap()
+            .parse::<u16>()
+            .unwrap()
+    };
+    thread::scope(|scope| {
+        let slow: Vec<_> = (0..2)
+            .map(|i| {
+                let r = scope.spawn(move || post(i).unwrap());
+                thread::sleep(Duration::from_millis(200));
+                r
+            })
+            .collect();
+        let third = post(2).unwrap();
+        assert_eq!(third.status, 200, "{}", third.body);
+        let first_two: BTreeSet<u16> = slow.into_iter().map(|h| by(&h.join().unwrap())).collect();
+        assert_eq!(
+            first_two,
+            ports[..2].iter().copied().collect(),
+            "one request on each priority-0 server"
+        );
+        assert!(
+            ports[2..].contains(&by(&third)),
+            "the third went to {}; priority 1 is {:?}",
+            by(&third),
+            &ports[2..]
+        );
+    });
+    assert_eq!(envoy.stat("wasmcustom.kvroute.tiers.spilled"), 1);
 }

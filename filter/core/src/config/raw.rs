@@ -92,6 +92,11 @@ pub struct RawTiers {
     pub ttft_objective_ms: f64,
     /// A request's own objective in ms (a positive number; others are ignored).
     pub objective_header: String,
+    /// The most sequences each tier's servers run at once (vLLM's `--max-num-seqs`), by tier
+    /// (the first number is tier 0's; 0 or a tier past the list: no limit). A server with
+    /// that many requests of this gateway in flight does not meet the objective: a new
+    /// request would wait in its queue for a slot, whatever its prefill would take.
+    pub max_num_seqs: Vec<u32>,
 }
 
 impl RawTiers {
@@ -105,6 +110,13 @@ impl RawTiers {
             return priority;
         }
         self.endpoints.get(id.as_str()).copied().unwrap_or(0)
+    }
+
+    /// Whether a server of `tier` with `inflight` requests in flight has no sequence slot
+    /// left (`max_num_seqs`).
+    pub fn full(&self, tier: u32, inflight: u32) -> bool {
+        let slots = self.max_num_seqs.get(tier as usize).copied().unwrap_or(0);
+        slots > 0 && inflight >= slots
     }
 }
 

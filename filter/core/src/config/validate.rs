@@ -372,7 +372,16 @@ pub(super) fn validate_tiers(raw: &RawConfig) -> Result<(), ConfigError> {
     if t.objective_header.is_empty() {
         return Err(reject("tiers.objective_header", "must not be empty"));
     }
+    if t.max_num_seqs.len() > 16 {
+        return Err(reject("tiers.max_num_seqs", "lists at most 16 tiers (0-15)"));
+    }
     if !t.on() {
+        if !t.max_num_seqs.is_empty() {
+            return Err(reject(
+                "tiers.max_num_seqs",
+                "has no effect without tiers: give tiers.endpoints or tiers.from_priority",
+            ));
+        }
         return Ok(());
     }
     if raw.policy != super::PolicyKind::Cost {

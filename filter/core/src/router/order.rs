@@ -156,13 +156,14 @@ impl Router {
         // shorter than the wait of this router's own oldest request there still without a
         // first token: a server that stopped admitting work (its sequences or KV cache
         // full of long decodes) shows it there long before the slow first tokens teach the
-        // scaling.
-        let meets: Vec<bool> = cands
-            .iter()
-            .zip(terms)
-            .map(|(c, t)| {
-                let e = c.endpoint;
-                t.ttft_ms * e.ttft_bias.factor(now) <= objective && e.oldest_pending_ms(now) as f64 <= objective
+        // scaling. A server whose sequence slots are all taken (when the tier's are given)
+        // meets nothing until one frees.
+        let meets: Vec<bool> = (0..cands.len())
+            .map(|i| {
+                let e = cands[i].endpoint;
+                terms[i].ttft_ms * e.ttft_bias.factor(now) <= objective
+                    && e.oldest_pending_ms(now) as f64 <= objective
+                    && !tiers.full(tier_of(&i), e.inflight)
             })
             .collect();
         let meeting = order.iter().filter(|i| meets[**i]).map(tier_of).min();

@@ -1228,12 +1228,18 @@ fn a_server_whose_metrics_say_it_prefills_three_times_slower_loses_its_share() {
 
 /// Servers 0-1 in tier 0 (cheap), 2-3 in tier 1, with this objective.
 fn tiered(objective_ms: f64, loads: &[VllmMetrics]) -> Router {
+    tiered_with_slots(objective_ms, loads, &[])
+}
+
+/// `tiered`, with each tier's sequence slots (`tiers.max_num_seqs`).
+fn tiered_with_slots(objective_ms: f64, loads: &[VllmMetrics], slots: &[u32]) -> Router {
     let mut raw = RawConfig {
         endpoints: (0..4).map(|i| format!("10.0.0.{i}:8000")).collect(),
         ..RawConfig::default()
     };
     raw.tiers.endpoints = [(2, 1), (3, 1)].map(|(i, t)| (format!("10.0.0.{i}:8000"), t)).into();
     raw.tiers.ttft_objective_ms = objective_ms;
+    raw.tiers.max_num_seqs = slots.to_vec();
     let mut r = Router::new(Config::try_from(raw).unwrap());
     for (i, m) in loads.iter().enumerate() {
         r.on_metrics(&ep(i), m.clone(), T0);
@@ -1289,8 +1295,12 @@ fn tiers_fill_the_cheap_tier_first_and_spill_only_when_it_would_miss() {
 /// Servers 0 and 1 (the cheap tier) each given one request of `req(id, 32)`'s size at T0:
 /// this router's own (`timed`: a stream), or a peer's.
 fn cheap_servers_with_a_request_each(own: bool, timed: bool) -> Router {
+    cheap_servers_with_a_request_each_and_slots(own, timed, &[])
+}
+
+fn cheap_servers_with_a_request_each_and_slots(own: bool, timed: bool, slots: &[u32]) -> Router {
     let light = [load(1, 0, 0.2), load(1, 0, 0.2), load(0, 0, 0.0), load(0, 0, 0.0)];
-    let mut r = tiered(500.0, &light);
+    let mut r = tiered_with_slots(500.0, &light, slots);
     for (id, server) in [(1, 0), (2, 1)] {
         let mut q = req(id, 32);
         q.first_token_timed = timed;
@@ -1373,6 +1383,33 @@ fn only_our_own_timed_first_tokens_set_the_floor() {
             d.endpoints
         );
     }
+}
+
+#[test]
+fn a_cheap_server_with_every_sequence_slot_taken_does_not_meet_the_objective() {
+    // Each cheap server runs one request (a peer's: the floor leaves it out) and looks light.
+    // With two slots per cheap server a new request stays cheap; with one it spills to a
+    // premium server, whose one slot is free.
+    let roomy = cheap_servers_with_a_request_each_and_slots(false, true, &[2, 1]);
+    let d = roomy.route(&req(4, 32), T0.plus(100));
+    assert_eq!(
+        d.tier.map(|t| (t.tier, t.spilled)),
+        Some((0, false)),
+        "{:?}",
+        d.endpoints
+    );
+    let full = cheap_servers_with_a_request_each_and_slots(false, true, &[1, 1]);
+    let d = full.route(&req(4, 32), T0.plus(100));
+    assert_eq!(
+        d.tier.map(|t| (t.tier, t.spilled, t.met)),
+        Some((1, true, true)),
+        "{:?}",
+        d.endpoints
+    );
+    assert!([ep(2), ep(3)].contains(d.best().unwrap()));
+    // The prediction alone meets the objective on the cheap servers: the slots decided.
+    let cheap = d.breakdown.iter().find(|s| s.endpoint == ep(0)).unwrap();
+    assert!(cheap.ttft_ms < 500.0, "{}", cheap.ttft_ms);
 }
 
 #[test]
@@ -1474,8 +1511,15 @@ fn tiers_need_the_cost_policy_and_small_tier_numbers() {
     raw.tiers.endpoints.insert("10.0.0.2:8000".into(), 16);
     assert_eq!(Config::try_from(raw.clone()).unwrap_err().field, "tiers.endpoints");
     raw.tiers.endpoints.remove("10.0.0.2:8000");
+    raw.tiers.max_num_seqs = vec![256; 17];
+    assert_eq!(Config::try_from(raw.clone()).unwrap_err().field, "tiers.max_num_seqs");
+    raw.tiers.max_num_seqs = vec![256, 1024];
+    assert!(Config::try_from(raw.clone()).is_ok());
     raw.tiers.ttft_objective_ms = 0.0;
     assert_eq!(Config::try_from(raw).unwrap_err().field, "tiers.ttft_objective_ms");
+    let mut untiered = RawConfig::default();
+    untiered.tiers.max_num_seqs = vec![256];
+    assert_eq!(Config::try_from(untiered).unwrap_err().field, "tiers.max_num_seqs");
 }
 
 fn holding(loads: &[VllmMetrics]) -> Router {
