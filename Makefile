@@ -30,7 +30,7 @@ AIPERF_VENV := $(VENV)/aiperf
 
 all: build
 
-## setup: rustup targets, wasm-bindgen-cli at the Cargo.lock version, Envoy into .venv/ (each skipped when present)
+## setup: rustup targets, binaryen's wasm-opt (Debian, needs root), wasm-bindgen-cli at the Cargo.lock version, Envoy into .venv/ (each skipped when present)
 setup: setup-rust setup-wasm-opt setup-wasm-bindgen setup-envoy
 
 setup-envoy: $(ENVOY)
@@ -67,14 +67,15 @@ setup-rust:
 	@rustup target list --installed | grep -qx wasm32-unknown-unknown || rustup target add wasm32-unknown-unknown
 
 # binaryen's optimizer over every module rustc links: about 95 KB smaller at the same speed
-# (BENCHMARKS.md, "The module's size"). The features are the ones rustc's wasm32 output uses
-# (SIMD for sha2); naming them keeps wasm-opt from introducing any other.
+# (BENCHMARKS.md, "The module's size", measured with Debian's binaryen 108). The features
+# are the ones rustc's wasm32 output uses (its defaults since Rust 1.87, and SIMD for
+# sha2); naming them keeps wasm-opt from introducing any other.
 WASM_OPT := wasm-opt -O3 --enable-bulk-memory --enable-sign-ext --enable-mutable-globals \
 	--enable-nontrapping-float-to-int --enable-multivalue --enable-reference-types --enable-simd
 
 setup-wasm-opt:
 	@command -v wasm-opt >/dev/null || { apt-get update -qq && apt-get install -y -qq binaryen >/dev/null; } || \
-		{ echo "make build-wasm needs binaryen's wasm-opt (Debian/Ubuntu: apt-get install binaryen)"; exit 1; }
+		{ echo "make build-wasm needs binaryen's wasm-opt: installing it takes root (Debian/Ubuntu: apt-get install binaryen; macOS: brew install binaryen)"; exit 1; }
 
 setup-wasm-bindgen:
 	@if [ -z "$(WASM_BINDGEN_VERSION)" ]; then echo "no wasm-bindgen in Cargo.lock"; exit 1; fi
@@ -85,7 +86,7 @@ setup-wasm-bindgen:
 		$(CARGO) install wasm-bindgen-cli --version "$(WASM_BINDGEN_VERSION)" --force; \
 	fi
 
-## build: the wasm filter (dist/kvroute.wasm, cargo profile wasm) and the workspace (release)
+## build: the wasm filter (dist/kvroute.wasm, cargo profile wasm, then wasm-opt -O3) and the workspace (release)
 build: build-wasm
 	$(CARGO) build --workspace --release
 
@@ -111,7 +112,7 @@ build-wasm: setup-rust setup-wasm-opt
 	$(CARGO) build -p kvroute-filter --target wasm32-wasip1 --profile wasm
 	@mkdir -p dist
 	$(WASM_OPT) target/wasm32-wasip1/wasm/kvroute_filter.wasm -o $(WASM)
-	@echo "$(WASM): $$(wc -c < $(WASM)) bytes"
+	@echo "$(WASM): $$(wc -c < $(WASM)) bytes ($$(wasm-opt --version))"
 
 ## test: lint, the core's dependency rule, native tests, Envoy config validation,
 ## end-to-end tests through real Envoy, the openai client suite, vLLM's router over the simulator, the Prometheus rules, the

@@ -4,6 +4,7 @@
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 
+use kvroute_core::endpoint::Endpoint;
 use proxy_wasm::types::MetricType;
 
 use crate::host;
@@ -220,22 +221,20 @@ impl RequestStats {
     /// Sets to 0 and forgets the per-server gauges of servers no longer in the pool: a
     /// metric cannot be removed, and a departed server's last prefill rate or step time
     /// would read as a live server's in every dashboard (with pod IPs, one per pod that
-    /// ever ran). Its `chosen` counter stays: a counter keeps its total.
-    pub fn forget_departed(&self, in_pool: &[kvroute_core::endpoint::Endpoint]) {
+    /// ever ran). Its `chosen` counter stays: a counter keeps its total. `in_pool` is the
+    /// router's table, sorted by id (`EndpointTable`), so a lookup is a binary search.
+    pub fn forget_departed(&self, in_pool: &[Endpoint]) {
         let Ok(mut map) = self.speeds.try_borrow_mut() else {
             return;
         };
         for gauges in map.values_mut() {
-            let departed: Vec<String> = gauges
-                .keys()
-                .filter(|id| in_pool.binary_search_by(|e| e.id.as_str().cmp(id)).is_err())
-                .cloned()
-                .collect();
-            for id in departed {
-                if let Some((metric, _)) = gauges.remove(&id) {
+            gauges.retain(|id, (metric, _)| {
+                let stays = in_pool.binary_search_by(|e| e.id.as_str().cmp(id)).is_ok();
+                if !stays {
                     metric.set(0);
                 }
-            }
+                stays
+            });
         }
     }
 

@@ -735,23 +735,9 @@ fn service_mode_envoy_weights_reach_kvroute_and_place_a_cold_fleets_prefixes() {
 #[test]
 fn service_mode_a_departed_servers_gauges_read_zero() {
     let servers: Vec<FakeVllm> = (0..3).map(|_| FakeVllm::start(Load::idle()).unwrap()).collect();
-    let eds = EdsDir::new("departed");
     let hosts: Vec<(u16, u32)> = servers.iter().zip([3, 1, 1]).map(|(s, w)| (s.port, w)).collect();
-    eds.write_weighted(&hosts);
-    let source = eds_source(&eds.0);
-    let from_envoy = r#" "cost": {"speed_weights_from_envoy": true},"#;
-    let envoy = Envoy::start("envoy.yaml", &[], |t| shaped(t, Mode::Service, &source, from_envoy)).unwrap();
-    let gauge = |port: u16| {
-        envoy.stat_if_defined(&format!(
-            "wasmcustom.kvroute.endpoint.127_0_0_1_{port}.speed_weight_permille"
-        ))
-    };
-    wait_until(
-        "the weights in kvroute's stats",
-        Duration::from_secs(10),
-        &envoy,
-        || hosts.iter().all(|(port, w)| gauge(*port) == Some(u64::from(*w) * 1000)),
-    );
+    let (eds, envoy) = weighted_pool("departed", &hosts);
+    let gauge = |port: u16| weight_gauge(&envoy, port);
     eds.write_weighted(&hosts[..2]);
     let gone = hosts[2].0;
     wait_until(

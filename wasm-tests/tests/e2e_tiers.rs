@@ -21,7 +21,8 @@ fn chat_body(system: &str) -> String {
     )
 }
 
-/// Four idle servers, the third at priority 1 of the pool cluster, and Envoy with kvroute
+/// Four idle servers, the third and fourth at priority 1 of the pool cluster (the locality
+/// opens at the third), and Envoy with kvroute
 /// whose configuration gains `tiers` (a JSON member, or "" for none), once it has scraped.
 fn start(tiers: &str) -> (Vec<FakeVllm>, Vec<u16>, Envoy) {
     let servers: Vec<FakeVllm> = (0..4).map(|_| FakeVllm::start(Load::idle()).unwrap()).collect();
@@ -120,10 +121,16 @@ fn a_cheap_tier_whose_sequence_slots_are_taken_spills() {
             .unwrap()
     };
     thread::scope(|scope| {
-        let slow: Vec<_> = (0..2)
+        // Each slow request is routed (it has reached a server, which then waits) before the
+        // next is sent.
+        let slow: Vec<_> = (0..2u64)
             .map(|i| {
-                let r = scope.spawn(move || post(i).unwrap());
-                thread::sleep(Duration::from_millis(200));
+                let r = scope.spawn(move || post(i as usize).unwrap());
+                let deadline = Instant::now() + Duration::from_secs(5);
+                while servers.iter().map(FakeVllm::inference_requests).sum::<u64>() < i + 1 {
+                    assert!(Instant::now() < deadline, "slow request {i} reached no server");
+                    thread::sleep(Duration::from_millis(10));
+                }
                 r
             })
             .collect();

@@ -372,16 +372,8 @@ pub(super) fn validate_tiers(raw: &RawConfig) -> Result<(), ConfigError> {
     if t.objective_header.is_empty() {
         return Err(reject("tiers.objective_header", "must not be empty"));
     }
-    if t.max_num_seqs.len() > 16 {
-        return Err(reject("tiers.max_num_seqs", "lists at most 16 tiers (0-15)"));
-    }
+    validate_tier_slots(t)?;
     if !t.on() {
-        if !t.max_num_seqs.is_empty() {
-            return Err(reject(
-                "tiers.max_num_seqs",
-                "has no effect without tiers: give tiers.endpoints or tiers.from_priority",
-            ));
-        }
         return Ok(());
     }
     if raw.policy != super::PolicyKind::Cost {
@@ -408,6 +400,22 @@ pub(super) fn validate_tiers(raw: &RawConfig) -> Result<(), ConfigError> {
     }
     if let Some((id, tier)) = t.endpoints.iter().find(|(_, tier)| **tier > 15) {
         return Err(reject("tiers.endpoints", format!("{id}: tier {tier} must be 0-15")));
+    }
+    Ok(())
+}
+
+fn validate_tier_slots(t: &super::RawTiers) -> Result<(), ConfigError> {
+    if t.max_num_seqs.len() > 16 {
+        return Err(reject(
+            "tiers.max_num_seqs",
+            format!("({} numbers) lists at most 16 tiers (0-15)", t.max_num_seqs.len()),
+        ));
+    }
+    if !t.on() && !t.max_num_seqs.is_empty() {
+        return Err(reject(
+            "tiers.max_num_seqs",
+            "has no effect without tiers: give tiers.endpoints or tiers.from_priority",
+        ));
     }
     Ok(())
 }

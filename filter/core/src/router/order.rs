@@ -158,12 +158,14 @@ impl Router {
         // full of long decodes) shows it there long before the slow first tokens teach the
         // scaling. A server whose sequence slots are all taken (when the tier's are given)
         // meets nothing until one frees.
-        let meets: Vec<bool> = (0..cands.len())
-            .map(|i| {
-                let e = cands[i].endpoint;
-                terms[i].ttft_ms * e.ttft_bias.factor(now) <= objective
+        let meets: Vec<bool> = cands
+            .iter()
+            .zip(terms)
+            .map(|(c, t)| {
+                let e = c.endpoint;
+                t.ttft_ms * e.ttft_bias.factor(now) <= objective
                     && e.oldest_pending_ms(now) as f64 <= objective
-                    && !tiers.full(tier_of(&i), e.inflight)
+                    && !tiers.full(tiers.tier_of(&e.id, e.priority), e.inflight)
             })
             .collect();
         let meeting = order.iter().filter(|i| meets[**i]).map(tier_of).min();

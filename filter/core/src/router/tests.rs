@@ -1298,6 +1298,7 @@ fn cheap_servers_with_a_request_each(own: bool, timed: bool) -> Router {
     cheap_servers_with_a_request_each_and_slots(own, timed, &[])
 }
 
+/// `cheap_servers_with_a_request_each`, with each tier's sequence slots (`tiers.max_num_seqs`).
 fn cheap_servers_with_a_request_each_and_slots(own: bool, timed: bool, slots: &[u32]) -> Router {
     let light = [load(1, 0, 0.2), load(1, 0, 0.2), load(0, 0, 0.0), load(0, 0, 0.0)];
     let mut r = tiered_with_slots(500.0, &light, slots);
@@ -1410,6 +1411,17 @@ fn a_cheap_server_with_every_sequence_slot_taken_does_not_meet_the_objective() {
     // The prediction alone meets the objective on the cheap servers: the slots decided.
     let cheap = d.breakdown.iter().find(|s| s.endpoint == ep(0)).unwrap();
     assert!(cheap.ttft_ms < 500.0, "{}", cheap.ttft_ms);
+}
+
+#[test]
+fn a_tiers_slots_are_full_at_its_count_and_unlimited_at_0_or_past_the_list() {
+    let mut t = RawConfig::default().tiers;
+    t.max_num_seqs = vec![2, 0];
+    assert!(!t.full(0, 1));
+    assert!(t.full(0, 2));
+    assert!(t.full(0, 3));
+    assert!(!t.full(1, 10_000), "0 is no limit");
+    assert!(!t.full(2, 10_000), "a tier past the list has no limit");
 }
 
 #[test]
