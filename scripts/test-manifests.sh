@@ -6,7 +6,8 @@
 #     schemas and their provenance: envoy/schemas/README.md). The WasmPlugins are validated
 #     as scripts/build-oci.sh fills them (their `sha256` placeholder is not a valid digest),
 #     and the wasm ConfigMap as scripts/k8s-wasm-configmap.py generates it from dist/kvroute.wasm.
-#  2. The gateway's envoy.yaml (the ConfigMap in envoy/kubernetes/gateway.yaml) run through
+#  2. The gateway's envoy.yaml (the ConfigMap in envoy/kubernetes/gateway.yaml), and its variant
+#     with the commented price-tier lines, run through
 #     `envoy --mode validate` with dist/kvroute.wasm, which loads the filter and its plugin
 #     configuration (the pool learned from Envoy: `discovery`, no `endpoints`).
 #     Then that envoy.yaml is run as a real Envoy (ports moved to free ones, its STRICT_DNS
@@ -73,6 +74,18 @@ open(f"{out}/gateway-envoy.yaml", "w").write(text)
 cfg = yaml.safe_load(text)["bootstrap_extensions"][0]["typed_config"]["config"]["configuration"]["value"]
 plugin = json.loads(cfg)
 assert "endpoints" not in plugin and plugin["discovery"]["admin_cluster"] == "kvroute_admin", plugin
+# The commented price-tier variant: the premium Service at priority 1 (its lines uncommented)
+# and kvroute's tiers from the cluster's priorities.
+lines = text.split("\n")
+start = next(i for i, l in enumerate(lines) if l.strip() == "# - priority: 1")
+end = next(i for i in range(start, len(lines)) if "vllm-premium" in lines[i])
+for i in range(start, end + 1):
+    lines[i] = lines[i].replace("# ", "", 1)
+tiers = '"tiers": {"from_priority": true, "max_num_seqs": [256, 1024]}, "discovery": {'
+tiered = "\n".join(lines).replace('"discovery": {', tiers)
+pool = next(c for c in yaml.safe_load(tiered)["static_resources"]["clusters"] if c["name"] == "vllm_pool")
+assert [e.get("priority", 0) for e in pool["load_assignment"]["endpoints"]] == [0, 1], pool
+open(f"{out}/gateway-envoy-tiers.yaml", "w").write(tiered)
 PY
 # envoy --mode validate on $2.
 envoy_validate() {
@@ -84,6 +97,7 @@ envoy_validate() {
   fi
 }
 envoy_validate "envoy/kubernetes/gateway.yaml's envoy.yaml" "$OUT/gateway-envoy.yaml"
+envoy_validate "envoy/kubernetes/gateway.yaml's envoy.yaml with its price-tier lines" "$OUT/gateway-envoy-tiers.yaml"
 
 echo "==> the Istio / Envoy Gateway patch values in an Istio-shaped Envoy config"
 "$PYTHON" scripts/istio_patch_config.py "$OUT/istio-shaped.yaml" "$WASM" >/dev/null
