@@ -361,6 +361,34 @@ fn stats_move_as_the_decisions_did() {
     }
 }
 
+/// Envoy keeps every stat until it restarts, so with pod churn each server ever seen adds
+/// its per-server series; an operator drops them with Envoy's stats matcher. kvroute
+/// defines them all the same: routing and its other stats go on.
+#[test]
+fn per_server_stats_left_out_by_envoys_stats_matcher_change_nothing_else() {
+    let servers: Vec<FakeVllm> = (0..3).map(|_| FakeVllm::start(Load::idle()).unwrap()).collect();
+    let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
+    let matcher = "stats_config:\n  stats_matcher:\n    exclusion_list:\n      patterns:\n        - prefix: wasmcustom.kvroute.endpoint.\n";
+    let envoy = Envoy::start("envoy.yaml", &ports, |t| {
+        debug_headers(t).replacen("admin:", &format!("{matcher}admin:"), 1)
+    })
+    .unwrap();
+    let f = Fleet { servers, envoy };
+    f.wait_for_scrapes();
+    let system = long_prompt("matcher");
+    for i in 0..12 {
+        let (status, _, reason) = f.chat(&system, &format!("q{i}"));
+        assert_eq!(status, 200);
+        assert!(reason == "cold" || reason == "prefix_hit", "{reason}");
+    }
+    assert_eq!(f.stat("decision.cold") + f.stat("decision.prefix_hit"), 12);
+    for port in &ports {
+        let name = format!("wasmcustom.kvroute.endpoint.127_0_0_1_{port}.chosen");
+        assert_eq!(f.envoy.stat_if_defined(&name), None, "{name} was not left out");
+    }
+    assert!(!f.envoy.log_text().contains("panicked"), "{}", f.envoy.log_text());
+}
+
 #[test]
 fn no_query_string_or_body_field_can_choose_the_upstream() {
     for shape in SHAPES {
