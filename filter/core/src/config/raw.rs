@@ -78,8 +78,9 @@ pub struct RawDiscovery {
 /// Price tiers with spillover (`tiers`): servers are put in tiers, cheapest first (tier 0).
 /// A request goes to the cheapest tier whose best server's predicted TTFT meets its objective
 /// and spills to the next tier only when it would not; a request no tier can serve in time
-/// stays in the cheapest (spilling it would spend premium capacity on a miss). Off while
-/// `endpoints` is empty; needs the `cost` policy (its score is the predicted TTFT).
+/// stays in the cheapest (spilling it would spend premium capacity on a miss). Off unless
+/// `endpoints` lists a server or `from_priority` is set; needs the `cost` policy (its score
+/// is the predicted TTFT).
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RawTiers {
