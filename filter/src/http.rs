@@ -51,6 +51,9 @@ pub struct Http {
     chosen: Option<String>,
     reason: &'static str,
     status: u16,
+    /// Response headers came (the server's or Envoy's own): without them at the end, the
+    /// client left before any response.
+    responded: bool,
     /// Keep the response tail: the response will carry `usage` (see `reports_usage`).
     read_usage: bool,
     /// A streamed request whose first response bytes have not come yet (its first token:
@@ -74,6 +77,7 @@ impl Http {
             chosen: None,
             reason: "passthrough",
             status: 0,
+            responded: false,
             read_usage: false,
             awaiting_first_chunk: false,
             tail: Vec::new(),
@@ -310,6 +314,7 @@ impl HttpContext for Http {
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         self.adopt_release();
+        self.responded = true;
         self.status = host::response_header(":status")
             .ok()
             .flatten()
@@ -385,6 +390,9 @@ impl HttpContext for Http {
         if let Some(c) = cached {
             shared.stats.reported_cached_tokens.add(c);
         }
+        if !self.responded {
+            shared.stats.client_left.inc();
+        }
         let usage = reports_usage(&self.tail);
         if usage {
             shared.stats.usage_reported.inc();
@@ -403,6 +411,7 @@ impl HttpContext for Http {
             cached_tokens: cached,
             prompt_tokens: if usage { prompt_tokens(&self.tail) } else { None },
             usage,
+            client_left: !self.responded,
         };
         if let Some(flip) = router.on_completed(request_id, &done, host::now()) {
             host::log(LogLevel::Warn, &format!("passive health: {flip:?}"));

@@ -82,6 +82,8 @@ pub struct RequestStats {
     pub peers_gone: Metric,
     pub usage_reported: Metric,
     pub usage_missing: Metric,
+    /// Routed requests whose client left before any response (no health signal).
+    pub client_left: Metric,
     pub replica_events: Metric,
     pub replica_batches_refused: Metric,
     pub replica_events_dropped: Metric,
@@ -149,6 +151,7 @@ impl RequestStats {
             peers_gone: c("mesh.peers_gone"),
             usage_reported: c("responses.usage_reported"),
             usage_missing: c("responses.usage_missing"),
+            client_left: c("responses.client_left"),
             replica_events: c("replicas.events_taken"),
             replica_batches_refused: c("replicas.batches_refused"),
             replica_events_dropped: c("replicas.events_dropped"),

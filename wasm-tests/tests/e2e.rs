@@ -436,3 +436,50 @@ fn tenants_share_no_affinity_and_debug_headers_say_nothing_about_them() {
     // The same prompt from another tenant starts cold: no shared chain, no shared affinity.
     assert_eq!(ask("globex-inc"), "cold");
 }
+
+#[test]
+fn clients_that_give_up_before_any_response_do_not_eject_a_busy_server() {
+    use std::io::Write;
+    // One worker, one server: with the defaults three failures in a row eject it for 5 s.
+    let server = FakeVllm::start(Load::idle()).unwrap();
+    let envoy = Envoy::start_workers("envoy.yaml", &[server.port], 1, debug_headers).unwrap();
+    let f = Fleet {
+        servers: vec![server],
+        envoy,
+    };
+    f.wait_for_scrapes();
+    f.servers[0].set_delay_ms(5_000);
+    let body = chat_body("a busy server", "will you answer?", false);
+    for i in 0..5 {
+        // A non-streaming request's response headers come when generation ends: a client
+        // whose timeout is shorter leaves before any response byte.
+        let seen = f.servers[0].inference_requests();
+        let mut client = std::net::TcpStream::connect(("127.0.0.1", f.envoy.port)).unwrap();
+        let request = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        client.write_all(request.as_bytes()).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while f.servers[0].inference_requests() == seen {
+            assert!(Instant::now() < deadline, "request {i} never reached the server");
+            thread::sleep(Duration::from_millis(10));
+        }
+        drop(client);
+    }
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while f.stat("responses.client_left") < 5 && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(f.stat("responses.client_left"), 5);
+    f.servers[0].set_delay_ms(0);
+    let (status, served, reason) = f.chat("a busy server", "and now?");
+    assert_eq!(status, 200);
+    assert!(served.ends_with(&f.servers[0].port.to_string()), "{served}");
+    assert!(!reason.starts_with("fallback"), "{reason}: the server was ejected");
+    assert!(
+        !f.envoy.log_text().contains("passive health: Ejected"),
+        "{}",
+        f.envoy.log_text()
+    );
+}

@@ -196,7 +196,8 @@ impl Endpoint {
     /// whether every adapter slot (`max_lora`) is taken by others.
     pub fn adapter_state(&self, model: &str) -> Option<(bool, bool)> {
         let m = self.metrics.as_ref()?;
-        if m.models.iter().any(|b| b == model) {
+        // No model named: the server's base model, never an adapter to load.
+        if model.is_empty() || m.models.iter().any(|b| b == model) {
             return None;
         }
         let lora = m.lora.as_ref()?;

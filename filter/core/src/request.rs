@@ -11,7 +11,8 @@
 //!   estimate; token ids are written as 4-byte little-endian integers.
 //!
 //! Token estimate (documented rule): ceil(bytes / 4) for text, plus 4 tokens per chat
-//! message for the template; token-id prompts count exactly.
+//! message for the template and 1,024 per content part that is not text (an image, audio);
+//! token-id prompts count exactly.
 //!
 //! Leniency: the parser accepts what vLLM 0.33 accepts (its pydantic models are lax), so a
 //! body vLLM serves is never skipped as malformed: `"stream": null` or `"true"`, integers
@@ -51,6 +52,11 @@ pub const BYTES_PER_TOKEN: u64 = 4;
 /// bounds the parse cost of a hostile body of tiny messages (≈ 50 ms for 130k natively).
 pub const MAX_MESSAGES: usize = 4096;
 const TOKENS_PER_MESSAGE: u64 = 4;
+/// A content part other than text (an image, audio) counts this many tokens, whatever its
+/// encoding: its JSON (a base64 image of 200 KB would read as 50,000 tokens) says nothing
+/// of what the model makes of it, and vision models turn an image into a few hundred to a
+/// couple of thousand tokens (LLaVA-1.5: 576 at 336 px; Qwen2-VL: about 1,300 at 1024 px).
+const TOKENS_PER_MEDIA_PART: u64 = 1024;
 
 /// What the router needs to know about one request body.
 #[derive(Clone, Debug, PartialEq)]
@@ -208,6 +214,7 @@ fn chat_canonical(messages: &[Message], tools: Option<&Value>) -> Result<(Vec<u8
         });
     }
     let mut out = Vec::new();
+    let mut media = Media::default();
     if let Some(tools) = tools.filter(|t| !t.is_null() && t.as_array().is_none_or(|a| !a.is_empty())) {
         // serde_json's map is a BTreeMap here, so re-serialising sorts keys and drops whitespace.
         out.extend_from_slice(tools.to_string().as_bytes());
@@ -219,7 +226,7 @@ fn chat_canonical(messages: &[Message], tools: Option<&Value>) -> Result<(Vec<u8
         match &message.content {
             None | Some(Value::Null) => {}
             Some(Value::String(text)) => out.extend_from_slice(text.as_bytes()),
-            Some(Value::Array(parts)) => append_parts(&mut out, parts),
+            Some(Value::Array(parts)) => append_parts(&mut out, parts, &mut media),
             Some(_) => {
                 return Err(RequestError::InvalidField {
                     field: "messages[].content",
@@ -229,17 +236,32 @@ fn chat_canonical(messages: &[Message], tools: Option<&Value>) -> Result<(Vec<u8
         }
         out.push(0x1e);
     }
-    let tokens = text_tokens(out.len()) + TOKENS_PER_MESSAGE * messages.len() as u64;
+    let tokens = text_tokens(out.len() - media.bytes)
+        + TOKENS_PER_MESSAGE * messages.len() as u64
+        + TOKENS_PER_MEDIA_PART.saturating_mul(media.parts);
     Ok((out, Tokens(tokens)))
 }
 
-fn append_parts(out: &mut Vec<u8>, parts: &[Value]) {
+/// The non-text content parts of a chat body: in the canonical text (they are part of the
+/// prefix), counted apart in the token estimate.
+#[derive(Default)]
+struct Media {
+    parts: u64,
+    bytes: usize,
+}
+
+fn append_parts(out: &mut Vec<u8>, parts: &[Value], media: &mut Media) {
     for part in parts {
         match part.get("text").and_then(Value::as_str) {
             Some(text) if part.get("type").and_then(Value::as_str) == Some("text") => {
                 out.extend_from_slice(text.as_bytes())
             }
-            _ => out.extend_from_slice(part.to_string().as_bytes()),
+            _ => {
+                let json = part.to_string();
+                media.parts += 1;
+                media.bytes += json.len();
+                out.extend_from_slice(json.as_bytes());
+            }
         }
     }
 }

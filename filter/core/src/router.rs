@@ -54,6 +54,10 @@ pub struct Completion {
     pub prompt_tokens: Option<u64>,
     /// The response carried `usage` (with or without `prompt_tokens_details`).
     pub usage: bool,
+    /// The client went away before any response (no status at all, not even the proxy's
+    /// own): a client timeout or hang-up says nothing of the server's health. A busy server
+    /// whose clients give up under overload must not be ejected for it.
+    pub client_left: bool,
 }
 
 /// Counters for stats and for checking the index's predictions against vLLM's reports.
@@ -217,7 +221,9 @@ impl Router {
     pub fn route(&self, req: &RouteRequest, now: Millis) -> Decision {
         let rows = self.table.rows();
         let model_known = rows.iter().any(|e| e.lists_model(&req.model));
-        if !model_known && rows.iter().any(|e| e.models.is_some()) {
+        // A body without `model` (the empty name) is served by each server's first model, as
+        // vLLM does: no server is filtered by it.
+        if !model_known && !req.model.is_empty() && rows.iter().any(|e| e.models.is_some()) {
             // Servers list their models and none lists this one: a typo or a model this pool
             // does not serve. Envoy balances it and the server answers (vLLM: 404).
             return Decision::without_endpoints(Outcome::Fallback(FallbackReason::UnknownModel), Vec::new());

@@ -143,6 +143,7 @@ pub fn scripted_routing(policy: PolicyKind) -> Result<String, String> {
                 cached_tokens: Some(u64::from(d.matched_blocks) * 64),
                 prompt_tokens: None,
                 usage: true,
+                client_left: false,
             };
             router.on_completed(u64::from(n), &done, now);
         }

@@ -139,7 +139,7 @@ proptest! {
                 Event::ScrapeFailed { ep } => { r.on_scrape_failed(&id(ep), now); }
                 Event::Complete { back, status } => {
                     if let Some(req_id) = routed.len().checked_sub(back + 1).map(|i| routed.remove(i)) {
-                        r.on_completed(req_id, &Completion { served_by: None, status, cached_tokens: None, prompt_tokens: None, usage: false }, now);
+                        r.on_completed(req_id, &Completion { served_by: None, status, cached_tokens: None, prompt_tokens: None, usage: false, client_left: false }, now);
                     }
                 }
                 Event::Membership { mask } => {

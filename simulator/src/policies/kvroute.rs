@@ -91,6 +91,7 @@ impl Policy for Kvroute {
             cached_tokens: (f.cached_tokens > 0).then_some(f.cached_tokens),
             prompt_tokens: Some(f.prompt_tokens),
             usage: true,
+            client_left: false,
         };
         self.router.on_completed(f.id, &done, Millis(now_ms as u64));
     }

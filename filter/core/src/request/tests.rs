@@ -44,6 +44,22 @@ fn image_parts_are_part_of_the_prefix() {
 }
 
 #[test]
+fn an_image_counts_a_fixed_number_of_tokens_whatever_its_encoding() {
+    let image = |url: &str| {
+        chat(&format!(
+            r#"{{"model":"m","messages":[{{"role":"user","content":[{{"type":"text","text":"what is this?"}},{{"type":"image_url","image_url":{{"url":"{url}"}}}}]}}]}}"#
+        ))
+        .unwrap()
+    };
+    let by_url = image("https://example.com/cat.png");
+    let inline = image(&format!("data:image/png;base64,{}", "A".repeat(200_000)));
+    // "user" + 0x1f + "what is this?" + 0x1e: 19 bytes, 5 tokens; 4 for the message.
+    assert_eq!(by_url.prompt_tokens, Tokens(5 + 4 + TOKENS_PER_MEDIA_PART));
+    assert_eq!(inline.prompt_tokens, by_url.prompt_tokens);
+    assert_ne!(inline.canonical, by_url.canonical, "still part of the prefix");
+}
+
+#[test]
 fn sampling_fields_are_read() {
     let r = chat(
         r#"{"model":"llama","messages":[{"role":"system","content":null},{"role":"user","content":"q"}],

@@ -149,6 +149,9 @@ impl Router {
             e.refused_until = Some(now.plus(refused_ms));
             return None;
         }
+        if done.client_left && done.status == 0 {
+            return None;
+        }
         let ok = done.status != 0 && done.status < 500;
         e.health.on_response(ok, now, &health)
     }

@@ -123,6 +123,7 @@ fn when_every_endpoint_has_a_queue_recomputing_a_prefix_costs_more() {
             cached_tokens: None,
             prompt_tokens: None,
             usage: false,
+            client_left: false,
         };
         r.on_completed(1, &done, T0);
         r.on_metrics(&holder, load(8, 12, 0.5), Millis(T0.0 + 1));
@@ -210,6 +211,34 @@ fn cost_rises_with_every_kind_of_load() {
 }
 
 #[test]
+fn clients_that_leave_before_any_response_do_not_eject_the_server() {
+    let ended = |client_left: bool| {
+        let mut r = router(PolicyKind::Cost, &idle(2));
+        for id in 0..5 {
+            let d = Decision {
+                endpoints: vec![ep(1)],
+                outcome: Outcome::Cold,
+                matched_blocks: 0,
+                breakdown: vec![],
+                tier: None,
+                holder_first: false,
+            };
+            r.on_routed(id, &req(1, 1), &d, T0);
+            let done = Completion {
+                client_left,
+                ..served(&ep(1), 0)
+            };
+            r.on_completed(id, &done, T0);
+        }
+        r.route(&req(1, 8), T0).breakdown[1].filtered
+    };
+    // Five requests that ended with no response at all: a reset counts against the server,
+    // five clients giving up on a busy one (timeouts under overload) do not.
+    assert_eq!(ended(false), Some(FilterReason::Ejected));
+    assert_eq!(ended(true), None);
+}
+
+#[test]
 fn unhealthy_ejected_and_stale_endpoints_are_never_picked() {
     let mut r = router(PolicyKind::Cost, &idle(4));
     r.on_scrape_failed(&ep(0), T0);
@@ -236,6 +265,7 @@ fn unhealthy_ejected_and_stale_endpoints_are_never_picked() {
                 cached_tokens: None,
                 prompt_tokens: None,
                 usage: false,
+                client_left: false,
             },
             T0,
         );
@@ -428,6 +458,7 @@ fn independent_routers_agree_on_the_owner_of_a_cold_prefix() {
             cached_tokens: Some(0),
             prompt_tokens: None,
             usage: true,
+            client_left: false,
         },
         T0,
     );
@@ -461,6 +492,7 @@ fn completion_releases_accounting_and_a_retry_moves_the_prefix() {
             cached_tokens: Some(0),
             prompt_tokens: None,
             usage: true,
+            client_left: false,
         },
         T0,
     );
@@ -486,7 +518,8 @@ fn completion_releases_accounting_and_a_retry_moves_the_prefix() {
                 status: 200,
                 cached_tokens: None,
                 prompt_tokens: None,
-                usage: false
+                usage: false,
+                client_left: false,
             },
             T0
         ),
@@ -559,6 +592,7 @@ fn prefill_the_gateway_sent_counts_until_the_first_token_even_after_a_scrape() {
             cached_tokens: None,
             prompt_tokens: None,
             usage: false,
+            client_left: false,
         },
         T0.plus(40),
     );
@@ -592,6 +626,7 @@ fn done_at(endpoint: Option<EndpointId>, cached: Option<u64>) -> Completion {
         cached_tokens: cached,
         prompt_tokens: None,
         usage: cached.is_some(),
+        client_left: false,
     }
 }
 
@@ -1006,6 +1041,7 @@ fn usage_without_details_counts_as_a_miss_only_from_a_server_that_reports_detail
         cached_tokens: None,
         prompt_tokens: None,
         usage: true,
+        client_left: false,
     };
     // Never reported details (vLLM without --enable-prompt-tokens-details): nothing learned.
     let d = r.route(&req(1, 8), T0);
@@ -1137,6 +1173,12 @@ mod fleet {
         let d = r.route(&unknown, T0);
         assert_eq!(d.outcome, Outcome::Fallback(FallbackReason::UnknownModel));
         assert!(d.endpoints.is_empty());
+        // No model named (vLLM serves it with its first model): routed, on any server.
+        let mut unnamed = req(1, 4);
+        unnamed.model = String::new();
+        let d = r.route(&unnamed, T0);
+        assert_eq!(d.outcome, Outcome::Cold, "{d:?}");
+        assert!(d.breakdown.iter().all(|b| b.filtered.is_none()), "{d:?}");
     }
 
     #[test]
@@ -1645,6 +1687,7 @@ fn served(at: &EndpointId, status: u16) -> Completion {
         cached_tokens: None,
         prompt_tokens: None,
         usage: false,
+        client_left: false,
     }
 }
 
