@@ -26,6 +26,8 @@ pub struct SeqSpec {
     pub output_tokens: u64,
     /// Chained hashes of the prompt's full 16-token blocks.
     pub block_hashes: Vec<u64>,
+    /// It ends by a stop (its natural end), not by `max_tokens`: vLLM's `finished_reason`.
+    pub stops: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -84,6 +86,8 @@ pub struct Engine {
     steps: u64,
     /// Steps take this many times their profiled time (a throttled or shared GPU).
     slow: f64,
+    /// Sequences whose client went away, taken out before the next step is planned.
+    aborts: Vec<u64>,
 }
 
 impl Engine {
@@ -100,6 +104,30 @@ impl Engine {
             usage_sum: 0.0,
             steps: 0,
             slow: 1.0,
+            aborts: Vec::new(),
+        }
+    }
+
+    /// Aborts sequence `id` (its client went away), as vLLM does: it leaves the queue or the
+    /// batch before the next step and frees its KV blocks (those computed stay in the
+    /// prefix cache). A sequence already finished is ignored.
+    pub fn abort(&mut self, id: u64) {
+        self.aborts.push(id);
+    }
+
+    fn take_aborted(&mut self) {
+        for id in std::mem::take(&mut self.aborts) {
+            let gone = if let Some(i) = self.waiting.iter().position(|s| s.spec.id == id) {
+                self.waiting.remove(i)
+            } else if let Some(i) = self.running.iter().position(|s| s.spec.id == id) {
+                Some(self.running.remove(i))
+            } else {
+                None
+            };
+            if let Some(s) = gone {
+                self.kv.release(&s.blocks);
+                self.counters.aborted += 1;
+            }
         }
     }
 
@@ -199,6 +227,7 @@ impl Engine {
     /// Plans the next step and returns its duration in ms (`None` when nothing can run).
     pub fn start_step(&mut self) -> Option<f64> {
         debug_assert!(self.plan.is_empty(), "a step is already in flight");
+        self.take_aborted();
         let mut budget = self.profile.max_num_batched_tokens;
         let preemptions_before = self.counters.preemptions;
         let mut i = 0;
@@ -321,6 +350,8 @@ impl Engine {
             Self::register_full_blocks(&mut self.kv, s);
             if s.first_token.is_none() {
                 s.first_token = Some(now);
+                // vLLM observes TTFT in the step that produced the first token.
+                self.counters.ttft.observe((now - s.arrival) / 1000.0);
                 // vLLM counts a prompt in `prompt_tokens_total` once, with its first token.
                 self.counters.prompt_tokens += s.spec.prompt_tokens;
                 events.push(Event::FirstToken { id, at: now });
@@ -356,7 +387,7 @@ impl Engine {
             0.0
         };
         self.counters.finished += 1;
-        self.counters.ttft.observe((first - s.arrival) / 1000.0);
+        self.counters.finished_stop += u64::from(s.spec.stops);
         self.counters.e2e.observe((now - s.arrival) / 1000.0);
         let scheduled = s.scheduled.unwrap_or(s.arrival);
         let cached = s.cached_tokens.unwrap_or(0);

@@ -99,6 +99,8 @@ pub struct View<'a> {
     pub prefix_hits: u64,
     pub preemptions: u64,
     pub finished: u64,
+    pub finished_stop: u64,
+    pub aborted: u64,
     pub num_gpu_blocks: u64,
     pub ttft: &'a Histogram,
     pub itl: &'a Histogram,
@@ -275,9 +277,13 @@ pub fn render(v: &View, legacy: bool) -> String {
         "Count of successfully processed requests.",
         "counter",
     );
-    // Simulated requests end at their output length (max_tokens), so they count as "length".
     for reason in ["stop", "length", "abort", "error", "repetition"] {
-        let n = if reason == "length" { v.finished } else { 0 };
+        let n = match reason {
+            "stop" => v.finished_stop,
+            "length" => v.finished - v.finished_stop,
+            "abort" => v.aborted,
+            _ => 0,
+        };
         let labels = if legacy {
             format!("finished_reason=\"{reason}\",model_name=\"{}\"", v.model)
         } else {
@@ -380,6 +386,8 @@ mod tests {
             prefix_hits: 315_392,
             preemptions: 0,
             finished: 480,
+            finished_stop: 0,
+            aborted: 0,
             num_gpu_blocks: 29_205,
             ttft: h,
             itl: h,

@@ -302,7 +302,7 @@ async fn complete(State(srv): State<Arc<SimServer>>, headers: HeaderMap, body: B
     let n = srv.next_id.fetch_add(1, Ordering::Relaxed);
     if f.error_rate > 0.0 && (kvroute_core::policy::mix(n ^ srv.index as u64) % 10_000) as f64 / 10_000.0 < f.error_rate
     {
-        return with_server(error(StatusCode::INTERNAL_SERVER_ERROR, "injected fault"), &srv);
+        return with_server(ApiError::internal("injected fault").into_response(), &srv);
     }
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
     let ask = match request::read(kind, content_type, &body, &srv.served, srv.max_model_len) {
@@ -325,6 +325,7 @@ async fn complete(State(srv): State<Arc<SimServer>>, headers: HeaderMap, body: B
                 prompt_tokens: prompt.tokens,
                 output_tokens: ask.output_tokens[p].max(1),
                 block_hashes: engine_blocks(&prompt.canonical, prompt.tokens),
+                stops: !ask.finish_by_length,
             });
         }
     }
@@ -356,10 +357,11 @@ async fn complete(State(srv): State<Arc<SimServer>>, headers: HeaderMap, body: B
         choices,
         ask,
     };
+    let guard = respond::AbortOnDrop::new(srv.clone(), reply.choices.keys().copied().collect());
     let r = if reply.ask.stream {
-        respond::stream(rx, reply)
+        respond::stream(rx, reply, guard)
     } else {
-        respond::whole(rx, reply).await
+        respond::whole(rx, reply, guard).await
     };
     with_server(r, &srv)
 }

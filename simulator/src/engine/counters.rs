@@ -14,6 +14,10 @@ pub struct Counters {
     pub prefix_hits: u64,
     pub preemptions: u64,
     pub finished: u64,
+    /// Of `finished`, those that ended by a stop rather than `max_tokens`.
+    pub finished_stop: u64,
+    /// Sequences aborted because their client went away.
+    pub aborted: u64,
     pub ttft: Histogram,
     /// Observed once per generated token after the first, as vLLM does.
     pub itl: Histogram,
@@ -30,6 +34,8 @@ impl Default for Counters {
             prefix_hits: 0,
             preemptions: 0,
             finished: 0,
+            finished_stop: 0,
+            aborted: 0,
             ttft: Histogram::new(TTFT_BOUNDS),
             itl: Histogram::new(ITL_BOUNDS),
             e2e: Histogram::new(E2E_BOUNDS),
@@ -54,6 +60,8 @@ impl Engine {
                 prefix_hits: c.prefix_hits,
                 preemptions: c.preemptions,
                 finished: c.finished,
+                finished_stop: c.finished_stop,
+                aborted: c.aborted,
                 num_gpu_blocks: self.kv.num_blocks(),
                 ttft: &c.ttft,
                 itl: &c.itl,

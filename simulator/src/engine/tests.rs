@@ -16,6 +16,7 @@ fn spec(id: u64, prompt: u64, output: u64, prefix: u64) -> SeqSpec {
         prompt_tokens: prompt,
         output_tokens: output,
         block_hashes: (0..prompt / 16).map(|i| prefix * 1000 + i).collect(),
+        stops: false,
     }
 }
 

@@ -292,6 +292,7 @@ impl<'a> Driver<'a> {
             prompt_tokens: parsed.prompt_tokens.0,
             output_tokens: self.requests[i].output_tokens,
             block_hashes: blocks,
+            stops: false,
         };
         self.engines[s].add(spec, now);
         if !self.busy[s] {

@@ -15,6 +15,7 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
+use std::sync::Arc;
 
 use axum::body::Body;
 use axum::http::{header, HeaderValue};
@@ -27,6 +28,7 @@ use tokio::sync::mpsc;
 
 use super::errors::ApiError;
 use super::request::Ask;
+use super::SimServer;
 use crate::engine::{Event, Finished};
 
 /// The text of one generated token.
@@ -88,8 +90,47 @@ fn usage(reply: &Reply, finished: &[Finished]) -> Value {
     usage
 }
 
+/// A request's sequences, aborted in the engine when this is dropped before they all
+/// finished: the handler's future or the response stream was dropped because the client went
+/// away, and vLLM aborts a request whose client disconnected (its KV blocks freed, counted as
+/// `finished_reason="abort"`).
+pub struct AbortOnDrop {
+    srv: Arc<SimServer>,
+    ids: Vec<u64>,
+}
+
+impl AbortOnDrop {
+    pub fn new(srv: Arc<SimServer>, ids: Vec<u64>) -> AbortOnDrop {
+        AbortOnDrop { srv, ids }
+    }
+
+    /// Every sequence finished: nothing to abort.
+    fn finished(&mut self) {
+        self.ids.clear();
+    }
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if self.ids.is_empty() {
+            return;
+        }
+        if let Ok(mut streams) = self.srv.streams.lock() {
+            for id in &self.ids {
+                streams.remove(id);
+            }
+        }
+        if let Ok(mut engine) = self.srv.engine.lock() {
+            for id in &self.ids {
+                engine.abort(*id);
+            }
+        }
+        self.srv.wake.notify_one();
+    }
+}
+
 /// Waits for every sequence, then answers one JSON body.
-pub async fn whole(mut rx: mpsc::UnboundedReceiver<Event>, reply: Reply) -> Response {
+pub async fn whole(mut rx: mpsc::UnboundedReceiver<Event>, reply: Reply, mut guard: AbortOnDrop) -> Response {
     let mut finished = Vec::new();
     while finished.len() < reply.choices.len() {
         match rx.recv().await {
@@ -98,6 +139,7 @@ pub async fn whole(mut rx: mpsc::UnboundedReceiver<Event>, reply: Reply) -> Resp
             None => return ApiError::internal("the engine dropped the request").into_response(),
         }
     }
+    guard.finished();
     finished.sort_by_key(|f| reply.choices.get(&f.id).map_or(0, |c| c.0));
     let choices: Vec<Value> = finished
         .iter()
@@ -126,7 +168,7 @@ pub async fn whole(mut rx: mpsc::UnboundedReceiver<Event>, reply: Reply) -> Resp
 }
 
 /// Streams chunks as the engine produces tokens.
-pub fn stream(rx: mpsc::UnboundedReceiver<Event>, reply: Reply) -> Response {
+pub fn stream(rx: mpsc::UnboundedReceiver<Event>, reply: Reply, guard: AbortOnDrop) -> Response {
     let state = Streaming {
         rx,
         generated: HashMap::new(),
@@ -134,6 +176,7 @@ pub fn stream(rx: mpsc::UnboundedReceiver<Event>, reply: Reply) -> Response {
         opened: false,
         reply,
         done: false,
+        guard,
     };
     let events = futures_util::stream::unfold(state, |mut s| async move {
         let bytes = s.next().await?;
@@ -154,6 +197,7 @@ struct Streaming {
     opened: bool,
     reply: Reply,
     done: bool,
+    guard: AbortOnDrop,
 }
 
 fn sse(v: &Value, out: &mut Vec<u8>) {
@@ -175,6 +219,7 @@ impl Streaming {
                 Some(Event::Finished(f)) => {
                     self.finished.push(f);
                     if self.finished.len() == self.reply.choices.len() {
+                        self.guard.finished();
                         self.end(&mut out);
                     }
                 }

@@ -230,6 +230,14 @@ fn chat_without_max_tokens_stops_by_itself_and_completions_default_to_16_tokens(
     assert_eq!(t["choices"][0]["finish_reason"], "length");
     assert_eq!(t["usage"]["completion_tokens"], 16);
     assert_eq!(t["choices"][0]["text"], " tok".repeat(16));
+    // /metrics counts each by the reason its body gave.
+    let m = send(f.base, "GET", "/metrics", b"").body;
+    for reason in ["stop", "length"] {
+        let line = format!(
+            "vllm:request_success_total{{engine=\"0\",finished_reason=\"{reason}\",model_name=\"{MODEL}\"}} 1.0"
+        );
+        assert!(m.lines().any(|l| l == line), "{line}");
+    }
 }
 
 #[test]
@@ -462,4 +470,52 @@ fn admission_limits_refuse_with_503_before_any_work_as_vllm_does() {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
     assert_eq!(successes, 2.0, "refused requests never reached the engine");
+}
+
+#[test]
+fn a_client_that_hangs_up_aborts_its_request_as_vllm_does() {
+    let f = fleet(1);
+    let sample = |prefix: &str| -> f64 {
+        let m = send(f.base, "GET", "/metrics", b"").body;
+        let line = m
+            .lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let running = || sample("vllm:num_requests_running{");
+    let wait_for = |what: &str, until: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while !until() {
+            assert!(Instant::now() < deadline, "{what}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    for stream in [false, true] {
+        // 20,000 tokens take about 3 s at time scale 50: a client that leaves after the
+        // first ones must free the batch long before.
+        let body = serde_json::json!({"model": MODEL, "max_tokens": 20_000, "stream": stream,
+            "messages": [{"role": "user", "content": "a long answer, please"}]})
+        .to_string();
+        let mut client = TcpStream::connect(("127.0.0.1", f.base)).unwrap();
+        write!(
+            client,
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        wait_for("the request never ran", &|| running() == 1.0);
+        drop(client);
+        wait_for("the request still runs after its client left", &|| running() == 0.0);
+    }
+    assert_eq!(
+        sample("vllm:request_success_total{engine=\"0\",finished_reason=\"abort\""),
+        2.0
+    );
+    assert_eq!(
+        sample("vllm:request_success_total{engine=\"0\",finished_reason=\"length\""),
+        0.0
+    );
+    // The server goes on serving.
+    assert_eq!(chat(f.base, serde_json::json!({"max_tokens": 4})).status, 200);
 }
