@@ -21,6 +21,7 @@ use crate::DESTINATION_HEADER;
 mod capture;
 mod held;
 mod peer_batch;
+mod trailers;
 use capture::Captured;
 
 /// Bytes of the response kept to find `usage.prompt_tokens_details.cached_tokens`.
@@ -95,6 +96,27 @@ impl Http {
             s.stats.client_header_removed.inc();
         }
         host::set_request_header(DESTINATION_HEADER, None).map_err(|_| ())
+    }
+
+    /// The whole body is buffered (`body_size` bytes): decides, or leaves the request to
+    /// Envoy's balancing past `max_body_bytes`.
+    fn on_body_end(&mut self, shared: &Shared, body_size: usize) -> Action {
+        let Phase::Buffering(kind) = self.phase else {
+            return Action::Continue;
+        };
+        self.phase = Phase::PassThrough;
+        if body_size > shared.router.try_borrow().map_or(0, |r| r.config().max_body_bytes()) {
+            shared.stats.skipped_over_limit.inc();
+            self.reason = "over_limit";
+            return Action::Continue;
+        }
+        match host::buffer(BufferType::HttpRequestBody, 0, body_size) {
+            Ok(body) => self.decide(shared, kind, &body),
+            Err(_) => {
+                shared.stats.skipped_error.inc();
+                Action::Continue
+            }
+        }
     }
 
     fn decide(&mut self, shared: &Shared, kind: ApiKind, body: &[u8]) -> Action {
@@ -286,30 +308,20 @@ impl HttpContext for Http {
         if self.phase == Phase::PeerBatch {
             return self.peer_batch_body(body_size, end_of_stream);
         }
-        let Phase::Buffering(kind) = self.phase else {
+        if !matches!(self.phase, Phase::Buffering(_)) {
             return Action::Continue;
-        };
+        }
         let Some(shared) = self.shared.clone() else {
             return Action::Continue;
         };
-        let max = shared.router.try_borrow().map_or(0, |r| r.config().max_body_bytes());
-        if body_size > max {
-            shared.stats.skipped_over_limit.inc();
-            self.phase = Phase::PassThrough;
-            self.reason = "over_limit";
-            return Action::Continue;
-        }
-        if !end_of_stream {
+        if !end_of_stream && body_size <= shared.router.try_borrow().map_or(0, |r| r.config().max_body_bytes()) {
             return Action::Pause;
         }
-        self.phase = Phase::PassThrough;
-        match host::buffer(BufferType::HttpRequestBody, 0, body_size) {
-            Ok(body) => self.decide(&shared, kind, &body),
-            Err(_) => {
-                shared.stats.skipped_error.inc();
-                Action::Continue
-            }
-        }
+        self.on_body_end(&shared, body_size)
+    }
+
+    fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
+        self.request_trailers()
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {

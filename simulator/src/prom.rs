@@ -101,6 +101,8 @@ pub struct View<'a> {
     pub finished: u64,
     pub finished_stop: u64,
     pub aborted: u64,
+    /// By reason: `max_num_queued_reqs`, `max_num_queued_tokens`.
+    pub admission_rejected: [u64; 2],
     pub num_gpu_blocks: u64,
     pub ttft: &'a Histogram,
     pub itl: &'a Histogram,
@@ -139,6 +141,31 @@ struct Out<'a> {
     text: String,
     labels: String,
     created: &'a str,
+}
+
+/// `vllm:admission_rejections_total` (no `engine` label in vLLM 0.33: the API server counts
+/// them), by the limit that refused.
+fn admission_rejections(o: &mut Out<'_>, v: &View<'_>) {
+    let help = "Number of admission attempts rejected by a queue limit, by reason.";
+    let reasons = ["max_num_queued_reqs", "max_num_queued_tokens"];
+    o.family("vllm:admission_rejections_total", help, "counter");
+    for (reason, n) in reasons.iter().zip(v.admission_rejected) {
+        let _ = writeln!(
+            o.text,
+            "vllm:admission_rejections_total{{model_name=\"{}\",reason=\"{reason}\"}} {}",
+            v.model,
+            go_float(n as f64)
+        );
+    }
+    o.family("vllm:admission_rejections_created", help, "gauge");
+    for reason in reasons {
+        let _ = writeln!(
+            o.text,
+            "vllm:admission_rejections_created{{model_name=\"{}\",reason=\"{reason}\"}} {}",
+            v.model,
+            go_float(o.created.parse().unwrap_or(0.0))
+        );
+    }
 }
 
 impl Out<'_> {
@@ -291,6 +318,9 @@ pub fn render(v: &View, legacy: bool) -> String {
         };
         let _ = writeln!(o.text, "vllm:request_success_total{{{labels}}} {}", go_float(n as f64));
     }
+    if !legacy {
+        admission_rejections(&mut o, v);
+    }
     let r = v.requests;
     for (name, help, h) in [
         (
@@ -388,6 +418,7 @@ mod tests {
             finished: 480,
             finished_stop: 0,
             aborted: 0,
+            admission_rejected: [0; 2],
             num_gpu_blocks: 29_205,
             ttft: h,
             itl: h,
@@ -419,6 +450,7 @@ mod tests {
             "# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.",
             "# TYPE vllm:time_to_first_token_seconds histogram",
             "vllm:request_success_total{engine=\"0\",finished_reason=\"abort\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 0.0",
+            "vllm:admission_rejections_total{model_name=\"meta-llama/Llama-3.1-8B-Instruct\",reason=\"max_num_queued_tokens\"} 0.0",
         ] {
             assert!(reference.contains(line), "not in the reference: {line}");
             assert!(text.contains(line), "not rendered: {line}");

@@ -31,7 +31,7 @@ use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::Router;
+use axum::{Json, Router};
 use bytes::Bytes;
 use kvroute_core::request::ApiKind;
 use serde::{Deserialize, Serialize};
@@ -93,22 +93,29 @@ pub struct Admission {
 
 impl Admission {
     /// Why a request of `seqs` sequences and `prompt_tokens` would be refused by `engine`.
-    fn refuses(&self, engine: &Engine, seqs: u64, prompt_tokens: u64) -> Option<String> {
+    /// Why a request is refused, and the limit that refused it (0: requests, 1: tokens).
+    fn refuses(&self, engine: &Engine, seqs: u64, prompt_tokens: u64) -> Option<(String, usize)> {
         if let Some(max) = self.max_num_queued_reqs {
             let now = engine.unfinished() as u64;
             if now + seqs > max {
-                return Some(format!(
-                    "The server is at its limit of queued requests ({now} unfinished, \
-                     --max-num-queued-reqs {max}); retry later or elsewhere."
+                return Some((
+                    format!(
+                        "The server is at its limit of queued requests ({now} unfinished, \
+                         --max-num-queued-reqs {max}); retry later or elsewhere."
+                    ),
+                    0,
                 ));
             }
         }
         if let Some(max) = self.max_num_queued_tokens {
             let now = engine.prefill_phase_prompt_tokens();
             if now + prompt_tokens > max {
-                return Some(format!(
-                    "The server is at its limit of queued prompt tokens ({now} in prefill, this \
-                     request {prompt_tokens}, --max-num-queued-tokens {max}); retry later or elsewhere."
+                return Some((
+                    format!(
+                        "The server is at its limit of queued prompt tokens ({now} in prefill, this \
+                         request {prompt_tokens}, --max-num-queued-tokens {max}); retry later or elsewhere."
+                    ),
+                    1,
                 ));
             }
         }
@@ -155,6 +162,9 @@ impl SimServer {
     }
 }
 
+/// The vLLM release these servers answer like (`/version`).
+pub const VLLM_VERSION: &str = "0.33.0";
+
 /// Request bodies accepted (vLLM sets no limit; a 2 MB prompt must reach the context check).
 pub const MAX_BODY_BYTES: usize = 64 << 20;
 
@@ -174,7 +184,20 @@ fn app(srv: Arc<SimServer>) -> Router {
         .route("/tokenize", post(info::tokenize))
         .route("/detokenize", post(info::detokenize))
         .route("/health", get(health))
+        .route("/ping", get(health).post(health))
+        .route(
+            "/version",
+            get(|| async { Json(serde_json::json!({"version": VLLM_VERSION})) }),
+        )
         .route("/metrics", get(metrics))
+        // FastAPI's answers to an unknown path and to a wrong method, as vLLM gives them.
+        .fallback(|| async { (StatusCode::NOT_FOUND, Json(serde_json::json!({"detail": "Not Found"}))) })
+        .method_not_allowed_fallback(|| async {
+            (
+                StatusCode::METHOD_NOT_ALLOWED,
+                Json(serde_json::json!({"detail": "Method Not Allowed"})),
+            )
+        })
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(srv)
 }
@@ -334,7 +357,8 @@ async fn complete(State(srv): State<Arc<SimServer>>, headers: HeaderMap, body: B
         let Ok(mut engine) = srv.engine.lock() else {
             return with_server(ApiError::internal("the engine is unavailable").into_response(), &srv);
         };
-        if let Some(why) = admission.refuses(&engine, seqs, prompt_tokens) {
+        if let Some((why, limit)) = admission.refuses(&engine, seqs, prompt_tokens) {
+            engine.counters.admission_rejected[limit] += 1;
             return with_server(ApiError::overloaded(why).into_response(), &srv);
         }
         if let Ok(mut s) = srv.streams.lock() {

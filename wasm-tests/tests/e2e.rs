@@ -483,3 +483,31 @@ fn clients_that_give_up_before_any_response_do_not_eject_a_busy_server() {
         f.envoy.log_text()
     );
 }
+
+#[test]
+fn a_request_whose_body_ends_in_trailers_is_routed() {
+    // Envoy passes HTTP/1.1 trailers on only with enable_trailers (HTTP/2 and 3 always do):
+    // the body then ends without end_of_stream, and the decision comes with the trailers.
+    let servers: Vec<FakeVllm> = (0..2).map(|_| FakeVllm::start(Load::idle()).unwrap()).collect();
+    let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
+    let envoy = Envoy::start("envoy.yaml", &ports, |t| {
+        debug_headers(t).replace(
+            "accept_http_10: true\n",
+            "accept_http_10: true\n                  enable_trailers: true\n",
+        )
+    })
+    .unwrap();
+    let f = Fleet { servers, envoy };
+    f.wait_for_scrapes();
+    let body = chat_body(&long_prompt("trailers"), "q", false);
+    let raw = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n{:x}\r\n{body}\r\n0\r\nx-trailer: yes\r\n\r\n",
+        body.len()
+    );
+    // One request: the test servers do not read chunked bodies, so a second one on the same
+    // upstream connection would be read from the first one's leftovers.
+    let r = http_client::request_raw(f.envoy.port, raw.as_bytes()).unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.header("x-kvroute-reason"), Some("cold"), "{:?}", r.headers);
+    assert_eq!(f.stat("decision.cold"), 1);
+}

@@ -60,12 +60,17 @@ fn pair(share: bool) -> Pair {
 }
 
 fn pair_every(share: bool, interval_ms: u64) -> Pair {
+    pair_edited(share, interval_ms, |t| t)
+}
+
+/// Like `pair_every`, with `edit` applied to both replicas' configs as well.
+fn pair_edited(share: bool, interval_ms: u64, edit: fn(String) -> String) -> Pair {
     let servers: Vec<FakeVllm> = (0..4).map(|_| FakeVllm::start(Load::idle()).unwrap()).collect();
     let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
     let peers = [free_port(), free_port()];
     let start = |listen: u16| {
         Envoy::start_listening("envoy.yaml", &ports, 2, Some(listen), |t| {
-            replica_config_every(t, peers, share, interval_ms)
+            edit(replica_config_every(t, peers, share, interval_ms))
         })
         .unwrap()
     };
@@ -203,4 +208,25 @@ fn a_replica_that_is_down_costs_the_other_only_failed_forwards() {
     thread::sleep(Duration::from_millis(300));
     assert!(b.stat("wasmcustom.kvroute.replicas.forward_failure") > 0);
     drop(servers);
+}
+
+#[test]
+fn a_batch_ending_in_trailers_is_answered_and_never_reaches_a_server() {
+    // Envoy passes HTTP/1.1 trailers on only with enable_trailers (HTTP/2 and 3 always do).
+    let p = pair_edited(true, 5, |t| {
+        t.replace(
+            "accept_http_10: true\n",
+            "accept_http_10: true\n                  enable_trailers: true\n",
+        )
+    });
+    let before: u64 = p.servers.iter().map(FakeVllm::inference_requests).sum();
+    let garbage = "\u{7f}\u{7f}\u{7f}";
+    let raw = format!(
+        "POST {PATH} HTTP/1.1\r\nhost: x\r\nx-kvroute-peer-secret: {SECRET}\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n{:x}\r\n{garbage}\r\n0\r\nx-trailer: yes\r\n\r\n",
+        garbage.len()
+    );
+    let r = http_client::request_raw(p.b.port, raw.as_bytes()).unwrap();
+    assert_eq!(r.status, 400, "{}", r.body);
+    let after: u64 = p.servers.iter().map(FakeVllm::inference_requests).sum();
+    assert_eq!(before, after, "a peer batch with trailers reached a vLLM server");
 }

@@ -18,6 +18,8 @@ pub struct Counters {
     pub finished_stop: u64,
     /// Sequences aborted because their client went away.
     pub aborted: u64,
+    /// Requests refused by `--max-num-queued-reqs` and by `--max-num-queued-tokens`.
+    pub admission_rejected: [u64; 2],
     pub ttft: Histogram,
     /// Observed once per generated token after the first, as vLLM does.
     pub itl: Histogram,
@@ -36,6 +38,7 @@ impl Default for Counters {
             finished: 0,
             finished_stop: 0,
             aborted: 0,
+            admission_rejected: [0; 2],
             ttft: Histogram::new(TTFT_BOUNDS),
             itl: Histogram::new(ITL_BOUNDS),
             e2e: Histogram::new(E2E_BOUNDS),
@@ -62,6 +65,7 @@ impl Engine {
                 finished: c.finished,
                 finished_stop: c.finished_stop,
                 aborted: c.aborted,
+                admission_rejected: c.admission_rejected,
                 num_gpu_blocks: self.kv.num_blocks(),
                 ttft: &c.ttft,
                 itl: &c.itl,

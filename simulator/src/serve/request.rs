@@ -89,6 +89,10 @@ pub fn read(
         ));
     }
     let max_tokens = max_tokens.map(|m| m as u64);
+    // Sampling parameters that set the length: `ignore_eos` generates to `max_tokens` or the
+    // context's end, `min_tokens` holds off the natural stop.
+    let ignore_eos = obj.get("ignore_eos").and_then(Value::as_bool).unwrap_or(false);
+    let min_tokens = int_field(obj, "min_tokens")?.unwrap_or(0).max(0) as u64;
     let prompts = prompts(kind, obj)?;
     let mut output_tokens = Vec::with_capacity(prompts.len());
     for p in &prompts {
@@ -101,12 +105,21 @@ pub fn read(
         let room = max_model_len - p.tokens;
         let planned = match (kind, max_tokens) {
             (_, Some(m)) => m,
-            (ApiKind::Chat, None) => NATURAL_STOP_TOKENS.min(room),
+            (ApiKind::Chat, None) if ignore_eos => room,
+            (ApiKind::Chat, None) => NATURAL_STOP_TOKENS.max(min_tokens).min(room),
             (ApiKind::Completions, None) => COMPLETION_DEFAULT_MAX_TOKENS.min(room),
         };
         output_tokens.push(planned);
     }
     let stream = obj.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    let stream_options = obj
+        .get("stream_options")
+        .filter(|o| o.as_object().is_some_and(|m| !m.is_empty()));
+    if stream_options.is_some() && !stream {
+        return Err(ApiError::bad_request(
+            "Stream options can only be defined when `stream=True`.",
+        ));
+    }
     let include_usage = obj
         .get("stream_options")
         .and_then(|o| o.get("include_usage"))
@@ -118,7 +131,7 @@ pub fn read(
         prompts,
         n,
         output_tokens,
-        finish_by_length: max_tokens.is_some() || kind == ApiKind::Completions,
+        finish_by_length: max_tokens.is_some() || kind == ApiKind::Completions || ignore_eos,
         stream,
         include_usage,
         echo: kind == ApiKind::Completions && obj.get("echo").and_then(Value::as_bool).unwrap_or(false),

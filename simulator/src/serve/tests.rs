@@ -470,6 +470,10 @@ fn admission_limits_refuse_with_503_before_any_work_as_vllm_does() {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
     assert_eq!(successes, 2.0, "refused requests never reached the engine");
+    for (reason, n) in [("max_num_queued_reqs", 1), ("max_num_queued_tokens", 1)] {
+        let line = format!("vllm:admission_rejections_total{{model_name=\"{MODEL}\",reason=\"{reason}\"}} {n}.0");
+        assert!(m.lines().any(|l| l == line), "{line}");
+    }
 }
 
 #[test]
@@ -518,4 +522,52 @@ fn a_client_that_hangs_up_aborts_its_request_as_vllm_does() {
     );
     // The server goes on serving.
     assert_eq!(chat(f.base, serde_json::json!({"max_tokens": 4})).status, 200);
+}
+
+#[test]
+fn version_ping_and_unknown_paths_answer_as_vllms_api_server() {
+    let f = fleet(1);
+    let v = send(f.base, "GET", "/version", b"");
+    assert_eq!(
+        (v.status, v.json()["version"].as_str()),
+        (200, Some(super::VLLM_VERSION))
+    );
+    assert_eq!(send(f.base, "GET", "/ping", b"").status, 200);
+    assert_eq!(send(f.base, "POST", "/ping", b"").status, 200);
+    let missing = send(f.base, "GET", "/v1/nothing-here", b"");
+    assert_eq!(
+        (missing.status, missing.json()["detail"].as_str()),
+        (404, Some("Not Found"))
+    );
+    let wrong = send(f.base, "GET", "/v1/chat/completions", b"");
+    assert_eq!(
+        (wrong.status, wrong.json()["detail"].as_str()),
+        (405, Some("Method Not Allowed"))
+    );
+}
+
+#[test]
+fn ignore_eos_min_tokens_and_stream_options_act_as_in_vllm() {
+    let f = fleet(1);
+    let tokens = |extra: Value| {
+        let a = chat(f.base, extra);
+        assert_eq!(a.status, 200, "{}", a.body);
+        let j = a.json();
+        (
+            j["usage"]["completion_tokens"].as_u64().unwrap(),
+            j["choices"][0]["finish_reason"].clone(),
+        )
+    };
+    let natural = super::request::NATURAL_STOP_TOKENS;
+    assert_eq!(
+        tokens(serde_json::json!({"min_tokens": natural + 44})),
+        (natural + 44, "stop".into())
+    );
+    assert_eq!(
+        tokens(serde_json::json!({"ignore_eos": true, "max_tokens": natural + 10})),
+        (natural + 10, "length".into())
+    );
+    let refused = chat(f.base, serde_json::json!({"stream_options": {"include_usage": true}}));
+    assert_eq!(refused.status, 400, "{}", refused.body);
+    assert!(refused.body.contains("stream=True"), "{}", refused.body);
 }
