@@ -163,12 +163,16 @@ fn lax_count<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::E
 /// A flag as pydantic's lax `bool` reads it (`true`, `"true"`, `1`, `"yes"`…); null and
 /// anything else are false.
 fn lax_bool<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
-    Ok(match Value::deserialize(d)? {
-        Value::Bool(b) => b,
+    Ok(truthy(&Value::deserialize(d)?))
+}
+
+fn truthy(v: &Value) -> bool {
+    match v {
+        Value::Bool(b) => *b,
         Value::Number(n) => n.as_f64() == Some(1.0),
         Value::String(s) => matches!(s.to_ascii_lowercase().as_str(), "true" | "1" | "yes" | "on" | "t" | "y"),
         _ => false,
-    })
+    }
 }
 
 /// Parses a request body of the given API kind.
@@ -195,8 +199,7 @@ pub fn parse(kind: ApiKind, body: &[u8]) -> Result<ParsedRequest, RequestError> 
                 .stream_options
                 .as_ref()
                 .and_then(|o| o.get("include_usage"))
-                .and_then(Value::as_bool)
-                .unwrap_or(false),
+                .is_some_and(truthy),
         user: body.user,
         cache_salt: body.cache_salt,
     })

@@ -242,3 +242,15 @@ fn values_vllm_rejects_are_left_to_the_server_not_a_parse_error() {
     let odd_stream = chat(r#"{"model":"m","stream":{"x":1},"messages":[{"role":"user","content":"q"}]}"#).unwrap();
     assert!(!odd_stream.stream);
 }
+
+#[test]
+fn include_usage_is_read_as_leniently_as_stream() {
+    for flag in ["true", "\"true\"", "1", "\"yes\""] {
+        let body = format!(
+            r#"{{"model":"m","stream":true,"stream_options":{{"include_usage":{flag}}},"messages":[{{"role":"user","content":"x"}}]}}"#
+        );
+        assert!(chat(&body).unwrap().reports_usage, "{flag}");
+    }
+    let off = r#"{"model":"m","stream":true,"stream_options":{"include_usage":"false"},"messages":[{"role":"user","content":"x"}]}"#;
+    assert!(!chat(off).unwrap().reports_usage);
+}
