@@ -146,13 +146,16 @@ impl Poller {
 
     /// The scraping service's tick: with `share.replicas.at_once` a placement leaves at the
     /// first tick that finds it in the log, so every ms (a worker holding the lease keeps
-    /// its own tick and forwards on it: workers are not woken every ms for this).
+    /// its own tick and forwards on it: workers are not woken every ms for this). At most a
+    /// quarter of `discovery.lease_ms` in any case: the service renews its lease only on its
+    /// tick, and a lease unrenewed for `lease_ms` is taken by a worker (with a 2 s scrape
+    /// interval, workers took it every cycle and two pollers scraped).
     pub fn service_tick_ms(config: &Config) -> u64 {
         let at_once = config.share().replicas.as_ref().is_some_and(|r| r.at_once);
         if at_once {
             1
         } else {
-            Poller::tick_ms(config)
+            Poller::tick_ms(config).min((config.discovery().lease_ms / 4).max(1))
         }
     }
 
@@ -355,5 +358,24 @@ mod tests {
         assert!(!due(1_203, 1_199, false), "alone: 200 ms after the last round");
         assert!(due(1_395, 1_199, false), "alone: within the 5 ms tick allowance");
         assert!(!due(1_390, 1_199, false));
+    }
+
+    #[test]
+    fn the_service_ticks_often_enough_to_keep_its_lease_whatever_the_intervals() {
+        let tick = |json: &str| Poller::service_tick_ms(&Config::from_json(json.as_bytes()).unwrap());
+        assert_eq!(tick(r#"{"endpoints": ["10.0.0.1:8000"]}"#), 200, "the scrape interval");
+        assert_eq!(
+            tick(
+                r#"{"endpoints": ["10.0.0.1:8000"], "scrape": {"interval_ms": 2000, "timeout_ms": 500}, "health": {"stale_after_ms": 5000}}"#
+            ),
+            250,
+            "a quarter of the 1 s lease"
+        );
+        assert_eq!(
+            tick(
+                r#"{"scrape": {"interval_ms": 5000, "timeout_ms": 500}, "health": {"stale_after_ms": 12000}, "discovery": {"interval_ms": 3000, "timeout_ms": 500, "lease_ms": 4000}}"#
+            ),
+            1000
+        );
     }
 }

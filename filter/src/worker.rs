@@ -44,6 +44,9 @@ pub struct Shared {
     /// The fleet state version applied last, when it was published, and when it was
     /// last looked for.
     seen_version: Cell<u64>,
+    /// The last snapshot version that did not decode: retried every tick (a torn read
+    /// decodes on the next), logged once.
+    undecodable_version: Cell<u64>,
     published_at: Cell<Millis>,
     looked_at: Cell<Millis>,
 }
@@ -141,7 +144,10 @@ impl Shared {
                 self.published_at.set(state.published_at);
                 router.on_fleet(&state);
             }
-            Err(e) => host::log(LogLevel::Error, &format!("cannot decode the fleet state: {e}")),
+            Err(e) if self.undecodable_version.replace(version) != version => {
+                host::log(LogLevel::Error, &format!("cannot decode the fleet state: {e}"))
+            }
+            Err(_) => {}
         }
     }
 }
@@ -192,6 +198,7 @@ impl Worker {
             holds: Holds::new(&config),
             reported_held: Cell::new(0),
             seen_version: Cell::new(0),
+            undecodable_version: Cell::new(0),
             published_at: Cell::new(Millis(0)),
             looked_at: Cell::new(Millis(0)),
         };

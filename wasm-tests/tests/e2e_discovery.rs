@@ -753,3 +753,68 @@ fn service_mode_a_departed_servers_gauges_read_zero() {
         gauge(gone) == Some(1000)
     });
 }
+
+/// An operator's stats matcher that drops the pool cluster's stats leaves discovery's cheap
+/// signature (`/stats?filter=^cluster\.vllm_pool\.…`) empty for ever: kvroute then reads the
+/// full `/clusters` at every poll, and a new host is routed within a poll or two, not at the
+/// next full resync (60 s here).
+#[test]
+fn service_mode_a_pool_whose_cluster_stats_envoy_drops_is_still_followed_at_every_poll() {
+    let servers: Vec<FakeVllm> = (0..2).map(|_| FakeVllm::start(Load::idle()).unwrap()).collect();
+    let eds = EdsDir::new("no-cluster-stats");
+    eds.write(&[(servers[0].port, "HEALTHY")]);
+    let source = eds_source(&eds.0);
+    let matcher =
+        "stats_config:\n  stats_matcher:\n    exclusion_list:\n      patterns:\n        - prefix: cluster.vllm_pool.\n";
+    let envoy = Envoy::start("envoy.yaml", &[], |t| {
+        shaped(t, Mode::Service, &source, "")
+            .replace(
+                r#""discovery": {"admin_cluster": "kvroute_admin", "cluster": "vllm_pool"}"#,
+                r#""discovery": {"admin_cluster": "kvroute_admin", "cluster": "vllm_pool", "resync_ms": 60000}"#,
+            )
+            .replacen("admin:", &format!("{matcher}admin:"), 1)
+    })
+    .unwrap();
+    let hosts = || envoy.stat("wasmcustom.kvroute.discovery.hosts");
+    wait_until("the first host", Duration::from_secs(10), &envoy, || hosts() == 1);
+    eds.write(&[(servers[0].port, "HEALTHY"), (servers[1].port, "HEALTHY")]);
+    wait_until("the new host", Duration::from_secs(3), &envoy, || hosts() == 2);
+    assert!(
+        envoy.log_text().contains("reading /clusters at every poll"),
+        "{}",
+        tail(&envoy)
+    );
+}
+
+/// The service renews its polling lease on its own tick: with scrape and discovery
+/// intervals past `discovery.lease_ms` (1 s) it still ticks often enough, so no worker takes
+/// the lease from it (workers took it every cycle, and two pollers scraped each server).
+#[test]
+fn service_mode_slow_intervals_leave_the_lease_with_the_service() {
+    let servers: Vec<FakeVllm> = (0..2).map(|_| FakeVllm::start(Load::idle()).unwrap()).collect();
+    let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
+    let slow = [
+        (
+            r#""scrape": {"cluster": "vllm_pool", "interval_ms": 200, "timeout_ms": 150},"#,
+            r#""scrape": {"cluster": "vllm_pool", "interval_ms": 2000, "timeout_ms": 500}, "health": {"stale_after_ms": 5000},"#,
+        ),
+        (
+            r#""discovery": {"admin_cluster": "kvroute_admin", "cluster": "vllm_pool"}"#,
+            r#""discovery": {"admin_cluster": "kvroute_admin", "cluster": "vllm_pool", "interval_ms": 2000, "timeout_ms": 500}"#,
+        ),
+    ];
+    let envoy = Envoy::start("envoy.yaml", &ports, |mut t| {
+        for (from, to) in slow {
+            assert!(t.contains(from), "{from}");
+            t = t.replace(from, to);
+        }
+        t
+    })
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(5_000));
+    assert_eq!(envoy.stat("wasmcustom.kvroute.lease.taken"), 0, "{}", tail(&envoy));
+    // About 3 scrape rounds in 5 s: one poller, not two.
+    for s in &servers {
+        assert!((2..=4).contains(&s.scrapes()), "{} scrapes", s.scrapes());
+    }
+}

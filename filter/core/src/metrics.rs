@@ -17,6 +17,8 @@ use crate::prometheus::{parse_sample, sample_name, LineError, Sample};
 /// Distinct `engine` label values accepted in one body (bounds memory on hostile input).
 pub const MAX_ENGINES: usize = 64;
 const MAX_MODELS: usize = 16;
+/// Adapter names kept from one `running_lora_adapters` / `waiting_lora_adapters` label.
+const MAX_ADAPTERS: usize = 64;
 
 /// The LoRA adapters a server reports, from the newest `vllm:lora_requests_info` series.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -63,7 +65,7 @@ pub struct VllmMetrics {
 impl VllmMetrics {
     /// KV capacity in tokens, when the server exports `vllm:cache_config_info`.
     pub fn capacity_tokens(&self) -> Option<u64> {
-        Some(self.num_gpu_blocks? * u64::from(self.block_size?))
+        Some(self.num_gpu_blocks?.saturating_mul(u64::from(self.block_size?)))
     }
 }
 
@@ -178,11 +180,15 @@ fn gauge(sample: &Sample, family: &'static str, line: usize, max: f64) -> Result
     }
 }
 
+/// A comma-separated adapter list, at most `MAX_ADAPTERS` names: a server loads a handful
+/// (vLLM's `--max-loras`), and a garbage label must not cost every worker memory and every
+/// request a scan.
 fn split_list(s: Option<&str>) -> Vec<String> {
     s.unwrap_or("")
         .split(',')
         .map(str::trim)
         .filter(|a| !a.is_empty())
+        .take(MAX_ADAPTERS)
         .map(String::from)
         .collect()
 }
@@ -298,7 +304,7 @@ impl Acc {
             out.engines += 1;
             block_size = block_size.or(e.block_size);
             match e.num_gpu_blocks {
-                Some(b) => blocks_total += b,
+                Some(b) => blocks_total = blocks_total.saturating_add(b),
                 None => blocks_known = false,
             }
             out.prefix_queries = sum_opt(out.prefix_queries, e.queries[0].or(e.queries[1]));
@@ -314,7 +320,10 @@ impl Acc {
             .filter(|e| e.num_gpu_blocks.is_some() && e.kv.is_none() && e.kv_legacy.is_none())
         {
             block_size = block_size.or(shared.block_size);
-            blocks_total = shared.num_gpu_blocks.unwrap_or(0) * u64::from(out.engines);
+            blocks_total = shared
+                .num_gpu_blocks
+                .unwrap_or(0)
+                .saturating_mul(u64::from(out.engines));
             blocks_known = true;
         }
         out.kv_usage = if kv_weight > 0.0 { kv_weighted / kv_weight } else { 0.0 };

@@ -180,6 +180,18 @@ impl Poller {
         let body = ok
             .then(|| host::buffer(BufferType::HttpCallResponseBody, 0, body_size.min(64 << 10)).ok())
             .flatten();
+        if body.as_ref().is_some_and(|b| b.is_empty()) {
+            // No such stats: Envoy's stats matcher drops the cluster's (Istio's default
+            // inclusion list does) or the cluster has an `alt_stat_name`. An empty signature
+            // never moves, so read the full listing every poll instead.
+            self.signatures = false;
+            host::log(
+                LogLevel::Warn,
+                "Envoy reports none of the pool cluster's membership stats (a stats matcher, alt_stat_name): reading /clusters at every poll",
+            );
+            self.ask_admin(Call::Clusters);
+            return;
+        }
         match body {
             Some(body) if self.signature.as_ref() == Some(&body) => {}
             Some(body) => {

@@ -54,6 +54,33 @@ fn the_newest_lora_series_wins() {
 }
 
 #[test]
+fn a_huge_adapter_list_or_block_count_is_bounded() {
+    let names: Vec<String> = (0..10_000).map(|i| format!("a{i}")).collect();
+    let bomb = format!(
+        "vllm:lora_requests_info{{max_lora=\"4\",running_lora_adapters=\"{}\",waiting_lora_adapters=\"\"}} 1.8e+09\n",
+        names.join(",")
+    );
+    let lora = parse(&format!("{V033}\n{bomb}")).unwrap().lora.unwrap();
+    assert_eq!(lora.running.len(), 64);
+    // A block count near u64::MAX saturates instead of wrapping to a small capacity.
+    let huge: String = V033
+        .lines()
+        .map(|l| {
+            if l.starts_with("vllm:cache_config_info{") {
+                let start = l.find("num_gpu_blocks=\"").unwrap() + "num_gpu_blocks=\"".len();
+                let end = start + l[start..].find('"').unwrap();
+                format!("{}{}{}", &l[..start], u64::MAX, &l[end..])
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let m = parse(&huge).unwrap();
+    assert_eq!(m.capacity_tokens(), Some(u64::MAX));
+}
+
+#[test]
 fn a_missing_required_family_is_named() {
     let no_waiting: String = V033
         .lines()
