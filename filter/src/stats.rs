@@ -227,17 +227,22 @@ impl RequestStats {
     /// ever ran). Its `chosen` counter stays: a counter keeps its total. `in_pool` is the
     /// router's table, sorted by id (`EndpointTable`), so a lookup is a binary search.
     pub fn forget_departed(&self, in_pool: &[Endpoint]) {
-        let Ok(mut map) = self.speeds.try_borrow_mut() else {
-            return;
-        };
-        for gauges in map.values_mut() {
-            gauges.retain(|id, (metric, _)| {
-                let stays = in_pool.binary_search_by(|e| e.id.as_str().cmp(id)).is_ok();
-                if !stays {
-                    metric.set(0);
-                }
-                stays
-            });
+        let stays = |id: &str| in_pool.binary_search_by(|e| e.id.as_str().cmp(id)).is_ok();
+        if let Ok(mut map) = self.speeds.try_borrow_mut() {
+            for gauges in map.values_mut() {
+                gauges.retain(|id, (metric, _)| {
+                    if !stays(id) {
+                        metric.set(0);
+                    }
+                    stays(id)
+                });
+            }
+        }
+        // The `chosen` counters keep their totals in Envoy; this VM forgets its handles (a
+        // returning server's counter is looked up again by name), so pod churn over days
+        // does not grow the map.
+        if let Ok(mut map) = self.per_endpoint.try_borrow_mut() {
+            map.retain(|id, _| stays(id));
         }
     }
 
