@@ -245,6 +245,10 @@ impl Engine {
             if let Some(new) = self.kv.allocate(need) {
                 self.running[i].blocks.extend(new);
             }
+            if self.profile.cache_at_schedule {
+                let s = &self.running[i];
+                Self::register_blocks(&mut self.kv, s, s.computed + num_new);
+            }
             self.plan.push(num_new);
             budget -= num_new;
             i += 1;
@@ -317,6 +321,9 @@ impl Engine {
         s.computed = hit_tokens;
         s.blocks = acquired;
         s.blocks.extend(fresh);
+        if self.profile.cache_at_schedule {
+            Self::register_blocks(&mut self.kv, &s, hit_tokens + num_new);
+        }
         self.plan.push(num_new);
         self.running.push(s);
         Some(num_new)
@@ -373,7 +380,12 @@ impl Engine {
     }
 
     fn register_full_blocks(kv: &mut KvCache, s: &Seq) {
-        let full = ((s.computed.min(s.spec.prompt_tokens)) / BLOCK_TOKENS) as usize;
+        Self::register_blocks(kv, s, s.computed);
+    }
+
+    /// Makes the prompt's full blocks among its first `tokens` hittable.
+    fn register_blocks(kv: &mut KvCache, s: &Seq, tokens: u64) {
+        let full = ((tokens.min(s.spec.prompt_tokens)) / BLOCK_TOKENS) as usize;
         for (block, hash) in s.blocks.iter().zip(&s.spec.block_hashes).take(full) {
             kv.register(*block, *hash);
         }

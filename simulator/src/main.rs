@@ -287,12 +287,17 @@ pub struct FleetArgs {
     /// `COUNTxGPU:MODEL[:tpN],...`, e.g. `4xh100-80g:llama-3.1-8b,4xa100-80g:llama-3.1-8b`.
     #[arg(long)]
     fleet: Option<String>,
+    /// Blocks become prefix-cache hits when their step is planned, as vLLM V1 caches them
+    /// (a request admitted beside a sibling hits the sibling's chunk in the same step);
+    /// without it, when the step ends (the published figures' model).
+    #[arg(long)]
+    cache_at_schedule: bool,
 }
 
 impl FleetArgs {
     pub fn profile(&self) -> anyhow::Result<Profile> {
         anyhow::ensure!(self.servers >= 1, "--servers must be at least 1");
-        Profile::new(self.gpu, self.model, self.tp)
+        Ok(Profile::new(self.gpu, self.model, self.tp)?.with_cache_at_schedule(self.cache_at_schedule))
     }
 
     /// The first server's profile, the number of servers, and each server's profile when
@@ -301,7 +306,10 @@ impl FleetArgs {
         let Some(spec) = &self.fleet else {
             return Ok((self.profile()?, self.servers, Vec::new()));
         };
-        let mixed = kvroute_sim::profile::parse_fleet(spec)?;
+        let mixed: Vec<Profile> = kvroute_sim::profile::parse_fleet(spec)?
+            .into_iter()
+            .map(|p| p.with_cache_at_schedule(self.cache_at_schedule))
+            .collect();
         Ok((mixed[0].clone(), mixed.len(), mixed))
     }
 }

@@ -76,6 +76,11 @@ pub struct Profile {
     pub num_gpu_blocks: u64,
     pub max_num_batched_tokens: u64,
     pub max_num_seqs: usize,
+    /// Blocks become prefix-cache hits when a step is planned that computes them, as vLLM
+    /// V1 caches them (`allocate_slots` → `cache_blocks`, before the forward pass: a request
+    /// admitted in the same step as a sibling hits the sibling's chunk). Off: when the step
+    /// ends (the model all published figures so far were measured with).
+    pub cache_at_schedule: bool,
     /// ms
     t_fixed: f64,
     t_weights: f64,
@@ -127,6 +132,7 @@ impl Profile {
             num_gpu_blocks,
             max_num_batched_tokens,
             max_num_seqs,
+            cache_at_schedule: false,
             t_fixed: fixed,
             t_weights: weight_bytes / bw_bytes_per_ms,
             kv_read_ms_per_byte: 1.0 / bw_bytes_per_ms,
@@ -135,6 +141,12 @@ impl Profile {
             t_tp,
             kv_bytes_per_token_per_gpu: kv_per_token,
         })
+    }
+
+    /// Caches blocks when their step is planned (see `cache_at_schedule`).
+    pub fn with_cache_at_schedule(mut self, on: bool) -> Profile {
+        self.cache_at_schedule = on;
+        self
     }
 
     /// Overrides the KV size (tests and small fleets).

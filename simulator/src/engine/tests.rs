@@ -137,3 +137,21 @@ fn queued_work_excludes_the_prefix_a_waiting_request_will_find_cached() {
     assert_eq!(e.num_waiting(), 2);
     assert_eq!(e.pending_prefill_tokens(), (20_000 - 8192) + 16 + 1024);
 }
+
+#[test]
+fn with_cache_at_schedule_a_sibling_admitted_in_the_same_step_hits_its_chunk() {
+    let siblings = |at_schedule: bool| {
+        let profile = Profile::new(Gpu::H100_80g, Model::Llama31_8b, 1)
+            .unwrap()
+            .with_cache_at_schedule(at_schedule);
+        let mut e = Engine::new(profile);
+        // Two prompts of one family arrive together: both are admitted in the first step
+        // (1,024 + 1,024 tokens within the 8,192 budget).
+        e.add(spec(1, 1024, 4, 7), 0.0);
+        e.add(spec(2, 1024, 4, 7), 0.0);
+        let done = run(&mut e, 0.0);
+        done.iter().find(|f| f.id == 2).map(|f| f.cached_tokens).unwrap()
+    };
+    assert_eq!(siblings(false), 0, "blocks hittable only once their step ended");
+    assert_eq!(siblings(true), 1008, "vLLM V1: cached when scheduled");
+}
