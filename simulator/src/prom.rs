@@ -469,8 +469,7 @@ mod tests {
     #[test]
     fn every_rendered_series_is_one_the_reference_prints() {
         let reference = include_str!("../../filter/core/tests/fixtures/vllm_metrics_v0.33.txt");
-        let h = Histogram::new(TTFT_BOUNDS);
-        let r = RequestHistograms::default();
+        let (h, r) = (Histogram::new(TTFT_BOUNDS), RequestHistograms::default());
         let text = render(&view(&h, &r), false);
         // cache_config_info carries fewer labels than vLLM's; `ttft`, `itl` and `e2e` share
         // one test histogram here, so their buckets are checked elsewhere.

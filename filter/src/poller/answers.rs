@@ -164,17 +164,21 @@ impl Poller {
         }
     }
 
+    /// No usable signature (`why`): the full `/clusters` listing at every poll from now on.
+    fn read_full_listing_every_poll(&mut self, why: &str) {
+        self.signatures = false;
+        host::log(LogLevel::Warn, &format!("{why}: reading /clusters at every poll"));
+        self.ask_admin(Call::Clusters);
+    }
+
     /// The signature stats answered: read the full listing if they moved.
     fn on_signature(&mut self, ok: bool, body_size: usize, status: Option<&[u8]>) {
         if status == Some(b"403") {
             // An admin that allows `/clusters?` but not this query: read the full listing
             // every poll (it costs more; README, "Point kvroute at your pool").
-            self.signatures = false;
-            host::log(
-                LogLevel::Warn,
-                "Envoy's admin refuses /stats?filter=^cluster\\.… (admin.allow_paths): reading /clusters at every poll",
+            self.read_full_listing_every_poll(
+                "Envoy's admin refuses /stats?filter=^cluster\\.… (admin.allow_paths)",
             );
-            self.ask_admin(Call::Clusters);
             return;
         }
         let body = ok
@@ -182,14 +186,11 @@ impl Poller {
             .flatten();
         if body.as_ref().is_some_and(|b| b.is_empty()) {
             // No such stats: Envoy's stats matcher drops the cluster's (Istio's default
-            // inclusion list does) or the cluster has an `alt_stat_name`. An empty signature
+            // inclusion list may) or the cluster has an `alt_stat_name`. An empty signature
             // never moves, so read the full listing every poll instead.
-            self.signatures = false;
-            host::log(
-                LogLevel::Warn,
-                "Envoy reports none of the pool cluster's membership stats (a stats matcher, alt_stat_name): reading /clusters at every poll",
+            self.read_full_listing_every_poll(
+                "Envoy reports none of the pool cluster's membership stats (a stats matcher, alt_stat_name)",
             );
-            self.ask_admin(Call::Clusters);
             return;
         }
         match body {

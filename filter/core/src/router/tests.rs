@@ -210,20 +210,24 @@ fn cost_rises_with_every_kind_of_load() {
     }
 }
 
+/// A decision that sends a cold request to `to` alone.
+fn cold_to(to: EndpointId) -> Decision {
+    Decision {
+        endpoints: vec![to],
+        outcome: Outcome::Cold,
+        matched_blocks: 0,
+        breakdown: vec![],
+        tier: None,
+        holder_first: false,
+    }
+}
+
 #[test]
 fn clients_that_leave_before_any_response_do_not_eject_the_server() {
     let ended = |client_left: bool| {
         let mut r = router(PolicyKind::Cost, &idle(2));
         for id in 0..5 {
-            let d = Decision {
-                endpoints: vec![ep(1)],
-                outcome: Outcome::Cold,
-                matched_blocks: 0,
-                breakdown: vec![],
-                tier: None,
-                holder_first: false,
-            };
-            r.on_routed(id, &req(1, 1), &d, T0);
+            r.on_routed(id, &req(1, 1), &cold_to(ep(1)), T0);
             let done = Completion {
                 client_left,
                 ..served(&ep(1), 0)
@@ -244,19 +248,7 @@ fn unhealthy_ejected_and_stale_endpoints_are_never_picked() {
     r.on_scrape_failed(&ep(0), T0);
     r.on_scrape_failed(&ep(0), T0);
     for _ in 0..3 {
-        r.on_routed(
-            99,
-            &req(1, 1),
-            &Decision {
-                endpoints: vec![ep(1)],
-                outcome: Outcome::Cold,
-                matched_blocks: 0,
-                breakdown: vec![],
-                tier: None,
-                holder_first: false,
-            },
-            T0,
-        );
+        r.on_routed(99, &req(1, 1), &cold_to(ep(1)), T0);
         r.on_completed(
             99,
             &Completion {
