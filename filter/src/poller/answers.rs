@@ -176,9 +176,7 @@ impl Poller {
         if status == Some(b"403") {
             // An admin that allows `/clusters?` but not this query: read the full listing
             // every poll (it costs more; README, "Point kvroute at your pool").
-            self.read_full_listing_every_poll(
-                "Envoy's admin refuses /stats?filter=^cluster\\.… (admin.allow_paths)",
-            );
+            self.read_full_listing_every_poll("Envoy's admin refuses /stats?filter=^cluster\\.… (admin.allow_paths)");
             return;
         }
         let body = ok
