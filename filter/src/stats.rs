@@ -231,10 +231,11 @@ impl RequestStats {
         if let Ok(mut map) = self.speeds.try_borrow_mut() {
             for gauges in map.values_mut() {
                 gauges.retain(|id, (metric, _)| {
-                    if !stays(id) {
+                    let keep = stays(id);
+                    if !keep {
                         metric.set(0);
                     }
-                    stays(id)
+                    keep
                 });
             }
         }

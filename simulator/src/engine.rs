@@ -340,6 +340,8 @@ impl Engine {
             .iteration_tokens
             .observe(plan.iter().sum::<u64>() as f64);
         let step_start = now - self.plan_ms;
+        // Blocks become hits when the step ends, unless they did when it was planned.
+        let at_end = !self.profile.cache_at_schedule;
         let mut pos = 0;
         for n in plan {
             let s = &mut self.running[pos];
@@ -348,13 +350,17 @@ impl Engine {
             let was_prefilling = s.computed < s.prefill_target;
             s.computed += n;
             if was_prefilling && s.computed < s.prefill_target {
-                Self::register_full_blocks(&mut self.kv, s);
+                if at_end {
+                    Self::register_full_blocks(&mut self.kv, s);
+                }
                 pos += 1;
                 continue;
             }
             s.generated += 1;
             self.counters.generation_tokens += 1;
-            Self::register_full_blocks(&mut self.kv, s);
+            if at_end {
+                Self::register_full_blocks(&mut self.kv, s);
+            }
             if s.first_token.is_none() {
                 s.first_token = Some(now);
                 // vLLM observes TTFT in the step that produced the first token.

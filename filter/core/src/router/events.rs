@@ -149,7 +149,7 @@ impl Router {
             e.refused_until = Some(now.plus(refused_ms));
             return None;
         }
-        if done.client_left && done.status == 0 {
+        if done.client_left {
             return None;
         }
         let ok = done.status != 0 && done.status < 500;
