@@ -185,8 +185,8 @@ impl Holds {
             priority_weight: hold.priority_weight,
             newest_first_after_ms: hold.newest_first_after_ms,
         };
-        // Created here, before any request: shared data has no create-if-absent, so two
-        // workers creating it at once would lose a ticket, and an empty board costs nothing.
+        // Created here, before any request, and only if absent (a worker that starts late
+        // must not wipe the tickets of one already serving); an empty board costs nothing.
         if me.is_some() && matches!(host::shared_data_cas(BOARD_KEY), Ok((None, _))) {
             let _ = host::set_shared_data_cas(BOARD_KEY, &holds.empty().encode(), None);
         }

@@ -25,8 +25,9 @@
 //!   requests' load released.
 //! - Origins come from a counter (`kvroute.mesh.members`, compare-and-swap, counting around
 //!   `MAX_PEERS` so configuration reloads never run out of them). Shared data has
-//!   no create-if-absent, so two VMs starting at the same instant could take one origin;
-//!   every segment carries its writer's nonce, and a worker that reads a segment under its
+//!   no create call; a counter is created with a compare-and-swap token that Envoy
+//!   ignores for an absent key and refuses for a present one (`host::CREATE_ONLY`). Every
+//!   segment also carries its writer's nonce, and a worker that reads a segment under its
 //!   own origin with another nonce takes a new origin.
 //!
 //! Cost: every placement is applied by every worker (O(workers) work per request, none of it
@@ -333,16 +334,43 @@ pub(crate) fn read_u64(key: &str) -> Option<u64> {
 
 /// Adds one to a shared counter and returns the new value (compare-and-swap, retried).
 pub(crate) fn increment(key: &str) -> Option<u64> {
+    increment_in(&mut HostShared, key)
+}
+
+/// Shared data as the counter sees it (the host's, or a test's).
+pub(crate) trait SharedCells {
+    fn get(&mut self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), Status>;
+    /// `cas` as `host::set_shared_data_cas` takes it (`None`: create only if absent).
+    fn set(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), Status>;
+}
+
+struct HostShared;
+
+impl SharedCells for HostShared {
+    fn get(&mut self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), Status> {
+        host::shared_data_cas(key)
+    }
+    fn set(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), Status> {
+        host::set_shared_data_cas(key, value, cas)
+    }
+}
+
+/// `increment` over any shared data. An absent counter is created at 1 only if it is still
+/// absent (`host::set_shared_data_cas`), so two VMs that both found it absent cannot both
+/// take 1: the second write is refused and that VM counts on from the first's value.
+fn increment_in(cells: &mut impl SharedCells, key: &str) -> Option<u64> {
     for _ in 0..64 {
-        let (value, cas) = host::shared_data_cas(key).ok()?;
+        let (value, cas) = cells.get(key).ok()?;
         let Some(cas) = cas else {
-            // Absent: create it. Shared data has no create-if-absent; see the module note.
-            host::set_shared_data_cas(key, &0u64.to_le_bytes(), None).ok()?;
-            continue;
+            match cells.set(key, &1u64.to_le_bytes(), None) {
+                Ok(()) => return Some(1),
+                Err(Status::CasMismatch) => continue,
+                Err(_) => return None,
+            }
         };
         let current = value.and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes);
         let next = current.wrapping_add(1);
-        match host::set_shared_data_cas(key, &next.to_le_bytes(), Some(cas)) {
+        match cells.set(key, &next.to_le_bytes(), Some(cas)) {
             Ok(()) => return Some(next),
             Err(Status::CasMismatch) => continue,
             Err(_) => return None,
@@ -364,6 +392,47 @@ fn claim_origin() -> Option<u32> {
 mod tests {
     use super::wire::tests::routed;
     use super::*;
+
+    /// Envoy's shared data (`SharedData::set`: a compare-and-swap value is checked only for
+    /// a present key; values count up from 1), with another VM that runs a whole increment
+    /// right after this VM's first read.
+    struct EnvoyCells {
+        cells: BTreeMap<String, (Vec<u8>, u32)>,
+        next_cas: u32,
+        other_vm: bool,
+    }
+
+    impl SharedCells for EnvoyCells {
+        fn get(&mut self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), Status> {
+            let read = self.cells.get(key).map(|(v, c)| (v.clone(), *c));
+            if std::mem::take(&mut self.other_vm) {
+                assert_eq!(increment_in(self, key), Some(1), "the other VM found it absent too");
+            }
+            Ok((read.as_ref().map(|r| r.0.clone()), read.map(|r| r.1)))
+        }
+        fn set(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), Status> {
+            let cas = cas.unwrap_or(host::CREATE_ONLY);
+            if let Some((_, current)) = self.cells.get(key) {
+                if cas != 0 && cas != *current {
+                    return Err(Status::CasMismatch);
+                }
+            }
+            self.cells.insert(key.to_string(), (value.to_vec(), self.next_cas));
+            self.next_cas += 1;
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn two_vms_that_find_a_counter_absent_take_different_numbers() {
+        let mut cells = EnvoyCells {
+            cells: BTreeMap::new(),
+            next_cas: 1,
+            other_vm: true,
+        };
+        assert_eq!(increment_in(&mut cells, "ids"), Some(2), "the other VM took 1");
+        assert_eq!(increment_in(&mut cells, "ids"), Some(3));
+    }
 
     fn reader() -> Mesh {
         Mesh {
