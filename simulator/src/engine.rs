@@ -303,15 +303,10 @@ impl Engine {
     fn admit(&mut self, budget: u64) -> Option<u64> {
         let s = self.waiting.front()?;
         let hits = self.hit_blocks(&s.spec.block_hashes, s.prefill_target);
-        let hashes = s.spec.block_hashes.clone();
-        let acquired = self.kv.acquire_cached(&hashes, hits);
-        let hit_tokens = acquired.len() as u64 * BLOCK_TOKENS;
+        let hit_tokens = hits as u64 * BLOCK_TOKENS;
         let num_new = (s.prefill_target - hit_tokens).min(budget);
-        let need = Self::blocks_for(hit_tokens + num_new) - acquired.len();
-        let Some(fresh) = self.kv.allocate(need) else {
-            self.kv.release(&acquired);
-            return None;
-        };
+        let fresh = Self::blocks_for(hit_tokens + num_new) - hits;
+        let blocks = self.kv.admit(&s.spec.block_hashes, hits, fresh)?;
         let mut s = self.waiting.pop_front()?;
         if s.cached_tokens.is_none() {
             s.cached_tokens = Some(hit_tokens);
@@ -319,8 +314,7 @@ impl Engine {
             self.counters.prefix_hits += hit_tokens;
         }
         s.computed = hit_tokens;
-        s.blocks = acquired;
-        s.blocks.extend(fresh);
+        s.blocks = blocks;
         if self.profile.cache_at_schedule {
             Self::register_blocks(&mut self.kv, &s, hit_tokens + num_new);
         }

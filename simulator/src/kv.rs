@@ -5,8 +5,10 @@
 //! later request can still hit it until the block is reused. Allocation takes the block at
 //! the head of the free queue (least recently freed) and evicts its hash. A finished request
 //! frees its blocks tail first, so the tail of a prompt is evicted before its head. A hit on
-//! a free block takes it out of the free queue. Block 0 is vLLM's reserved null block, so
-//! usage = blocks in use / (num_blocks − 1).
+//! a free block takes it out of the free queue. Two requests that computed the same block
+//! each register their copy; a hash stays cached while any copy is, and a hit takes the
+//! first copy registered. Block 0 is vLLM's reserved null block, so usage = blocks in use /
+//! (num_blocks − 1).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -23,7 +25,8 @@ struct Block {
 #[derive(Clone, Debug)]
 pub struct KvCache {
     blocks: Vec<Block>,
-    cached: HashMap<u64, BlockId>,
+    /// Every cached copy of a block, by hash, first registered first.
+    cached: HashMap<u64, Vec<BlockId>>,
     free: BTreeMap<u64, BlockId>,
     next_seq: u64,
     used: u64,
@@ -78,12 +81,30 @@ impl KvCache {
     pub fn acquire_cached(&mut self, hashes: &[u64], n: usize) -> Vec<BlockId> {
         let mut out = Vec::with_capacity(n);
         for h in &hashes[..n] {
-            if let Some(&id) = self.cached.get(h) {
+            if let Some(&id) = self.cached.get(h).and_then(|ids| ids.first()) {
                 self.take_ref(id);
                 out.push(id);
             }
         }
         out
+    }
+
+    /// A request's blocks: the cached blocks of its first `hits` hashes and `fresh` new
+    /// ones, or `None`, touching nothing, when the free queue cannot supply both (a hit on
+    /// a free block takes it from that queue too). As vLLM checks before it touches, a
+    /// request that does not fit leaves the eviction order as it was.
+    pub fn admit(&mut self, hashes: &[u64], hits: usize, fresh: usize) -> Option<Vec<BlockId>> {
+        let free_hits = hashes[..hits]
+            .iter()
+            .filter_map(|h| self.cached.get(h).and_then(|ids| ids.first()))
+            .filter(|&&id| self.blocks[id as usize].refs == 0)
+            .count();
+        if self.free.len() < fresh + free_hits {
+            return None;
+        }
+        let mut out = self.acquire_cached(hashes, hits);
+        out.extend(self.allocate(fresh)?);
+        Some(out)
     }
 
     fn take_ref(&mut self, id: BlockId) {
@@ -108,8 +129,11 @@ impl KvCache {
             let b = &mut self.blocks[id as usize];
             b.free_seq = None;
             if let Some(h) = b.hash.take() {
-                if self.cached.get(&h) == Some(&id) {
-                    self.cached.remove(&h);
+                if let Some(ids) = self.cached.get_mut(&h) {
+                    ids.retain(|&other| other != id);
+                    if ids.is_empty() {
+                        self.cached.remove(&h);
+                    }
                 }
                 self.evictions += 1;
             }
@@ -120,12 +144,13 @@ impl KvCache {
         Some(out)
     }
 
-    /// Registers a now-full block under its chained hash (first writer wins, as in vLLM).
+    /// Registers a now-full block under its chained hash, beside any copy another request
+    /// computed (a block is registered once).
     pub fn register(&mut self, id: BlockId, hash: u64) {
         let b = &mut self.blocks[id as usize];
         if b.hash.is_none() {
             b.hash = Some(hash);
-            self.cached.entry(hash).or_insert(id);
+            self.cached.entry(hash).or_default().push(id);
         }
     }
 
@@ -201,5 +226,46 @@ mod tests {
         assert_eq!(kv.free_blocks(), 2);
         kv.release(&b);
         assert_eq!(kv.free_blocks(), 3);
+    }
+
+    #[test]
+    fn a_hash_stays_cached_while_a_copy_of_its_block_does() {
+        let mut kv = KvCache::new(4); // 3 usable
+        let (a, b) = (kv.allocate(1).unwrap(), kv.allocate(1).unwrap());
+        kv.register(a[0], 7); // two requests computed the same block
+        kv.register(b[0], 7);
+        kv.release(&a);
+        kv.release(&b);
+        kv.allocate(2).unwrap(); // the never-used block, then `a`, the first copy
+        assert_eq!(kv.cached_prefix(&[7]), 1, "`b` still holds the block");
+        assert_eq!(kv.acquire_cached(&[7], 1), b);
+    }
+
+    #[test]
+    fn a_request_that_does_not_fit_leaves_the_eviction_order_as_it_was() {
+        let mut kv = KvCache::new(5); // 4 usable
+        let (old, other) = (kv.allocate(1).unwrap(), kv.allocate(1).unwrap());
+        kv.register(old[0], 7);
+        kv.release(&old); // cached and free, first in line to be evicted
+        kv.release(&other);
+        let _busy = kv.allocate(2).unwrap(); // the two never-used blocks
+                                             // A request hits block 7 and needs 2 more: the one other free block is not enough.
+        assert!(kv.admit(&[7], 1, 2).is_none());
+        assert_eq!(kv.free_blocks(), 2);
+        kv.allocate(1).unwrap();
+        assert_eq!(kv.cached_prefix(&[7]), 0, "block 7 was still the least recently freed");
+        assert_eq!(kv.evictions, 1);
+    }
+
+    #[test]
+    fn admitting_takes_the_hits_and_the_fresh_blocks() {
+        let mut kv = KvCache::new(5);
+        let old = kv.allocate(1).unwrap();
+        kv.register(old[0], 7);
+        kv.release(&old);
+        let blocks = kv.admit(&[7, 8], 1, 3).unwrap();
+        assert_eq!(blocks.len(), 4);
+        assert_eq!(blocks[0], old[0]);
+        assert_eq!((kv.free_blocks(), kv.usage()), (0, 1.0));
     }
 }

@@ -287,17 +287,24 @@ pub struct FleetArgs {
     /// `COUNTxGPU:MODEL[:tpN],...`, e.g. `4xh100-80g:llama-3.1-8b,4xa100-80g:llama-3.1-8b`.
     #[arg(long)]
     fleet: Option<String>,
-    /// Blocks become prefix-cache hits when their step is planned, as vLLM V1 caches them
-    /// (a request admitted beside a sibling hits the sibling's chunk in the same step);
-    /// without it, when the step ends (the published figures' model).
+    /// Blocks become prefix-cache hits when their step ends, not when it is planned as vLLM
+    /// V1 caches them (the default): the engine of the figures published before 2026-11-28,
+    /// where a request admitted beside a sibling computes the sibling's chunk again.
     #[arg(long)]
+    cache_at_finish: bool,
+    /// The default since 2026-11-28 (kept so that earlier commands still run).
+    #[arg(long, hide = true, conflicts_with = "cache_at_finish")]
     cache_at_schedule: bool,
 }
 
 impl FleetArgs {
+    fn cache_at_schedule(&self) -> bool {
+        self.cache_at_schedule || !self.cache_at_finish
+    }
+
     pub fn profile(&self) -> anyhow::Result<Profile> {
         anyhow::ensure!(self.servers >= 1, "--servers must be at least 1");
-        Ok(Profile::new(self.gpu, self.model, self.tp)?.with_cache_at_schedule(self.cache_at_schedule))
+        Ok(Profile::new(self.gpu, self.model, self.tp)?.with_cache_at_schedule(self.cache_at_schedule()))
     }
 
     /// The first server's profile, the number of servers, and each server's profile when
@@ -308,7 +315,7 @@ impl FleetArgs {
         };
         let mixed: Vec<Profile> = kvroute_sim::profile::parse_fleet(spec)?
             .into_iter()
-            .map(|p| p.with_cache_at_schedule(self.cache_at_schedule))
+            .map(|p| p.with_cache_at_schedule(self.cache_at_schedule()))
             .collect();
         Ok((mixed[0].clone(), mixed.len(), mixed))
     }

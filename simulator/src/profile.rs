@@ -78,8 +78,9 @@ pub struct Profile {
     pub max_num_seqs: usize,
     /// Blocks become prefix-cache hits when a step is planned that computes them, as vLLM
     /// V1 caches them (`allocate_slots` → `cache_blocks`, before the forward pass: a request
-    /// admitted in the same step as a sibling hits the sibling's chunk). Off: when the step
-    /// ends (the model all published figures so far were measured with).
+    /// admitted in the same step as a sibling hits the sibling's chunk). On by default; off
+    /// (`--cache-at-finish`): when the step ends, the model of the figures published before
+    /// 2026-11-28.
     pub cache_at_schedule: bool,
     /// ms
     t_fixed: f64,
@@ -132,7 +133,7 @@ impl Profile {
             num_gpu_blocks,
             max_num_batched_tokens,
             max_num_seqs,
-            cache_at_schedule: false,
+            cache_at_schedule: true,
             t_fixed: fixed,
             t_weights: weight_bytes / bw_bytes_per_ms,
             kv_read_ms_per_byte: 1.0 / bw_bytes_per_ms,

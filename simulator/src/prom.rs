@@ -379,13 +379,50 @@ pub fn render(v: &View, legacy: bool) -> String {
         "Information of the LLMEngine CacheConfig",
         "gauge",
     );
-    let engine = if legacy { "" } else { "engine=\"0\"," };
-    let _ = writeln!(
-        o.text,
-        "vllm:cache_config_info{{block_size=\"16\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",{engine}gpu_memory_utilization=\"0.92\",num_gpu_blocks=\"{}\",prefix_caching_hash_algo=\"sha256\"}} 1.0",
-        v.num_gpu_blocks
-    );
+    if legacy {
+        let _ = writeln!(
+            o.text,
+            "vllm:cache_config_info{{block_size=\"16\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",gpu_memory_utilization=\"0.92\",num_gpu_blocks=\"{}\",prefix_caching_hash_algo=\"sha256\"}} 1.0",
+            v.num_gpu_blocks
+        );
+    } else {
+        cache_config_info(&mut o.text, v.num_gpu_blocks);
+    }
     o.text
+}
+
+/// vLLM 0.33's `cache_config_info` series: every label it prints, in its order, with this
+/// server's KV size (the other values are vLLM's defaults for a Llama 3.1 8B server).
+fn cache_config_info(text: &mut String, num_gpu_blocks: u64) {
+    let tokens = num_gpu_blocks * crate::profile::BLOCK_TOKENS;
+    let max_model_len = 131_072u64.min(tokens).max(1);
+    let concurrency = python_float(tokens as f64 / max_model_len as f64, 3);
+    let _ = writeln!(
+        text,
+        "vllm:cache_config_info{{block_size=\"16\",cache_dtype=\"auto\",cache_hit_alignment_tokens=\"16\",\
+effective_attention_block_size=\"16\",enable_mamba_shared_prefix_checkpoint=\"False\",enable_prefix_caching=\"True\",\
+engine=\"0\",gpu_memory_utilization=\"0.92\",hash_block_size=\"16\",is_attention_free=\"False\",\
+kv_cache_dtype_skip_layers=\"[]\",kv_cache_layout=\"NHD\",kv_cache_max_concurrency=\"{concurrency}\",\
+kv_cache_memory_bytes=\"None\",kv_cache_size_tokens=\"{tokens}\",kv_offloading_backend=\"native\",\
+kv_offloading_size=\"None\",kv_sharing_fast_prefill=\"False\",mamba_block_size=\"None\",mamba_cache_dtype=\"auto\",\
+mamba_cache_mode=\"none\",mamba_page_size_padded=\"None\",mamba_ssm_cache_dtype=\"auto\",num_cpu_blocks=\"None\",\
+num_gpu_blocks=\"{num_gpu_blocks}\",num_gpu_blocks_override=\"None\",prefix_cache_retention_interval=\"0\",\
+prefix_caching_hash_algo=\"sha256\",prefix_match_unit=\"16\",replayssm_buffer_len=\"16\",\
+simple_cpu_offload_num_blocks=\"None\",skip_page_size_padded=\"None\",sliding_window=\"None\",\
+swa_bounded_replay=\"True\",use_kda_recoverssm=\"False\",use_replayssm=\"False\",\
+user_specified_block_size=\"False\"}} 1.0"
+    );
+}
+
+/// `x` rounded to `digits` decimals as Python prints a float (`3.565`, `4.0`).
+fn python_float(x: f64, digits: usize) -> String {
+    let fixed = format!("{x:.digits$}");
+    let trimmed = fixed.trim_end_matches('0');
+    if trimmed.ends_with('.') {
+        format!("{trimmed}0")
+    } else {
+        trimmed.to_string()
+    }
 }
 
 #[cfg(test)]
@@ -471,22 +508,27 @@ mod tests {
         let reference = include_str!("../../filter/core/tests/fixtures/vllm_metrics_v0.33.txt");
         let (h, r) = (Histogram::new(TTFT_BOUNDS), RequestHistograms::default());
         let text = render(&view(&h, &r), false);
-        // cache_config_info carries fewer labels than vLLM's; `ttft`, `itl` and `e2e` share
-        // one test histogram here, so their buckets are checked elsewhere.
+        // `ttft`, `itl` and `e2e` share one test histogram here, so their buckets are
+        // checked elsewhere.
         let shared = |l: &str| {
             l.contains("_bucket{")
                 && (l.contains("time_to_first_token") || l.contains("inter_token") || l.contains("e2e_"))
         };
-        for line in text
-            .lines()
-            .filter(|l| !l.starts_with('#') && !l.starts_with("vllm:cache_config_info") && !shared(l))
-        {
+        for line in text.lines().filter(|l| !l.starts_with('#') && !shared(l)) {
             let series = &line[..line.rfind(' ').unwrap()];
             assert!(
                 reference.contains(&format!("{series} ")),
                 "not in the reference: {series}"
             );
         }
+    }
+
+    #[test]
+    fn a_cache_smaller_than_the_context_reports_a_concurrency_of_one() {
+        let mut text = String::new();
+        cache_config_info(&mut text, 4096); // 65,536 tokens: the context is capped to them
+        assert!(text.contains("kv_cache_max_concurrency=\"1.0\",") && text.contains("kv_cache_size_tokens=\"65536\","));
+        assert_eq!(python_float(467_280.0 / 131_072.0, 3), "3.565");
     }
 
     #[test]
