@@ -189,7 +189,7 @@ impl Default for RawHold {
     fn default() -> Self {
         Self {
             max_wait_ms: 0,
-            wait_limit_ms: 100,
+            wait_limit_ms: 1000,
             max_requests: 1024,
             priority_weight: 4.0,
             newest_first_after_ms: 0,
