@@ -136,13 +136,19 @@ pub fn shared_data_cas(key: &str) -> HostResult<(Option<Vec<u8>>, Option<u32>)> 
 /// follows (`Err(Status::CasMismatch)` if another VM wrote it since); `None`, the key was
 /// absent, creates it only if it still is.
 pub fn set_shared_data_cas(key: &str, value: &[u8], cas: Option<u32>) -> HostResult<()> {
-    hostcalls::set_shared_data(key, Some(value), Some(cas.unwrap_or(CREATE_ONLY)))
+    hostcalls::set_shared_data(key, Some(value), Some(cas_token(cas)))
+}
+
+/// The token `set_shared_data_cas` sends for `cas`: the read's, or `CREATE_ONLY`.
+pub fn cas_token(cas: Option<u32>) -> u32 {
+    cas.unwrap_or(CREATE_ONLY)
 }
 
 /// The compare-and-swap token that creates a key only if it is absent (shared data has no
 /// create call). Envoy checks a token only against a present key, and refuses a write whose
-/// token is not the key's; tokens count up from 1 over every write to shared data, so this
-/// one is a present key's only if that key was last written by the 4,294,967,295th write.
+/// token is not the key's; tokens count up from 1 over every write to shared data, wrapping
+/// past 0, so a present key carries this one only in the write of every 4,294,967,295 that
+/// reaches it.
 pub const CREATE_ONLY: u32 = u32::MAX;
 
 /// Host time in nanoseconds (a per-VM nonce source; no other use).

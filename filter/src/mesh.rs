@@ -411,7 +411,7 @@ mod tests {
             Ok((read.as_ref().map(|r| r.0.clone()), read.map(|r| r.1)))
         }
         fn set(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), Status> {
-            let cas = cas.unwrap_or(host::CREATE_ONLY);
+            let cas = host::cas_token(cas);
             if let Some((_, current)) = self.cells.get(key) {
                 if cas != 0 && cas != *current {
                     return Err(Status::CasMismatch);

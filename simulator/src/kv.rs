@@ -248,8 +248,9 @@ mod tests {
         kv.register(old[0], 7);
         kv.release(&old); // cached and free, first in line to be evicted
         kv.release(&other);
-        let _busy = kv.allocate(2).unwrap(); // the two never-used blocks
-                                             // A request hits block 7 and needs 2 more: the one other free block is not enough.
+        // The two never-used blocks; then a request hits block 7 and needs 2 more: the one
+        // other free block is not enough.
+        let _busy = kv.allocate(2).unwrap();
         assert!(kv.admit(&[7], 1, 2).is_none());
         assert_eq!(kv.free_blocks(), 2);
         kv.allocate(1).unwrap();

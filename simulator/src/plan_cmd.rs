@@ -37,6 +37,10 @@ pub struct PlanArgs {
     /// GPUs per server (tensor parallelism).
     #[arg(long, default_value_t = 1)]
     tp: u32,
+    /// Blocks become prefix-cache hits when their step ends (the engine of the figures
+    /// published before 2026-11-28), not when it is planned as vLLM V1 caches them.
+    #[arg(long)]
+    cache_at_finish: bool,
     /// Policies to size, comma-separated.
     #[arg(
         long,
@@ -87,7 +91,7 @@ pub fn plan_cmd(a: &PlanArgs) -> anyhow::Result<()> {
     let profiles = a
         .gpu
         .iter()
-        .map(|g| Profile::new(*g, a.model, a.tp))
+        .map(|g| Ok(Profile::new(*g, a.model, a.tp)?.with_cache_at_schedule(!a.cache_at_finish)))
         .collect::<anyhow::Result<Vec<Profile>>>()?;
     let (name, requests) = a.workload.load()?;
     anyhow::ensure!(!requests.is_empty(), "the workload has no requests");

@@ -417,6 +417,9 @@ user_specified_block_size=\"False\"}} 1.0"
 /// `x` rounded to `digits` decimals as Python prints a float (`3.565`, `4.0`).
 fn python_float(x: f64, digits: usize) -> String {
     let fixed = format!("{x:.digits$}");
+    if digits == 0 {
+        return format!("{fixed}.0");
+    }
     let trimmed = fixed.trim_end_matches('0');
     if trimmed.ends_with('.') {
         format!("{trimmed}0")
