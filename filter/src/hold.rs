@@ -187,7 +187,7 @@ impl Holds {
         };
         // Created here, before any request, and only if absent (a worker that starts late
         // must not wipe the tickets of one already serving); an empty board costs nothing.
-        if me.is_some() && matches!(host::shared_data_cas(BOARD_KEY), Ok((None, _))) {
+        if me.is_some() {
             let _ = host::set_shared_data_cas(BOARD_KEY, &holds.empty().encode(), None);
         }
         holds

@@ -245,8 +245,8 @@ impl Engine {
             if let Some(new) = self.kv.allocate(need) {
                 self.running[i].blocks.extend(new);
             }
-            if self.profile.cache_at_schedule {
-                let s = &self.running[i];
+            let s = &self.running[i];
+            if self.profile.cache_at_schedule && s.computed < s.spec.prompt_tokens {
                 Self::register_blocks(&mut self.kv, s, s.computed + num_new);
             }
             self.plan.push(num_new);
@@ -343,18 +343,16 @@ impl Engine {
             let id = s.spec.id;
             let was_prefilling = s.computed < s.prefill_target;
             s.computed += n;
+            // A decode step adds no prompt block: every one was registered by then.
+            if at_end && was_prefilling {
+                Self::register_blocks(&mut self.kv, s, s.computed);
+            }
             if was_prefilling && s.computed < s.prefill_target {
-                if at_end {
-                    Self::register_full_blocks(&mut self.kv, s);
-                }
                 pos += 1;
                 continue;
             }
             s.generated += 1;
             self.counters.generation_tokens += 1;
-            if at_end {
-                Self::register_full_blocks(&mut self.kv, s);
-            }
             if s.first_token.is_none() {
                 s.first_token = Some(now);
                 // vLLM observes TTFT in the step that produced the first token.
@@ -377,10 +375,6 @@ impl Engine {
             }
         }
         events
-    }
-
-    fn register_full_blocks(kv: &mut KvCache, s: &Seq) {
-        Self::register_blocks(kv, s, s.computed);
     }
 
     /// Makes the prompt's full blocks among its first `tokens` hittable.

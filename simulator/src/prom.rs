@@ -395,8 +395,8 @@ pub fn render(v: &View, legacy: bool) -> String {
 /// server's KV size (the other values are vLLM's defaults for a Llama 3.1 8B server).
 fn cache_config_info(text: &mut String, num_gpu_blocks: u64) {
     let tokens = num_gpu_blocks * crate::profile::BLOCK_TOKENS;
-    let max_model_len = 131_072u64.min(tokens).max(1);
-    let concurrency = python_float(tokens as f64 / max_model_len as f64, 3);
+    let max_model_len = crate::serve::max_model_len(num_gpu_blocks).max(1);
+    let concurrency = python_float3(tokens as f64 / max_model_len as f64);
     let _ = writeln!(
         text,
         "vllm:cache_config_info{{block_size=\"16\",cache_dtype=\"auto\",cache_hit_alignment_tokens=\"16\",\
@@ -414,12 +414,9 @@ user_specified_block_size=\"False\"}} 1.0"
     );
 }
 
-/// `x` rounded to `digits` decimals as Python prints a float (`3.565`, `4.0`).
-fn python_float(x: f64, digits: usize) -> String {
-    let fixed = format!("{x:.digits$}");
-    if digits == 0 {
-        return format!("{fixed}.0");
-    }
+/// `x` rounded to 3 decimals as Python prints it (`3.565`, `4.0`).
+fn python_float3(x: f64) -> String {
+    let fixed = format!("{x:.3}");
     let trimmed = fixed.trim_end_matches('0');
     if trimmed.ends_with('.') {
         format!("{trimmed}0")
@@ -531,7 +528,7 @@ mod tests {
         let mut text = String::new();
         cache_config_info(&mut text, 4096); // 65,536 tokens: the context is capped to them
         assert!(text.contains("kv_cache_max_concurrency=\"1.0\",") && text.contains("kv_cache_size_tokens=\"65536\","));
-        assert_eq!(python_float(467_280.0 / 131_072.0, 3), "3.565");
+        assert_eq!(python_float3(467_280.0 / 131_072.0), "3.565");
     }
 
     #[test]

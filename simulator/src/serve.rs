@@ -39,7 +39,6 @@ use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinSet;
 
 use crate::engine::{Engine, Event, SeqSpec};
-use crate::profile::Profile;
 use crate::tokens::engine_blocks;
 use respond::Reply;
 
@@ -169,8 +168,8 @@ pub const VLLM_VERSION: &str = "0.33.0";
 pub const MAX_BODY_BYTES: usize = 64 << 20;
 
 /// Llama 3.1's context (`max_position_embeddings`), capped by the KV cache as vLLM requires.
-pub fn max_model_len(profile: &Profile) -> u64 {
-    (131_072u64).min(profile.num_gpu_blocks * crate::profile::BLOCK_TOKENS)
+pub fn max_model_len(num_gpu_blocks: u64) -> u64 {
+    (131_072u64).min(num_gpu_blocks * crate::profile::BLOCK_TOKENS)
 }
 
 fn app(srv: Arc<SimServer>) -> Router {

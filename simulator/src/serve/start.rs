@@ -92,7 +92,7 @@ pub async fn serve(
             created,
             connections: Mutex::new(None),
             served,
-            max_model_len: max_model_len(&profile),
+            max_model_len: max_model_len(profile.num_gpu_blocks),
         });
         listen(&srv).await?;
         tokio::spawn(drive(Arc::clone(&srv)));
