@@ -198,6 +198,11 @@ impl Holds {
         self.mine.try_borrow().is_ok_and(|m| m.0.is_empty())
     }
 
+    /// How many requests this worker holds now.
+    pub fn held_here(&self) -> usize {
+        self.mine.try_borrow().map_or(0, |m| m.0.len())
+    }
+
     fn empty(&self) -> Board {
         Board {
             queue: HoldQueue::new(self.max_requests, self.priority_weight),

@@ -7,6 +7,7 @@
 //! fleet state); without it one worker does, elected by a lease (`lease`).
 
 pub mod clock;
+pub mod gauges;
 pub mod hold;
 pub mod host;
 pub mod http;

@@ -344,7 +344,7 @@ pub(crate) trait SharedCells {
     fn set(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), Status>;
 }
 
-struct HostShared;
+pub(crate) struct HostShared;
 
 impl SharedCells for HostShared {
     fn get(&mut self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), Status> {

@@ -28,19 +28,6 @@ impl Metric {
         }
     }
 
-    /// Moves a gauge that every worker VM contributes to (their sum) by this VM's change
-    /// since its last report, kept in `reported`.
-    pub fn contribute(&self, reported: &std::cell::Cell<u64>, now: u64) {
-        let delta = i64::try_from(now).unwrap_or(i64::MAX) - i64::try_from(reported.get()).unwrap_or(i64::MAX);
-        if delta != 0 {
-            if let Some(id) = self.0 {
-                if host::increment_metric(id, delta).is_ok() {
-                    reported.set(now);
-                }
-            }
-        }
-    }
-
     pub fn set(&self, value: u64) {
         if let Some(id) = self.0 {
             let _ = host::record_metric(id, value);

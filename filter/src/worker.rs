@@ -13,6 +13,7 @@ use kvroute_core::policy;
 use kvroute_core::{Config, Decision, FleetState, Millis, Outcome, RouteRequest, Router};
 use proxy_wasm::types::LogLevel;
 
+use crate::gauges::VmGauges;
 use crate::hold::Holds;
 use crate::host;
 use crate::lease::Lease;
@@ -37,10 +38,8 @@ pub struct Shared {
     next_request: Cell<u64>,
     prompt_tokens: Cell<u64>,
     predicted_cached: Cell<u64>,
-    /// Requests held while every server is full (`overload.hold`, see `hold`), and the
-    /// count last added to the gateway-wide gauge.
+    /// Requests held while every server is full (`overload.hold`, see `hold`).
     pub holds: Holds,
-    pub reported_held: Cell<u64>,
     /// The fleet state version applied last, when it was published, and when it was
     /// last looked for.
     seen_version: Cell<u64>,
@@ -154,8 +153,8 @@ impl Shared {
 
 pub struct Worker {
     shared: Rc<Shared>,
-    reported_entries: Cell<u64>,
-    reported_inflight: Cell<u64>,
+    /// This VM's row of the process-wide gauges.
+    gauges: VmGauges,
     stats_at: Millis,
     lease: Option<Lease>,
     poller: Option<Poller>,
@@ -196,7 +195,6 @@ impl Worker {
             prompt_tokens: Cell::new(0),
             predicted_cached: Cell::new(0),
             holds: Holds::new(&config),
-            reported_held: Cell::new(0),
             seen_version: Cell::new(0),
             undecodable_version: Cell::new(0),
             published_at: Cell::new(Millis(0)),
@@ -204,8 +202,7 @@ impl Worker {
         };
         Worker {
             shared: Rc::new(shared),
-            reported_entries: Cell::new(0),
-            reported_inflight: Cell::new(0),
+            gauges: VmGauges::join(),
             stats_at: Millis(0),
             lease,
             poller: None,
@@ -270,15 +267,19 @@ impl Worker {
         if published_at.0 > 0 {
             self.shared.stats.snapshot_age_ms.set(now.since(published_at));
         }
-        // Summed over the worker VMs: each adds its change since its last report.
+        // Summed over the worker VMs that still report (`gauges`).
         if let Ok(router) = self.shared.router.try_borrow() {
             let stats = &self.shared.stats;
-            stats
-                .index_entries
-                .contribute(&self.reported_entries, router.index().entries() as u64);
-            stats
-                .inflight
-                .contribute(&self.reported_inflight, router.own_inflight_requests() as u64);
+            let mine = [
+                router.index().entries() as u64,
+                router.own_inflight_requests() as u64,
+                self.shared.holds.held_here() as u64,
+            ];
+            if let Some([entries, inflight, held]) = self.gauges.report(mine, now) {
+                stats.index_entries.set(entries);
+                stats.inflight.set(inflight);
+                stats.hold_waiting.set(held);
+            }
             // Only a router that places requests (its own or its peers') can tell what it
             // did not see: the VM that only scrapes would read every server as unseen.
             let places = router.stats().routed + router.stats().peer_events > 0;

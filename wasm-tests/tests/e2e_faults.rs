@@ -405,6 +405,80 @@ fn a_panicking_filter_fails_open_and_requests_are_still_served() {
     eprintln!("panicking requests got: {crashed:?}, {crashed_again:?}");
 }
 
+/// A streamed request on its own connection, read up to the end of its response headers.
+fn open_stream(port: u16, body: &str) -> BufReader<TcpStream> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(
+        s,
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut reader = BufReader::new(s);
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        if line == "\r\n" || line.is_empty() {
+            return reader;
+        }
+    }
+}
+
+/// The gateway's `inflight_requests` (like `index_entries` and `hold.waiting`) is the sum
+/// over the worker VMs still reporting: a VM that crashed (`FAIL_OPEN` does not reload it)
+/// drops out within `gauges::STALE_MS` (2 s), where it used to leave its last count for
+/// good. Also what such a crash does to the streams in flight: the crashed worker's are cut,
+/// the other worker's run to their end.
+#[test]
+fn a_crashed_workers_requests_leave_the_in_flight_gauge() {
+    let f = panicking_fleet("FAIL_OPEN");
+    let port = f.envoy.port;
+    let inflight = || f.envoy.stat("wasmcustom.kvroute.inflight_requests");
+    let body =
+        r#"{"model":"m","max_tokens":30000,"stream":true,"messages":[{"role":"user","content":"tell a long story"}]}"#;
+    // Each stream on its own connection: Envoy spreads connections over its 2 workers.
+    let t0 = Instant::now();
+    let streams: Vec<_> = (0..16).map(|_| open_stream(port, body)).collect();
+    sleep(Duration::from_millis(400));
+    assert_eq!(inflight(), 16, "every stream counted while it runs");
+    let crashed = http_client::request(
+        port,
+        "POST",
+        "/v1/chat/completions",
+        &[("x-kvroute-test-panic", "1")],
+        HELLO.as_bytes(),
+    )
+    .map(|r| r.status);
+    // Past the 2 s after which a silent VM's row no longer counts, streams still running.
+    sleep(Duration::from_secs(3));
+    let survivors = inflight();
+    let mut cut = 0;
+    for mut s in streams {
+        let mut rest = String::new();
+        s.read_to_string(&mut rest).unwrap();
+        cut += usize::from(!rest.contains("[DONE]"));
+    }
+    let ran = t0.elapsed();
+    assert!(
+        f.envoy.log_text().contains("kvroute panicked"),
+        "no VM crashed ({crashed:?})"
+    );
+    eprintln!("crash with 16 streams open: {cut} cut, {survivors} on the other worker ran to their end ({ran:?})");
+    assert!(
+        ran > Duration::from_secs(5),
+        "the streams ended before the gauge was read: {ran:?}"
+    );
+    assert_eq!(
+        cut + survivors as usize,
+        16,
+        "the gauge counts the surviving worker's streams, and only its streams ran to their end"
+    );
+    assert!(cut > 0, "the crashed worker routed none of the 16 streams: run again");
+    sleep(Duration::from_millis(300));
+    assert_eq!(inflight(), 0);
+}
+
 /// The alternative failure policy, measured so the README can say what it does: FAIL_RELOAD
 /// brings routing back after a crash (a new VM per crash), but while Envoy backs off between
 /// reloads (1 s by default) the worker's innocent requests fail (503 or a reset), which is why the

@@ -67,8 +67,6 @@ impl Shared {
                 }
             }
         }
-        let now_held = mine.0.len() as u64;
-        self.stats.hold_waiting.contribute(&self.reported_held, now_held);
     }
 
     /// The head of the board, when it is this worker's and the router finds a server with

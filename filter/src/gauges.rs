@@ -1,0 +1,209 @@
+//! Gauges summed over the worker VMs of one Envoy process (`index_entries`,
+//! `inflight_requests`, `hold.waiting`).
+//!
+//! Envoy merges a stat defined under one name by every VM, so a gauge is one value for the
+//! process. Each VM used to move it by its own change since its last report: the sum was
+//! right while every VM lived, but a VM that stopped (crashed under `FAIL_OPEN`, or replaced
+//! by a configuration update) left its last share in the gauge for good. Now each VM writes
+//! its values with the time into one shared table, and sets each gauge to the sum of the
+//! rows written in the last `STALE_MS`: a VM that stops reporting drops out within that.
+
+use kvroute_core::Millis;
+use proxy_wasm::types::Status;
+
+use crate::mesh::{self, SharedCells};
+
+/// The gauges summed, in this order.
+pub const GAUGES: usize = 3;
+
+/// The shared table of rows, and the counter that names each VM's row.
+const TABLE_KEY: &str = "kvroute.vm_gauges";
+const IDS_KEY: &str = "kvroute.vm_gauges.ids";
+/// A row older than this is not counted (the workers report every 100 ms while they tick;
+/// a worker whose tick stalls this long is busy for longer than any request would wait).
+pub const STALE_MS: u64 = 2_000;
+/// A row older than this leaves the table.
+const FORGET_MS: u64 = 60_000;
+/// The most rows the table keeps (the newest win): far more VMs than one Envoy runs.
+const MAX_ROWS: usize = 1_024;
+const CAS_TRIES: usize = 8;
+const ROW_BYTES: usize = 16 + 8 * GAUGES;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Row {
+    vm: u64,
+    at_ms: u64,
+    values: [u64; GAUGES],
+}
+
+/// One VM's part in the table.
+#[derive(Debug)]
+pub struct VmGauges {
+    /// This VM's row; `None` when shared data gave no name (the gauges are then not set).
+    vm: Option<u64>,
+}
+
+impl VmGauges {
+    pub fn join() -> VmGauges {
+        VmGauges {
+            vm: mesh::increment(IDS_KEY),
+        }
+    }
+
+    /// Writes this VM's values and returns the sums over the rows still reporting, or
+    /// `None` when shared data refused (the gauges then keep their last values).
+    pub fn report(&self, values: [u64; GAUGES], now: Millis) -> Option<[u64; GAUGES]> {
+        report_in(&mut mesh::HostShared, self.vm?, values, now)
+    }
+}
+
+fn report_in(cells: &mut impl SharedCells, vm: u64, values: [u64; GAUGES], now: Millis) -> Option<[u64; GAUGES]> {
+    for _ in 0..CAS_TRIES {
+        let (bytes, cas) = cells.get(TABLE_KEY).ok()?;
+        let mut rows = decode(bytes.as_deref().unwrap_or_default());
+        rows.retain(|r| r.vm != vm && now.0.saturating_sub(r.at_ms) <= FORGET_MS);
+        rows.push(Row {
+            vm,
+            at_ms: now.0,
+            values,
+        });
+        if rows.len() > MAX_ROWS {
+            rows.sort_by_key(|r| std::cmp::Reverse(r.at_ms));
+            rows.truncate(MAX_ROWS);
+        }
+        // An absent table is created only if it is still absent (`None`).
+        match cells.set(TABLE_KEY, &encode(&rows), cas) {
+            Ok(()) => return Some(sums(&rows, now)),
+            Err(Status::CasMismatch) => continue,
+            Err(_) => return None,
+        }
+    }
+    None
+}
+
+fn sums(rows: &[Row], now: Millis) -> [u64; GAUGES] {
+    let mut sums = [0u64; GAUGES];
+    for r in rows.iter().filter(|r| now.0.saturating_sub(r.at_ms) <= STALE_MS) {
+        for (s, v) in sums.iter_mut().zip(r.values) {
+            *s = s.saturating_add(v);
+        }
+    }
+    sums
+}
+
+fn encode(rows: &[Row]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(rows.len() * ROW_BYTES);
+    for r in rows {
+        out.extend_from_slice(&r.vm.to_le_bytes());
+        out.extend_from_slice(&r.at_ms.to_le_bytes());
+        for v in r.values {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    out
+}
+
+/// The rows of a table; a torn or foreign value reads as the whole rows it holds.
+fn decode(bytes: &[u8]) -> Vec<Row> {
+    let word = |c: &[u8], i: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&c[i * 8..i * 8 + 8]);
+        u64::from_le_bytes(w)
+    };
+    bytes
+        .chunks_exact(ROW_BYTES)
+        .map(|c| Row {
+            vm: word(c, 0),
+            at_ms: word(c, 1),
+            values: std::array::from_fn(|i| word(c, 2 + i)),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::host;
+
+    /// Envoy's shared data: a compare-and-swap value is checked only for a present key.
+    #[derive(Default)]
+    struct Cells(BTreeMap<String, (Vec<u8>, u32)>, u32);
+
+    impl SharedCells for Cells {
+        fn get(&mut self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), Status> {
+            let read = self.0.get(key).cloned();
+            Ok((read.as_ref().map(|r| r.0.clone()), read.map(|r| r.1)))
+        }
+        fn set(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), Status> {
+            let cas = host::cas_token(cas);
+            if let Some((_, current)) = self.0.get(key) {
+                if cas != 0 && cas != *current {
+                    return Err(Status::CasMismatch);
+                }
+            }
+            self.1 += 1;
+            self.0.insert(key.to_string(), (value.to_vec(), self.1));
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_vm_that_stops_reporting_leaves_the_sums() {
+        let mut cells = Cells::default();
+        assert_eq!(report_in(&mut cells, 1, [10, 3, 0], Millis(1_000)), Some([10, 3, 0]));
+        assert_eq!(report_in(&mut cells, 2, [12, 4, 1], Millis(1_050)), Some([22, 7, 1]));
+        // VM 2 stops (a crash): its last values count while they are recent, then not.
+        assert_eq!(report_in(&mut cells, 1, [11, 2, 0], Millis(1_100)), Some([23, 6, 1]));
+        assert_eq!(
+            report_in(&mut cells, 1, [11, 0, 0], Millis(1_050 + STALE_MS + 1)),
+            Some([11, 0, 0]),
+            "the stopped VM's in-flight requests and held ones are gone from the gauges"
+        );
+        // A VM that reports again is counted again, once.
+        assert_eq!(report_in(&mut cells, 2, [5, 1, 0], Millis(3_200)), Some([16, 1, 0]));
+        assert_eq!(report_in(&mut cells, 2, [5, 1, 0], Millis(3_300)), Some([16, 1, 0]));
+    }
+
+    #[test]
+    fn a_write_that_lost_a_race_is_made_again_on_the_winners_table() {
+        let mut cells = Cells::default();
+        report_in(&mut cells, 1, [1, 1, 1], Millis(10)).unwrap();
+        // VM 2 read the table; VM 3 wrote before VM 2 could: VM 2's stale write is refused
+        // and it writes again on top of VM 3's row, which it keeps.
+        let (_, stale_cas) = cells.get(TABLE_KEY).unwrap();
+        report_in(&mut cells, 3, [4, 4, 4], Millis(20)).unwrap();
+        assert_eq!(
+            cells.set(TABLE_KEY, b"", stale_cas),
+            Err(Status::CasMismatch),
+            "the model refuses a stale write"
+        );
+        assert_eq!(report_in(&mut cells, 2, [2, 2, 2], Millis(30)), Some([7, 7, 7]));
+    }
+
+    #[test]
+    fn garbage_in_the_table_is_read_as_the_whole_rows_it_holds() {
+        let mut cells = Cells::default();
+        cells.set(TABLE_KEY, b"not a table", None).unwrap();
+        assert_eq!(report_in(&mut cells, 1, [1, 2, 3], Millis(5)), Some([1, 2, 3]));
+        let rows = decode(&encode(&[Row {
+            vm: 7,
+            at_ms: 9,
+            values: [1, 2, 3],
+        }]));
+        assert_eq!(rows.len(), 1);
+        assert_eq!(decode(&[0u8; ROW_BYTES + 5]).len(), 1);
+    }
+
+    #[test]
+    fn rows_long_gone_leave_the_table() {
+        let mut cells = Cells::default();
+        for vm in 1..=5 {
+            report_in(&mut cells, vm, [1, 0, 0], Millis(100)).unwrap();
+        }
+        report_in(&mut cells, 9, [1, 0, 0], Millis(100 + FORGET_MS + 1)).unwrap();
+        let (bytes, _) = cells.get(TABLE_KEY).unwrap();
+        assert_eq!(decode(&bytes.unwrap()).len(), 1);
+    }
+}
