@@ -202,7 +202,7 @@ impl Worker {
         };
         Worker {
             shared: Rc::new(shared),
-            gauges: VmGauges::join(),
+            gauges: VmGauges::join(tick),
             stats_at: Millis(0),
             lease,
             poller: None,

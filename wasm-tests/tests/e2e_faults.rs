@@ -456,7 +456,7 @@ fn a_crashed_workers_requests_leave_the_in_flight_gauge() {
     let mut cut = 0;
     for mut s in streams {
         let mut rest = String::new();
-        s.read_to_string(&mut rest).unwrap();
+        let _ = s.read_to_string(&mut rest); // a cut stream may end in a reset
         cut += usize::from(!rest.contains("[DONE]"));
     }
     let ran = t0.elapsed();

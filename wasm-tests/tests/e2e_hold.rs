@@ -192,7 +192,8 @@ fn a_held_request_that_envoy_answers_itself_leaves_the_queue() {
     let (status, took, _) = send(&envoy, vec![("x-test-short", "1")]).join().unwrap();
     assert_eq!(status, 504, "Envoy's stream duration bound: {}", envoy.log_text());
     assert!(took < Duration::from_millis(1_200), "{took:?}");
-    thread::sleep(Duration::from_millis(200));
+    // The gauges are summed every 100 ms.
+    thread::sleep(Duration::from_millis(400));
     assert_eq!(envoy.stat("wasmcustom.kvroute.hold.held"), 1);
     assert_eq!(
         envoy.stat("wasmcustom.kvroute.hold.waiting"),
