@@ -146,6 +146,11 @@ impl Endpoint {
             .map_or(0, |(routed_at, _)| now.since(*routed_at))
     }
 
+    /// This router's oldest stream here still without a first token: (routed at, key).
+    pub fn oldest_timed(&self) -> Option<(Millis, u64)> {
+        self.timed_prefilling.first().copied()
+    }
+
     /// Request `(routed_at, key)`, waiting here for its first token, is this router's own
     /// stream (only a request in `prefilling` can be).
     pub fn mark_timed(&mut self, routed_at: Millis, key: u64) {

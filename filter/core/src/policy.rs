@@ -194,6 +194,11 @@ pub fn pending_prefill_ms(config: &Config, c: &Candidate, ctx: &ScoreContext) ->
     left.0 as f64 * 1000.0 / server_rate(config, c, ctx)
 }
 
+/// The ms `tokens` of prefill take at `c`'s rate.
+pub fn prefill_ms(config: &Config, c: &Candidate, ctx: &ScoreContext, tokens: Tokens) -> f64 {
+    tokens.0 as f64 * 1000.0 / server_rate(config, c, ctx)
+}
+
 /// The candidates' learned prefill rates (none when learning is off or no rate is
 /// established), in classes of like servers (`RateClasses`).
 pub fn rate_classes(config: &Config, cands: &[Candidate], now: Millis) -> RateClasses {

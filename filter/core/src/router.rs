@@ -286,7 +286,14 @@ impl Router {
         // Not on refusals (vLLM's 503) either: once a saturated fleet has refused requests
         // everywhere, every server would count as full for overload.refused_ms and every
         // request would wait that long (measured live).
-        let full = |c: &Candidate| policy::pending_prefill_ms(&self.config, c, ctx) >= hold.wait_limit_ms as f64;
+        // Nor when this router's own oldest stream there still without a first token has
+        // waited past its own prefill by the limit: a server that stopped admitting (KV
+        // cache or sequence slots full) shows it there while its predicted prefill reads as
+        // drained. (Its whole wait would count a long prompt's own prefill as a stall.)
+        let limit = hold.wait_limit_ms as f64;
+        let full = |c: &Candidate| {
+            policy::pending_prefill_ms(&self.config, c, ctx) >= limit || stalled_ms(&self.config, c, ctx) >= limit
+        };
         if !cands.iter().all(full) {
             return None;
         }
@@ -326,6 +333,20 @@ mod candidates;
 mod events;
 mod order;
 mod peers;
+
+/// How long this router's oldest stream at `c` still without a first token has waited past
+/// the time its own prefill takes there (0 when none waits).
+fn stalled_ms(config: &Config, c: &Candidate, ctx: &ScoreContext) -> f64 {
+    let e = c.endpoint;
+    let Some(oldest) = e.oldest_timed() else {
+        return 0.0;
+    };
+    let own = e
+        .prefilling
+        .get(&oldest)
+        .map_or(0.0, |p| policy::prefill_ms(config, c, ctx, p.uncached));
+    (ctx.now.since(oldest.0) as f64 - own).max(0.0)
+}
 
 #[cfg(test)]
 mod tests;

@@ -1613,6 +1613,47 @@ fn with_holding_on_a_request_waits_once_every_server_has_its_limit_of_prefill() 
     );
 }
 
+/// Sends short prompts (`timed`: as streams or not) until each of two servers has one.
+fn one_each(r: &mut Router, timed: bool) {
+    let mut seen = std::collections::BTreeSet::new();
+    for id in 0..100 {
+        let mut q = req(id + 100, 4);
+        q.first_token_timed = timed;
+        let d = r.route(&q, T0);
+        assert_ne!(d.outcome, Outcome::Hold);
+        r.on_routed(id, &q, &d, T0);
+        seen.insert(d.best().cloned().unwrap());
+        if seen.len() == 2 {
+            return;
+        }
+    }
+    panic!("one server took every prompt");
+}
+
+#[test]
+fn a_server_whose_oldest_stream_waits_past_its_own_prefill_by_the_limit_is_full() {
+    // A short stream on each server: predicted prefill far below the 500 ms limit. 600 ms
+    // later none has a first token (both stopped admitting: KV cache or slots full).
+    let later = T0.plus(600);
+    let mut r = holding(&[load(0, 0, 0.1), load(0, 0, 0.1)]);
+    one_each(&mut r, true);
+    for i in 0..2 {
+        r.on_metrics(&ep(i), load(1, 0, 0.1), later);
+    }
+    assert_eq!(
+        r.route(&req(1, 8), later).outcome,
+        Outcome::Hold,
+        "both servers stalled"
+    );
+    // A non-streamed request's first token comes with its last: its wait says nothing.
+    let mut r = holding(&[load(0, 0, 0.1), load(0, 0, 0.1)]);
+    one_each(&mut r, false);
+    for i in 0..2 {
+        r.on_metrics(&ep(i), load(1, 0, 0.1), later);
+    }
+    assert_ne!(r.route(&req(1, 8), later).outcome, Outcome::Hold);
+}
+
 #[test]
 fn a_first_token_gives_its_server_room_again() {
     let mut r = holding(&[load(0, 0, 0.1), load(0, 0, 0.1)]);
