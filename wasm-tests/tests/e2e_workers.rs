@@ -128,3 +128,104 @@ fn without_sharing_workers_route_blind() {
     assert!(cold >= 1, "every sibling hit its prefix without sharing: {pairs:?}");
     assert_eq!((exchange.applied, exchange.published), (0, 0));
 }
+
+/// The filter's configuration as an ECDS resource (a file Envoy watches), with
+/// `debug_headers` on or off: changing it replaces the filter's root contexts, as an xDS
+/// push of a new plugin configuration does.
+fn ecds(debug: bool) -> String {
+    format!(
+        r#"resources:
+  - "@type": type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig
+    name: envoy.filters.http.wasm
+    typed_config:
+      "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
+      config:
+        name: kvroute
+        root_id: kvroute
+        vm_config:
+          vm_id: kvroute
+          runtime: envoy.wasm.runtime.v8
+          code: {{ local: {{ filename: dist/kvroute.wasm }} }}
+        configuration:
+          "@type": type.googleapis.com/google.protobuf.StringValue
+          value: '{{"cluster_shape": "override_host", "policy": "cost", "debug_headers": {debug}, "scrape": {{"cluster": "vllm_pool", "interval_ms": 200, "timeout_ms": 150}}, "discovery": {{"admin_cluster": "kvroute_admin", "cluster": "vllm_pool"}}}}'
+        allow_on_headers_stop_iteration: true
+        failure_policy: FAIL_OPEN
+"#
+    )
+}
+
+/// Summed gauges (`index_entries` here) count only the root contexts still reporting: after
+/// a configuration update the replaced roots' prefix index leaves the gauge within about
+/// 2 s, where each root's last count used to stay in it for good.
+#[test]
+fn a_configuration_update_leaves_no_stale_count_in_the_summed_gauges() {
+    let servers: Vec<FakeVllm> = (0..2).map(|_| FakeVllm::start(Load::idle()).unwrap()).collect();
+    let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
+    let dir = std::env::temp_dir().join(format!("kvroute-ecds-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("kvroute.yaml");
+    let swap_in = |debug: bool| {
+        let tmp = dir.join("next.tmp");
+        std::fs::write(&tmp, ecds(debug)).unwrap();
+        std::fs::rename(&tmp, &file).unwrap();
+    };
+    swap_in(false);
+    let discovery = format!(
+        "                  - name: envoy.filters.http.wasm\n                    config_discovery:\n                      config_source:\n                        path_config_source:\n                          path: {}\n                          watched_directory: {{ path: {} }}\n                      type_urls: [\"type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm\"]\n",
+        file.display(),
+        dir.display()
+    );
+    let edit = |text: String| {
+        let start = text
+            .find("                  - name: envoy.filters.http.wasm\n")
+            .unwrap();
+        let end = text
+            .find("                  - name: envoy.filters.http.router")
+            .unwrap();
+        // A file-based xDS source needs the node named.
+        format!(
+            "node: {{ id: kvroute-test, cluster: kvroute-test }}\n{}{discovery}{}",
+            &text[..start],
+            &text[end..]
+        )
+    };
+    let envoy = Envoy::start_workers("envoy.yaml", &ports, 2, edit).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while servers.iter().any(|s| s.scrapes() < 2) {
+        assert!(Instant::now() < deadline, "no scrapes:\n{}", envoy.log_text());
+        thread::sleep(Duration::from_millis(20));
+    }
+    let post = |body: &str| {
+        let r = envoy
+            .post("/v1/chat/completions", &[("content-type", "application/json")], body)
+            .unwrap();
+        assert_eq!(r.status, 200, "{}\n{}", r.body, envoy.log_text());
+        r.header("x-kvroute-reason").map(str::to_string)
+    };
+    for i in 0..20 {
+        post(&chat_body(&long_prompt(&format!("before-{i}")), "q"));
+    }
+    thread::sleep(Duration::from_millis(400));
+    let before = envoy.stat("wasmcustom.kvroute.index_entries");
+    assert!(before > 0, "the roots indexed nothing:\n{}", envoy.log_text());
+    // The update: new root contexts route (their debug header shows it).
+    swap_in(true);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while post(&chat_body("short", "probe")).is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the update did not apply:\n{}",
+            envoy.log_text()
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    thread::sleep(Duration::from_secs(3));
+    let after = envoy.stat("wasmcustom.kvroute.index_entries");
+    eprintln!("index_entries before the update {before}, 3 s after it {after}");
+    assert!(
+        after < before / 2,
+        "the replaced roots' entries still count: {after} (before the update {before})"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
