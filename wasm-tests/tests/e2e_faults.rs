@@ -326,16 +326,14 @@ fn a_flapping_server_loses_no_request_and_returns_when_stable() {
     f.assert_vms_up();
 }
 
-#[test]
-fn a_server_killed_mid_stream_cuts_that_stream_only() {
-    let mut f = fleet();
-    let body =
-        r#"{"model":"m","max_tokens":3000,"stream":true,"messages":[{"role":"user","content":"tell a long story"}]}"#;
-    let mut s = TcpStream::connect(("127.0.0.1", f.envoy.port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+/// A streamed request on its own connection, read up to the end of its response headers;
+/// with the server kvroute chose (its debug header, empty when absent).
+fn open_stream(port: u16, body: &str) -> (BufReader<TcpStream>, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     write!(
         s,
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{body}",
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
     )
     .unwrap();
@@ -347,10 +345,18 @@ fn a_server_killed_mid_stream_cuts_that_stream_only() {
         if let Some(v) = line.to_lowercase().strip_prefix("x-kvroute-endpoint:") {
             chosen = v.trim().to_string();
         }
-        if line == "\r\n" {
-            break;
+        if line == "\r\n" || line.is_empty() {
+            return (reader, chosen);
         }
     }
+}
+
+#[test]
+fn a_server_killed_mid_stream_cuts_that_stream_only() {
+    let mut f = fleet();
+    let body =
+        r#"{"model":"m","max_tokens":3000,"stream":true,"messages":[{"role":"user","content":"tell a long story"}]}"#;
+    let (mut reader, chosen) = open_stream(f.envoy.port, body);
     let server = chosen.rsplit(':').next().and_then(|p| p.parse::<u16>().ok()).unwrap() - f.base;
     sleep(Duration::from_millis(300));
     f.fault(server, r#"{"down": true}"#);
@@ -405,26 +411,6 @@ fn a_panicking_filter_fails_open_and_requests_are_still_served() {
     eprintln!("panicking requests got: {crashed:?}, {crashed_again:?}");
 }
 
-/// A streamed request on its own connection, read up to the end of its response headers.
-fn open_stream(port: u16, body: &str) -> BufReader<TcpStream> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    write!(
-        s,
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut reader = BufReader::new(s);
-    loop {
-        let mut line = String::new();
-        reader.read_line(&mut line).unwrap();
-        if line == "\r\n" || line.is_empty() {
-            return reader;
-        }
-    }
-}
-
 /// The gateway's `inflight_requests` (like `index_entries` and `hold.waiting`) is the sum
 /// over the worker VMs still reporting: a VM that crashed (`FAIL_OPEN` does not reload it)
 /// drops out within `gauges::STALE_MS` (2 s), where it used to leave its last count for
@@ -439,7 +425,7 @@ fn a_crashed_workers_requests_leave_the_in_flight_gauge() {
         r#"{"model":"m","max_tokens":30000,"stream":true,"messages":[{"role":"user","content":"tell a long story"}]}"#;
     // Each stream on its own connection: Envoy spreads connections over its 2 workers.
     let t0 = Instant::now();
-    let streams: Vec<_> = (0..16).map(|_| open_stream(port, body)).collect();
+    let streams: Vec<_> = (0..16).map(|_| open_stream(port, body).0).collect();
     sleep(Duration::from_millis(400));
     assert_eq!(inflight(), 16, "every stream counted while it runs");
     let crashed = http_client::request(
