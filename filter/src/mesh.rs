@@ -388,47 +388,55 @@ fn claim_origin() -> Option<u32> {
     Some(((n.saturating_sub(1) % MAX_PEERS) + 1) as u32)
 }
 
+/// Envoy's shared data as tests see it (`SharedData::set`: a compare-and-swap value is
+/// checked only for a present key; values count up from 1), with another VM's step that
+/// runs right after this VM's next read (`other_vm`), as a VM on another thread can.
+#[cfg(test)]
+#[derive(Default)]
+pub(crate) struct EnvoyCells {
+    cells: BTreeMap<String, (Vec<u8>, u32)>,
+    last_cas: u32,
+    pub other_vm: Option<OtherVm>,
+}
+
+/// What another VM does between this VM's read and its write.
+#[cfg(test)]
+pub(crate) type OtherVm = Box<dyn FnOnce(&mut EnvoyCells)>;
+
+#[cfg(test)]
+impl SharedCells for EnvoyCells {
+    fn get(&mut self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), Status> {
+        let read = self.cells.get(key).cloned();
+        if let Some(step) = self.other_vm.take() {
+            step(self);
+        }
+        Ok((read.as_ref().map(|r| r.0.clone()), read.map(|r| r.1)))
+    }
+    fn set(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), Status> {
+        let cas = host::cas_token(cas);
+        if let Some((_, current)) = self.cells.get(key) {
+            if cas != 0 && cas != *current {
+                return Err(Status::CasMismatch);
+            }
+        }
+        self.last_cas += 1;
+        self.cells.insert(key.to_string(), (value.to_vec(), self.last_cas));
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::wire::tests::routed;
     use super::*;
 
-    /// Envoy's shared data (`SharedData::set`: a compare-and-swap value is checked only for
-    /// a present key; values count up from 1), with another VM that runs a whole increment
-    /// right after this VM's first read.
-    struct EnvoyCells {
-        cells: BTreeMap<String, (Vec<u8>, u32)>,
-        next_cas: u32,
-        other_vm: bool,
-    }
-
-    impl SharedCells for EnvoyCells {
-        fn get(&mut self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), Status> {
-            let read = self.cells.get(key).map(|(v, c)| (v.clone(), *c));
-            if std::mem::take(&mut self.other_vm) {
-                assert_eq!(increment_in(self, key), Some(1), "the other VM found it absent too");
-            }
-            Ok((read.as_ref().map(|r| r.0.clone()), read.map(|r| r.1)))
-        }
-        fn set(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), Status> {
-            let cas = host::cas_token(cas);
-            if let Some((_, current)) = self.cells.get(key) {
-                if cas != 0 && cas != *current {
-                    return Err(Status::CasMismatch);
-                }
-            }
-            self.cells.insert(key.to_string(), (value.to_vec(), self.next_cas));
-            self.next_cas += 1;
-            Ok(())
-        }
-    }
-
     #[test]
     fn two_vms_that_find_a_counter_absent_take_different_numbers() {
         let mut cells = EnvoyCells {
-            cells: BTreeMap::new(),
-            next_cas: 1,
-            other_vm: true,
+            other_vm: Some(Box::new(|c: &mut EnvoyCells| {
+                assert_eq!(increment_in(c, "ids"), Some(1), "the other VM found it absent too");
+            })),
+            ..EnvoyCells::default()
         };
         assert_eq!(increment_in(&mut cells, "ids"), Some(2), "the other VM took 1");
         assert_eq!(increment_in(&mut cells, "ids"), Some(3));

@@ -141,9 +141,7 @@ impl Endpoint {
     /// that can be lost on the way (a lapped reader), and it would read as waiting until its
     /// completion or its expiry.
     pub fn oldest_pending_ms(&self, now: Millis) -> u64 {
-        self.timed_prefilling
-            .first()
-            .map_or(0, |(routed_at, _)| now.since(*routed_at))
+        self.oldest_timed().map_or(0, |(routed_at, _)| now.since(routed_at))
     }
 
     /// This router's oldest stream here still without a first token: (routed at, key).

@@ -191,7 +191,7 @@ pub fn fleet_backlog<'a>(
 pub fn pending_prefill_ms(config: &Config, c: &Candidate, ctx: &ScoreContext) -> f64 {
     let p = config.cost();
     let left = c.endpoint.prefill_left(ctx.now, p.progress_credit, p.attention_tokens);
-    left.0 as f64 * 1000.0 / server_rate(config, c, ctx)
+    prefill_ms(config, c, ctx, left)
 }
 
 /// The ms `tokens` of prefill take at `c`'s rate.
