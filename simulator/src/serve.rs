@@ -91,29 +91,28 @@ pub struct Admission {
 }
 
 impl Admission {
-    /// Why a request of `seqs` sequences and `prompt_tokens` would be refused by `engine`.
     /// Why a request is refused, and the limit that refused it (0: requests, 1: tokens).
-    fn refuses(&self, engine: &Engine, seqs: u64, prompt_tokens: u64) -> Option<(String, usize)> {
+    /// vLLM 0.33's rules (`AsyncLLM.check_admission`) and messages: the unfinished
+    /// sequences with this request's `n` past the request limit, or the prompt tokens of the
+    /// sequences still in prefill already at the token limit (the new prompt does not count:
+    /// an idle server admits a prompt longer than the limit).
+    fn refuses(&self, engine: &Engine, seqs: u64) -> Option<(String, usize)> {
         if let Some(max) = self.max_num_queued_reqs {
-            let now = engine.unfinished() as u64;
-            if now + seqs > max {
+            if engine.unfinished() as u64 + seqs > max {
                 return Some((
-                    format!(
-                        "The server is at its limit of queued requests ({now} unfinished, \
-                         --max-num-queued-reqs {max}); retry later or elsewhere."
-                    ),
+                    "The engine is currently busy and cannot accept new requests. Please try again later \
+                     or on a different instance."
+                        .to_string(),
                     0,
                 ));
             }
         }
         if let Some(max) = self.max_num_queued_tokens {
-            let now = engine.prefill_phase_prompt_tokens();
-            if now + prompt_tokens > max {
+            if engine.prefill_phase_prompt_tokens() >= max {
                 return Some((
-                    format!(
-                        "The server is at its limit of queued prompt tokens ({now} in prefill, this \
-                         request {prompt_tokens}, --max-num-queued-tokens {max}); retry later or elsewhere."
-                    ),
+                    "The engine has reached its prefill token backlog limit. Please try again later or \
+                     on a different instance."
+                        .to_string(),
                     1,
                 ));
             }
@@ -332,7 +331,6 @@ async fn complete(State(srv): State<Arc<SimServer>>, headers: HeaderMap, body: B
         Err(e) => return with_server(e.into_response(), &srv),
     };
     let seqs = ask.prompts.len() as u64 * ask.n;
-    let prompt_tokens: u64 = ask.prompts.iter().map(|p| p.tokens).sum();
     let admission = srv.admission.lock().map(|a| *a).unwrap_or_default();
     let (tx, rx) = mpsc::unbounded_channel();
     let mut choices = HashMap::new();
@@ -356,7 +354,7 @@ async fn complete(State(srv): State<Arc<SimServer>>, headers: HeaderMap, body: B
         let Ok(mut engine) = srv.engine.lock() else {
             return with_server(ApiError::internal("the engine is unavailable").into_response(), &srv);
         };
-        if let Some((why, limit)) = admission.refuses(&engine, seqs, prompt_tokens) {
+        if let Some((why, limit)) = admission.refuses(&engine, seqs) {
             engine.counters.admission_rejected[limit] += 1;
             return with_server(ApiError::overloaded(why).into_response(), &srv);
         }

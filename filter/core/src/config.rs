@@ -53,7 +53,23 @@ impl Config {
         if text.trim().is_empty() {
             return Config::try_from(RawConfig::default());
         }
-        let raw: RawConfig = serde_json::from_str(text)
+        // The path names the field whose value is wrong, or the section of an unknown key
+        // (serde's own message names neither: Istio and Envoy Gateway generate the JSON, so
+        // its line and column point into text the operator never wrote).
+        let mut de = serde_json::Deserializer::from_str(text);
+        let raw: RawConfig = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+            let path = e.path().to_string();
+            let at = if path == "." {
+                String::new()
+            } else {
+                format!("at `{path}`: ")
+            };
+            reject(
+                "(document)",
+                format!("{at}{}; see filter/core/README.md for the fields", e.inner()),
+            )
+        })?;
+        de.end()
             .map_err(|e| reject("(document)", format!("{e}; see filter/core/README.md for the fields")))?;
         Config::try_from(raw)
     }

@@ -61,12 +61,12 @@ impl ApiError {
 
     /// Admission control refused the request (`--max-num-queued-reqs` or
     /// `--max-num-queued-tokens`, vLLM ≥ 0.29): 503 before the request reaches the engine,
-    /// so nothing was computed for it. The status and the two limits are vLLM's; the message
-    /// text is this simulator's.
+    /// so nothing was computed for it. As vLLM 0.33 answers it: the type is the status's
+    /// phrase, no `param`.
     pub fn overloaded(message: impl Into<String>) -> ApiError {
         ApiError {
             status: StatusCode::SERVICE_UNAVAILABLE,
-            kind: "ServiceUnavailableError",
+            kind: "Service Unavailable",
             message: message.into(),
             param: None,
         }

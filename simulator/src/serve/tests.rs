@@ -444,23 +444,31 @@ fn admission_limits_refuse_with_503_before_any_work_as_vllm_does() {
     let e = &refused.json()["error"];
     assert_eq!(
         (e["type"].as_str(), e["code"].as_u64()),
-        (Some("ServiceUnavailableError"), Some(503))
+        (Some("Service Unavailable"), Some(503))
     );
     assert!(
-        e["message"].as_str().unwrap().contains("--max-num-queued-reqs 1"),
+        e["param"].is_null() && e["message"].as_str().unwrap().contains("busy"),
         "{e}"
     );
 
-    // Prompt tokens still in prefill: the long request decodes, so a short prompt fits and a
-    // long one does not.
+    // Prompt tokens of the sequences still in prefill, before this one: the long request
+    // decodes, so none are, and a prompt longer than the limit is admitted (vLLM does not
+    // count the new prompt); at a limit of 0 nothing is.
     admission(r#"{"max_num_queued_tokens": 100}"#);
-    assert_eq!(chat(f.base, serde_json::json!({"max_tokens": 4})).status, 200);
     let big = "many words in this prompt ".repeat(40);
     let a = chat(
         f.base,
         serde_json::json!({"max_tokens": 4, "messages": [{"role": "user", "content": big}]}),
     );
-    assert_eq!(a.status, 503, "{}", a.body);
+    assert_eq!(a.status, 200, "{}", a.body);
+    admission(r#"{"max_num_queued_tokens": 0}"#);
+    let refused = chat(f.base, serde_json::json!({"max_tokens": 4}));
+    assert_eq!(refused.status, 503, "{}", refused.body);
+    assert!(
+        refused.json()["error"]["message"].as_str().unwrap().contains("backlog"),
+        "{}",
+        refused.body
+    );
     admission("{}");
     assert_eq!(long.join().unwrap().status, 200);
     let m = send(f.base, "GET", "/metrics", b"").body;

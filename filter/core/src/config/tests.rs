@@ -20,6 +20,33 @@ fn unknown_field_is_rejected_with_its_name() {
 }
 
 #[test]
+fn a_value_of_the_wrong_type_or_sign_names_its_field() {
+    for json in [
+        r#"{"scrape": {"interval_ms": "200"}}"#,
+        r#"{"scrape": {"interval_ms": -1}}"#,
+    ] {
+        let err = parse(json).unwrap_err();
+        assert!(err.message.contains("at `scrape.interval_ms`"), "{json}: {err}");
+    }
+    let err = parse(r#"{"endpoints": ["10.0.0.1:8000", 7]}"#).unwrap_err();
+    assert!(err.message.contains("at `endpoints[1]`"), "{err}");
+}
+
+#[test]
+fn an_unknown_key_in_a_section_names_the_section() {
+    let err = parse(r#"{"overload": {"hold": {"max_wait": 100}}}"#).unwrap_err();
+    assert!(
+        err.message.contains("at `overload.hold.max_wait`") && err.message.contains("max_wait_ms"),
+        "{err}"
+    );
+}
+
+#[test]
+fn trailing_text_after_the_document_is_rejected() {
+    assert!(parse(r#"{"policy": "cost"} x"#).is_err());
+}
+
+#[test]
 fn timeout_not_below_interval_names_both_values() {
     let err = parse(r#"{"scrape": {"interval_ms": 200, "timeout_ms": 500}}"#).unwrap_err();
     assert_eq!(err.field, "scrape.timeout_ms");
