@@ -52,6 +52,8 @@ pub struct RequestStats {
     pub skipped_malformed: Metric,
     pub skipped_error: Metric,
     pub passthrough: Metric,
+    /// Requests to `share.replicas.path`, answered by kvroute whatever their outcome.
+    pub peer_batch: Metric,
     pub client_header_removed: Metric,
     pub prompt_tokens: Metric,
     pub predicted_cached_tokens: Metric,
@@ -123,6 +125,7 @@ impl RequestStats {
             skipped_malformed: c("skipped.malformed"),
             skipped_error: c("skipped.error"),
             passthrough: c("passthrough"),
+            peer_batch: c("peer_batch"),
             client_header_removed: c("client_destination_header_removed"),
             prompt_tokens: c("tokens.prompt"),
             predicted_cached_tokens: c("tokens.predicted_cached"),

@@ -197,6 +197,51 @@ fn only_a_replica_with_the_secret_can_feed_placements_and_nothing_reaches_a_serv
     assert!(n >= 5, "{n} batches refused:\n{}", p.b.log_text());
 }
 
+/// Every request on the listener is counted under one of kvroute's outcomes, the other
+/// replica's batches included: the failing-open alert compares the two
+/// (`kvroute:unaccounted_requests:ratio_rate5m`). Without `peer_batch` the batches, here on
+/// the inference listener as the README deploys them, read as requests kvroute never saw.
+#[test]
+fn every_request_on_the_listener_is_counted_under_an_outcome_batches_included() {
+    let p = pair(true);
+    for i in 0..10 {
+        let system = long_prompt(&format!("accounted-{i}"));
+        chat(&p.a, &chat_body(&system, "first"));
+        chat(&p.b, &chat_body(&system, "second"));
+    }
+    let _ = http_client::request(p.b.port, "GET", "/not-inference", &[], b"");
+    thread::sleep(Duration::from_millis(300));
+    let outcomes = [
+        "decision.prefix_hit",
+        "decision.cold",
+        "decision.fallback",
+        "decision.shed",
+        "passthrough",
+    ]
+    .iter()
+    .chain(&["skipped.over_limit", "skipped.malformed", "skipped.error", "peer_batch"])
+    .chain(&["hold.expired", "hold.refused", "hold.gone", "hold.unavailable"])
+    .map(|n| format!("wasmcustom.kvroute.{n}"))
+    .collect::<Vec<_>>();
+    // One read of the admin for both sides: batches keep arriving while it is taken.
+    let r = http_client::request(p.b.admin, "GET", "/stats", &[], b"").unwrap();
+    let value = |name: &str| -> u64 {
+        r.body
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}: ")).and_then(|v| v.trim().parse().ok()))
+            .unwrap_or(0)
+    };
+    let listener = value("http.inference.downstream_rq_total");
+    let batches = value("wasmcustom.kvroute.peer_batch");
+    let counted: u64 = outcomes.iter().map(|n| value(n)).sum();
+    assert!(batches > 20, "{batches} batches from the other replica:\n{}", r.body);
+    assert!(
+        listener.abs_diff(counted) <= 2,
+        "the listener saw {listener} requests, kvroute's outcomes count {counted} ({batches} batches):\n{}",
+        r.body
+    );
+}
+
 #[test]
 fn a_replica_that_is_down_costs_the_other_only_failed_forwards() {
     let Pair { servers, a, b } = pair(true);

@@ -9,12 +9,13 @@ use std::fmt;
 use crate::types::EndpointId;
 
 mod defaults;
+mod path;
 mod raw;
 mod validate;
 pub use raw::*;
 use validate::{
-    validate_capture, validate_discovery, validate_endpoints, validate_hashing, validate_health, validate_scoring,
-    validate_scrape, validate_share, validate_tiers,
+    validate_capture, validate_discovery, validate_endpoints, validate_hashing, validate_health, validate_lease,
+    validate_scoring, validate_scrape, validate_share, validate_tiers,
 };
 
 /// A rejected configuration: the field, what was wrong, and what to do.
@@ -53,24 +54,16 @@ impl Config {
         if text.trim().is_empty() {
             return Config::try_from(RawConfig::default());
         }
-        // The path names the field whose value is wrong, or the section of an unknown key
-        // (serde's own message names neither: Istio and Envoy Gateway generate the JSON, so
-        // its line and column point into text the operator never wrote).
-        let mut de = serde_json::Deserializer::from_str(text);
-        let raw: RawConfig = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-            let path = e.path().to_string();
-            let at = if path == "." {
-                String::new()
-            } else {
-                format!("at `{path}`: ")
-            };
+        // The path names the field whose value is wrong, or the section of an unknown key:
+        // serde's own message names neither, and where Istio or Envoy Gateway generate the
+        // JSON its line and column point into text the operator never wrote.
+        let raw: RawConfig = serde_json::from_str(text).map_err(|e| {
+            let at = path::at(text, e.line(), e.column()).map_or(String::new(), |p| format!("at `{p}`: "));
             reject(
                 "(document)",
-                format!("{at}{}; see filter/core/README.md for the fields", e.inner()),
+                format!("{at}{e}; see filter/core/README.md for the fields"),
             )
         })?;
-        de.end()
-            .map_err(|e| reject("(document)", format!("{e}; see filter/core/README.md for the fields")))?;
         Config::try_from(raw)
     }
 
@@ -184,6 +177,8 @@ impl TryFrom<RawConfig> for Config {
         validate_tiers(&raw)?;
         if raw.endpoints.is_empty() {
             validate_discovery(&raw.discovery)?;
+        } else {
+            validate_lease(&raw.discovery)?;
         }
         if raw.max_body_bytes < 1024 {
             return Err(reject(

@@ -198,8 +198,8 @@ proptest! {
         len in 0..100usize,
     ) {
         let cost = |m: VllmMetrics| {
-            let mut r = Router::new(Config::try_from(RawConfig { endpoints: vec!["a:1".into()], ..RawConfig::default() }).unwrap());
-            r.on_metrics(&EndpointId::new("a:1"), m, Millis(0));
+            let mut r = Router::new(Config::try_from(RawConfig { endpoints: vec!["10.0.0.1:1".into()], ..RawConfig::default() }).unwrap());
+            r.on_metrics(&EndpointId::new("10.0.0.1:1"), m, Millis(0));
             r.route(&request(1, len, false), Millis(0)).breakdown[0].cost.0
         };
         let light = cost(metrics(running, waiting, kv, 10_000));

@@ -22,6 +22,9 @@ impl Http {
         if path.split('?').next() != Some(replicas.path.as_str()) {
             return None;
         }
+        // Every request to the path is one kvroute answered: the listener's request count
+        // (the failing-open alert) must find it among kvroute's outcomes.
+        shared.stats.peer_batch.inc();
         let secret = headers.get(crate::PEER_SECRET_HEADER).unwrap_or_default();
         let post = headers.text(":method") == Some("POST");
         if !post || !same_secret(secret, replicas.secret.as_bytes()) {

@@ -66,18 +66,43 @@ fn malformed_and_duplicate_endpoints_are_rejected() {
         parse(r#"{"endpoints": ["10.0.0.1:0"]}"#).unwrap_err().field,
         "endpoints"
     );
-    assert_eq!(parse(r#"{"endpoints": ["a:1,b:2"]}"#).unwrap_err().field, "endpoints");
     assert_eq!(
-        parse(r#"{"endpoints": ["a:1", "a:1"]}"#).unwrap_err().field,
+        parse(r#"{"endpoints": ["10.0.0.1:1,10.0.0.2:2"]}"#).unwrap_err().field,
         "endpoints"
     );
     assert_eq!(
-        parse(r#"{"endpoints": ["a:1", "[::1]:8000"]}"#)
+        parse(r#"{"endpoints": ["10.0.0.1:1", "10.0.0.1:1"]}"#)
+            .unwrap_err()
+            .field,
+        "endpoints"
+    );
+    assert_eq!(
+        parse(r#"{"endpoints": ["10.0.0.1:1", "[::1]:8000"]}"#)
             .unwrap()
             .endpoints()
             .len(),
         2
     );
+}
+
+#[test]
+fn a_server_named_by_hostname_or_bare_ipv6_is_rejected_where_envoy_matches_addresses() {
+    // Envoy's destination header and its hosts are IP:port; a hostname would match nothing
+    // and every request would fall back to Envoy's own balancing.
+    for (json, field) in [
+        (r#"{"endpoints": ["vllm-0.vllm:8000"]}"#, "endpoints"),
+        (r#"{"endpoints": ["::1:8000"]}"#, "endpoints"),
+        (r#"{"tiers": {"endpoints": {"vllm-0:8000": 1}}}"#, "tiers.endpoints"),
+        (
+            r#"{"cost": {"speed_weights": {"10.0.0.1": 2.0}}}"#,
+            "cost.speed_weights",
+        ),
+    ] {
+        let err = parse(json).unwrap_err();
+        assert_eq!(err.field, field, "{json}: {err}");
+        assert!(err.message.contains("IP address and port"), "{err}");
+    }
+    assert!(parse(r#"{"tiers": {"endpoints": {"10.0.0.1:8000": 1}}}"#).is_ok());
 }
 
 #[test]
@@ -177,6 +202,10 @@ fn replicas_need_peers_and_a_real_secret() {
             .field,
         "share.replicas.peers"
     );
+    for peers in [r#"["gw-1.gw:10001"]"#, r#"["10.0.0.1:10001", "10.0.0.1:10001"]"#] {
+        let json = format!(r#"{{"share": {{"replicas": {{"peers": {peers}, "secret": "0123456789abcdef"}}}}}}"#);
+        assert_eq!(parse(&json).unwrap_err().field, "share.replicas.peers", "{peers}");
+    }
     assert!(
         parse(r#"{}"#).unwrap().share().replicas.is_none(),
         "off unless configured"
@@ -256,4 +285,17 @@ fn holding_settings_are_checked_only_when_holding_is_on() {
     }
     assert!(parse(r#"{"overload": {"hold": {"max_wait_ms": 2000, "wait_limit_ms": 300}}}"#).is_ok());
     assert!(parse(r#"{"overload": {"hold": {"max_wait_ms": 1000, "newest_first_after_ms": 500}}}"#).is_ok());
+}
+
+#[test]
+fn settings_that_would_do_nothing_or_harm_in_their_mode_are_rejected() {
+    let secret = r#""secret": "0123456789abcdef""#;
+    let replicas_alone =
+        format!(r#"{{"share": {{"workers": false, "replicas": {{"peers": ["10.0.0.1:1"], {secret}}}}}}}"#);
+    assert_eq!(parse(&replicas_alone).unwrap_err().field, "share.replicas");
+    let weights = r#"{"endpoints": ["10.0.0.1:8000"], "cost": {"speed_weights_from_envoy": true}}"#;
+    assert_eq!(parse(weights).unwrap_err().field, "cost.speed_weights_from_envoy");
+    assert!(parse(r#"{"cost": {"speed_weights_from_envoy": true}}"#).is_ok());
+    let lease = r#"{"endpoints": ["10.0.0.1:8000"], "discovery": {"lease_ms": 0}}"#;
+    assert_eq!(parse(lease).unwrap_err().field, "discovery.lease_ms");
 }

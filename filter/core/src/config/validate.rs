@@ -16,29 +16,29 @@ pub(super) fn validate_endpoints(raw: &RawConfig) -> Result<Vec<EndpointId>, Con
     }
     let mut seen = BTreeSet::new();
     for address in &raw.endpoints {
-        let Some((host, port)) = address.rsplit_once(':') else {
-            return Err(reject(
-                "endpoints",
-                format!("{address:?} must be host:port, e.g. 10.0.0.7:8000"),
-            ));
-        };
-        if host.is_empty() || port.parse::<u16>().map_or(true, |p| p == 0) {
-            return Err(reject(
-                "endpoints",
-                format!("{address:?} must be host:port with a port in 1-65535"),
-            ));
-        }
-        if address.contains(',') || address.chars().any(char::is_whitespace) {
-            return Err(reject(
-                "endpoints",
-                format!("{address:?} must not contain commas or spaces"),
-            ));
-        }
+        socket_address("endpoints", address)?;
         if !seen.insert(address.as_str()) {
             return Err(reject("endpoints", format!("{address:?} is listed twice")));
         }
     }
     Ok(raw.endpoints.iter().map(EndpointId::new).collect())
+}
+
+/// `address` must be an IP address and port as Envoy names a host (`10.0.0.7:8000`,
+/// `[fd00::7]:8000`): the destination header (`override_host`, `ORIGINAL_DST`) and every
+/// per-server setting are matched against that form, and a hostname matches nothing.
+pub(super) fn socket_address(field: &'static str, address: &str) -> Result<(), ConfigError> {
+    match address.parse::<std::net::SocketAddr>() {
+        Ok(a) if a.port() != 0 => Ok(()),
+        Ok(_) => Err(reject(field, format!("{address:?}: the port must be 1-65535"))),
+        Err(_) => Err(reject(
+            field,
+            format!(
+                "{address:?} must be an IP address and port, e.g. 10.0.0.7:8000 or [fd00::7]:8000: \
+                 Envoy routes to the addresses its cluster resolved, never to a hostname"
+            ),
+        )),
+    }
 }
 
 pub(super) fn validate_hashing(h: &RawHashing) -> Result<(), ConfigError> {
@@ -86,6 +86,12 @@ pub(super) fn validate_discovery(d: &RawDiscovery) -> Result<(), ConfigError> {
             format!("({}) must be at least 4096", d.max_bytes),
         ));
     }
+    validate_lease(d)
+}
+
+/// The polling lease is taken in every mode (a static pool is polled too), so it is checked
+/// whether or not the pool is discovered.
+pub(super) fn validate_lease(d: &RawDiscovery) -> Result<(), ConfigError> {
     if d.lease_ms < 200 {
         return Err(reject(
             "discovery.lease_ms",
@@ -159,6 +165,16 @@ pub(super) fn validate_scoring(raw: &RawConfig) -> Result<(), ConfigError> {
         if !(v.is_finite() && v >= 0.0) {
             return Err(reject(field, format!("({v}) must be a non-negative number")));
         }
+    }
+    for id in c.speed_weights.keys() {
+        socket_address("cost.speed_weights", id)?;
+    }
+    if c.speed_weights_from_envoy && !raw.endpoints.is_empty() {
+        return Err(reject(
+            "cost.speed_weights_from_envoy",
+            "needs the pool learned from Envoy (no static \"endpoints\" list): the weights come from its \
+             /clusters view; give cost.speed_weights instead",
+        ));
     }
     if let Some((id, w)) = c.speed_weights.iter().find(|(_, w)| !(w.is_finite() && **w > 0.0)) {
         return Err(reject(
@@ -275,6 +291,13 @@ pub(super) fn validate_share(s: &RawShare) -> Result<(), ConfigError> {
         ));
     }
     if let Some(r) = &s.replicas {
+        if !s.workers {
+            return Err(reject(
+                "share.replicas",
+                "needs share.workers: a replica forwards the placements its workers share, and with \
+                 share.workers off there are none to forward",
+            ));
+        }
         validate_replicas(r)?;
     }
     Ok(())
@@ -287,15 +310,13 @@ pub(super) fn validate_replicas(r: &super::RawReplicas) -> Result<(), ConfigErro
             "must list every replica's peer listener (host:port)",
         ));
     }
+    let mut seen = BTreeSet::new();
     for address in &r.peers {
-        if address
-            .rsplit_once(':')
-            .is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().map_or(true, |p| p == 0))
-            || address.contains(',')
-        {
+        socket_address("share.replicas.peers", address)?;
+        if !seen.insert(address.as_str()) {
             return Err(reject(
                 "share.replicas.peers",
-                format!("{address:?} must be host:port with a port in 1-65535"),
+                format!("{address:?} is listed twice: it would get every batch twice"),
             ));
         }
     }
@@ -397,6 +418,9 @@ pub(super) fn validate_tiers(raw: &RawConfig) -> Result<(), ConfigError> {
             "tiers.from_priority",
             "needs the pool learned from Envoy (no static \"endpoints\" list): priorities come from its /clusters view",
         ));
+    }
+    for id in t.endpoints.keys() {
+        socket_address("tiers.endpoints", id)?;
     }
     if let Some((id, tier)) = t.endpoints.iter().find(|(_, tier)| **tier > 15) {
         return Err(reject("tiers.endpoints", format!("{id}: tier {tier} must be 0-15")));
