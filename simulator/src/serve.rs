@@ -372,8 +372,14 @@ async fn complete(State(srv): State<Arc<SimServer>>, headers: HeaderMap, body: B
     srv.wake.notify_one();
     let prefix = if kind == ApiKind::Chat { "chatcmpl" } else { "cmpl" };
     let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    // vLLM's request id (and so the response's) is the client's `X-Request-Id` when it sent
+    // one: behind Envoy, which sets one on every request, the ids are Envoy's.
+    let id = match headers.get("x-request-id").and_then(|v| v.to_str().ok()) {
+        Some(given) => format!("{prefix}-{given}"),
+        None => srv.request_id(prefix, n),
+    };
     let reply = Reply {
-        id: srv.request_id(prefix, n),
+        id,
         created,
         choices,
         ask,

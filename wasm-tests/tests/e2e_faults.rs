@@ -46,7 +46,7 @@ impl Fleet {
         self.admin(server, "fault", fault);
     }
 
-    /// Sets vLLM's admission limits on one server (`{"max_num_queued_tokens": 1}`...).
+    /// Sets vLLM's admission limits on one server (`{"max_num_queued_tokens": 0}`...).
     fn admission(&self, server: u16, limits: &str) {
         self.admin(server, "admission", limits);
     }
@@ -202,8 +202,9 @@ fn with_503_retries_on_a_refusing_server_loses_nothing_and_is_avoided() {
             ),
         )
     });
-    // Every prompt is longer than one token: server 1 refuses everything, as a full server.
-    f.admission(1, r#"{"max_num_queued_tokens": 1}"#);
+    // A token limit of 0: server 1 refuses everything, as a full server (vLLM refuses once
+    // the prompts in prefill reach the limit, the new one not counted).
+    f.admission(1, r#"{"max_num_queued_tokens": 0}"#);
     let (chosen, failures) = f.traffic(60, 1, 0);
     assert!(failures.is_empty(), "a refusal reached the client: {failures:?}");
     // Each of Envoy's 2 workers may pick it once before its own refusal or its peer's
@@ -222,7 +223,7 @@ fn with_503_retries_on_a_refusing_server_loses_nothing_and_is_avoided() {
 
     // Every server refuses: the client gets the 503 quickly and nobody is ejected for it.
     for s in 0..4 {
-        f.admission(s, r#"{"max_num_queued_tokens": 1}"#);
+        f.admission(s, r#"{"max_num_queued_tokens": 0}"#);
     }
     for n in 0..8 {
         let (status, _, took) = f.chat(100 + n);
@@ -243,7 +244,7 @@ fn with_503_retries_on_a_refusing_server_loses_nothing_and_is_avoided() {
 #[test]
 fn a_503_refusal_reaches_the_client_once_and_ejects_nobody() {
     let mut f = fleet();
-    f.admission(2, r#"{"max_num_queued_tokens": 1}"#);
+    f.admission(2, r#"{"max_num_queued_tokens": 0}"#);
     let (chosen, failures) = f.traffic(40, 2, 0);
     assert!(chosen >= 1, "server 2 was never chosen: the test proves nothing");
     assert_eq!(

@@ -2,8 +2,9 @@
 //!
 //! One engine sequence per choice: a completions prompt list × `n` gives `prompts × n`
 //! choices, choice `i·n + j` for sample `j` of prompt `i` (vLLM's `serving_completion`).
-//! Every response, chunk and usage chunk carries `id` (`chatcmpl-`/`cmpl-` and 32 hex digits,
-//! unique per server and request), `object`, `created` (Unix seconds) and `model`.
+//! Every response, chunk and usage chunk carries `id` (`chatcmpl-`/`cmpl-` and the request's
+//! `X-Request-Id`, or else 32 hex digits unique per server and request), `object`, `created`
+//! (Unix seconds) and `model`.
 //!
 //! Streams (SSE, `data: …\n\n`, then `data: [DONE]`): a chat stream opens each choice with
 //! the delta `{"role": "assistant", "content": ""}`; then one chunk per generated token with

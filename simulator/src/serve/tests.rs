@@ -46,11 +46,16 @@ impl Answer {
 }
 
 fn send(port: u16, method: &str, path: &str, body: &[u8]) -> Answer {
+    send_with(port, method, path, "", body)
+}
+
+/// `send` with extra header lines (each ending in `\r\n`).
+fn send_with(port: u16, method: &str, path: &str, headers: &str, body: &[u8]) -> Answer {
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     write!(
         s,
-        "{method} {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        "{method} {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-type: application/json\r\n{headers}content-length: {}\r\n\r\n",
         body.len()
     )
     .unwrap();
@@ -310,6 +315,20 @@ fn ids_are_unique_across_servers_and_requests_and_shaped_like_vllms() {
             .to_string();
         assert!(id.starts_with("cmpl-") && ids.insert(id));
     }
+    // A client's (or Envoy's) X-Request-Id becomes the id, as in vLLM.
+    let body = serde_json::json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1});
+    let given = "x-request-id: 5e1f0c7a-envoy\r\n";
+    let a = send_with(
+        f.base,
+        "POST",
+        "/v1/chat/completions",
+        given,
+        body.to_string().as_bytes(),
+    );
+    assert_eq!(a.json()["id"], "chatcmpl-5e1f0c7a-envoy", "{}", a.body);
+    let body = serde_json::json!({"model": MODEL, "prompt": "hi", "max_tokens": 1});
+    let a = send_with(f.base, "POST", "/v1/completions", given, body.to_string().as_bytes());
+    assert_eq!(a.json()["id"], "cmpl-5e1f0c7a-envoy", "{}", a.body);
 }
 
 #[test]
