@@ -299,3 +299,16 @@ fn settings_that_would_do_nothing_or_harm_in_their_mode_are_rejected() {
     let lease = r#"{"endpoints": ["10.0.0.1:8000"], "discovery": {"lease_ms": 0}}"#;
     assert_eq!(parse(lease).unwrap_err().field, "discovery.lease_ms");
 }
+
+#[test]
+fn metrics_must_outlive_a_round_of_scrapes() {
+    // 200 ms apart, each answered within 150 ms: 201 ms would read stale between rounds.
+    let err = parse(r#"{"health": {"stale_after_ms": 201}}"#).unwrap_err();
+    assert_eq!(err.field, "health.stale_after_ms");
+    assert!(err.message.contains("200 + 150"), "{err}");
+    assert!(parse(r#"{"health": {"stale_after_ms": 351}}"#).is_ok());
+    assert_eq!(
+        parse(r#"{"health": {"eject_ms": 0}}"#).unwrap_err().field,
+        "health.eject_ms"
+    );
+}

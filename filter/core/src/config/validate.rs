@@ -136,13 +136,22 @@ pub(super) fn validate_health(h: &RawHealth, s: &RawScrape) -> Result<(), Config
     if h.unhealthy_after_failures == 0 || h.healthy_after_successes == 0 || h.passive_failures_to_eject == 0 {
         return Err(reject("health", "failure and success thresholds must be at least 1"));
     }
-    if h.stale_after_ms <= s.interval_ms {
+    // A round of scrapes is published when its slowest answer is in, up to timeout_ms after
+    // it began, and replaced one interval later: metrics are that old before the next.
+    if h.stale_after_ms <= s.interval_ms + s.timeout_ms {
         return Err(reject(
             "health.stale_after_ms",
             format!(
-                "({}) must be above scrape.interval_ms ({}) or every snapshot is stale",
-                h.stale_after_ms, s.interval_ms
+                "({}) must be above scrape.interval_ms + scrape.timeout_ms ({} + {}): metrics are that old \
+                 before the next round replaces them, and would go stale in between",
+                h.stale_after_ms, s.interval_ms, s.timeout_ms
             ),
+        ));
+    }
+    if h.eject_ms == 0 {
+        return Err(reject(
+            "health.eject_ms",
+            "must be at least 1: to keep servers that fail responses, raise health.passive_failures_to_eject",
         ));
     }
     Ok(())
