@@ -405,6 +405,7 @@ impl Engine {
         r.inference.observe((now - scheduled) / 1000.0);
         r.prefill.observe((first - scheduled) / 1000.0);
         r.decode.observe((now - first) / 1000.0);
+        r.num_preemptions.observe(f64::from(s.preemptions));
         r.prefill_kv_computed
             .observe(s.spec.prompt_tokens.saturating_sub(cached) as f64);
         Finished {

@@ -41,6 +41,9 @@ pub const ITERATION_BOUNDS: &[f64] = &[
     1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0,
 ];
 
+/// `vllm:request_num_preemptions`: how many times a request was preempted.
+pub const PREEMPTION_BOUNDS: &[f64] = &[1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0];
+
 /// The per-request and per-step histograms, observed by the engine.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RequestHistograms {
@@ -52,6 +55,7 @@ pub struct RequestHistograms {
     pub inference: Histogram,
     pub prefill: Histogram,
     pub decode: Histogram,
+    pub num_preemptions: Histogram,
     pub prefill_kv_computed: Histogram,
 }
 
@@ -66,6 +70,7 @@ impl Default for RequestHistograms {
             inference: Histogram::new(E2E_BOUNDS),
             prefill: Histogram::new(E2E_BOUNDS),
             decode: Histogram::new(E2E_BOUNDS),
+            num_preemptions: Histogram::new(PREEMPTION_BOUNDS),
             prefill_kv_computed: Histogram::new(TOKEN_BOUNDS),
         }
     }
@@ -365,6 +370,11 @@ pub fn render(v: &View, legacy: bool) -> String {
             "vllm:request_decode_time_seconds",
             "Histogram of time spent in DECODE phase for request.",
             &r.decode,
+        ),
+        (
+            "vllm:request_num_preemptions",
+            "Histogram of the number of times a request was preempted.",
+            &r.num_preemptions,
         ),
         (
             "vllm:request_prefill_kv_computed_tokens",

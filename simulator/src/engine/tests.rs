@@ -95,6 +95,10 @@ fn running_out_of_blocks_preempts_by_recompute_and_everything_finishes() {
     let done = run(&mut e, 0.0);
     assert_eq!(done.len(), 4);
     assert!(e.counters.preemptions > 0, "4 × 228 tokens cannot all fit in 624");
+    // vllm:request_num_preemptions: every finished request, its preemptions summed.
+    let h = &e.counters.requests.num_preemptions;
+    assert_eq!(h.count, 4);
+    assert_eq!(h.sum, e.counters.preemptions as f64);
     assert!(done.iter().all(|f| f.output_tokens == 100));
     assert_eq!(e.kv().usage(), 0.0, "every block was released");
 }
