@@ -312,3 +312,11 @@ fn metrics_must_outlive_a_round_of_scrapes() {
         "health.eject_ms"
     );
 }
+
+#[test]
+fn a_retry_after_of_zero_is_rejected() {
+    assert_eq!(
+        parse(r#"{"overload": {"retry_after_s": 0}}"#).unwrap_err().field,
+        "overload.retry_after_s"
+    );
+}

@@ -226,6 +226,12 @@ pub(super) fn validate_scoring(raw: &RawConfig) -> Result<(), ConfigError> {
             format!("({}) must be in (0, 1]", o.kv_limit),
         ));
     }
+    if o.retry_after_s == 0 {
+        return Err(reject(
+            "overload.retry_after_s",
+            "must be at least 1: `Retry-After: 0` asks every refused client to come back at once, into the same overload",
+        ));
+    }
     if o.queue_limit == 0 {
         return Err(reject("overload.queue_limit", "must be at least 1"));
     }
