@@ -122,12 +122,32 @@ impl Envoy {
         Self::start_with(text, pool, 2, None, edit)
     }
 
+    /// Starts Envoy, again on fresh ports when one it was given was taken meanwhile: a port
+    /// is free when chosen and bound by Envoy a moment later, and a test running beside it
+    /// may bind it in between (CI saw `cannot bind … Address already in use` once).
     fn start_with(
-        mut text: String,
+        text: String,
         pool: &[u16],
         workers: u32,
         listen: Option<u16>,
         edit: impl Fn(String) -> String,
+    ) -> Result<Envoy, String> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match Self::start_once(text.clone(), pool, workers, listen, &edit) {
+                Err(e) if tries < 3 && e.contains("Address already in use") => continue,
+                result => return result,
+            }
+        }
+    }
+
+    fn start_once(
+        mut text: String,
+        pool: &[u16],
+        workers: u32,
+        listen: Option<u16>,
+        edit: &impl Fn(String) -> String,
     ) -> Result<Envoy, String> {
         let root = repo_root();
         let binary = std::env::var("KVROUTE_ENVOY")
