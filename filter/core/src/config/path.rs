@@ -78,16 +78,20 @@ fn string(chars: &mut std::str::Chars) -> String {
     s
 }
 
-/// The byte offset just past `line`:`column` (columns count characters).
+/// The byte offset just past `line`:`column`. serde_json counts a column in bytes (the
+/// bytes read on that line), so a key with non-ASCII letters before the error moves it by
+/// bytes too; an offset inside a character is moved back to its start.
 fn offset(text: &str, line: usize, column: usize) -> Option<usize> {
     let start: usize = text
         .split_inclusive('\n')
         .take(line.checked_sub(1)?)
         .map(str::len)
         .sum();
-    let rest = text.get(start..)?;
-    let within = rest.char_indices().nth(column).map_or(rest.len(), |(i, _)| i);
-    Some(start + within)
+    let mut end = start.checked_add(column)?.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    Some(end)
 }
 
 #[cfg(test)]
@@ -108,6 +112,16 @@ mod tests {
         let pos = json.find("1,").unwrap() + 1;
         assert_eq!(at(json, 1, pos).as_deref(), Some("a.b[0]"));
         assert_eq!(at("{}", 1, 1), None, "the top level has no path");
+    }
+
+    #[test]
+    fn a_column_counts_bytes_as_serde_json_does() {
+        // "é" and "ü" are two bytes each: a type error after the string value of "ü" ends
+        // one byte before the `}`, which a count of characters would pass.
+        let json = "{\"é\": 1, \"ü\": {\"z\": \"x\"}}";
+        let column = json.find("\"x\"").unwrap() + 3;
+        assert_eq!(at(json, 1, column).as_deref(), Some("ü.z"));
+        assert_eq!(at(json, 1, column + 1).as_deref(), Some("ü"), "past the closing brace");
     }
 
     #[test]

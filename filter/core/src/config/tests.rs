@@ -33,6 +33,13 @@ fn a_value_of_the_wrong_type_or_sign_names_its_field() {
 }
 
 #[test]
+fn the_field_is_found_past_non_ascii_keys() {
+    // serde_json counts columns in bytes; "é" is two.
+    let err = parse(r#"{"cost": {"speed_weights": {"é": "x"}}}"#).unwrap_err();
+    assert!(err.message.contains("at `cost.speed_weights.é`"), "{err}");
+}
+
+#[test]
 fn an_unknown_key_in_a_section_names_the_section() {
     let err = parse(r#"{"overload": {"hold": {"max_wait": 100}}}"#).unwrap_err();
     assert!(

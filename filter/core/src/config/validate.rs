@@ -14,14 +14,20 @@ pub(super) fn validate_endpoints(raw: &RawConfig) -> Result<Vec<EndpointId>, Con
             "must list the pool when cluster_shape is original_dst: that cluster reaches any address the header names",
         ));
     }
+    distinct_addresses("endpoints", &raw.endpoints)?;
+    Ok(raw.endpoints.iter().map(EndpointId::new).collect())
+}
+
+/// Each of `addresses` an IP address and port (`socket_address`), none listed twice.
+fn distinct_addresses(field: &'static str, addresses: &[String]) -> Result<(), ConfigError> {
     let mut seen = BTreeSet::new();
-    for address in &raw.endpoints {
-        socket_address("endpoints", address)?;
+    for address in addresses {
+        socket_address(field, address)?;
         if !seen.insert(address.as_str()) {
-            return Err(reject("endpoints", format!("{address:?} is listed twice")));
+            return Err(reject(field, format!("{address:?} is listed twice")));
         }
     }
-    Ok(raw.endpoints.iter().map(EndpointId::new).collect())
+    Ok(())
 }
 
 /// `address` must be an IP address and port as Envoy names a host (`10.0.0.7:8000`,
@@ -325,16 +331,7 @@ pub(super) fn validate_replicas(r: &super::RawReplicas) -> Result<(), ConfigErro
             "must list every replica's peer listener (host:port)",
         ));
     }
-    let mut seen = BTreeSet::new();
-    for address in &r.peers {
-        socket_address("share.replicas.peers", address)?;
-        if !seen.insert(address.as_str()) {
-            return Err(reject(
-                "share.replicas.peers",
-                format!("{address:?} is listed twice: it would get every batch twice"),
-            ));
-        }
-    }
+    distinct_addresses("share.replicas.peers", &r.peers)?;
     if r.secret.len() < 16 {
         return Err(reject(
             "share.replicas.secret",
