@@ -6,8 +6,9 @@
 #     schemas and their provenance: envoy/schemas/README.md). The WasmPlugins are validated
 #     as scripts/build-oci.sh fills them (their `sha256` placeholder is not a valid digest),
 #     and the wasm ConfigMap as scripts/k8s-wasm-configmap.py generates it from dist/kvroute.wasm.
-#  2. The gateway's envoy.yaml (the ConfigMap in envoy/kubernetes/gateway.yaml), and its variant
-#     with the commented price-tier lines, run through
+#  2. The gateway's envoy.yaml (the ConfigMap in envoy/kubernetes/gateway.yaml), its variant
+#     with the commented price-tier lines and the one with the replicas' exchange on (the
+#     secret added; the replicas discovered from the shipped cluster), run through
 #     `envoy --mode validate` with dist/kvroute.wasm, which loads the filter and its plugin
 #     configuration (the pool learned from Envoy: `discovery`, no `endpoints`).
 #     Then that envoy.yaml is run as a real Envoy (ports moved to free ones, its STRICT_DNS
@@ -86,6 +87,17 @@ tiered = "\n".join(lines).replace('"discovery": {', tiers)
 pool = next(c for c in yaml.safe_load(tiered)["static_resources"]["clusters"] if c["name"] == "vllm_pool")
 assert [e.get("priority", 0) for e in pool["load_assignment"]["endpoints"]] == [0, 1], pool
 open(f"{out}/gateway-envoy-tiers.yaml", "w").write(tiered)
+# The replicas' exchange turned on as the README says: the secret alone, the replicas
+# discovered from the shipped kvroute_gateways cluster on the headless Service of the pods.
+peers = next(c for c in yaml.safe_load(text)["static_resources"]["clusters"] if c["name"] == "kvroute_gateways")
+assert peers["type"] == "STRICT_DNS", peers
+service = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "kvroute-gateway-peers")
+assert service["spec"]["clusterIP"] == "None", service
+address = peers["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]
+assert address["address"].startswith("kvroute-gateway-peers."), address
+shared = text.replace('"discovery": {', '"share": {"replicas": {"secret": "example-secret-0123456789"}}, "discovery": {')
+assert shared != text
+open(f"{out}/gateway-envoy-replicas.yaml", "w").write(shared)
 PY
 # envoy --mode validate on $2.
 envoy_validate() {
@@ -98,6 +110,7 @@ envoy_validate() {
 }
 envoy_validate "envoy/kubernetes/gateway.yaml's envoy.yaml" "$OUT/gateway-envoy.yaml"
 envoy_validate "envoy/kubernetes/gateway.yaml's envoy.yaml with its price-tier lines" "$OUT/gateway-envoy-tiers.yaml"
+envoy_validate "envoy/kubernetes/gateway.yaml's envoy.yaml with the replicas' exchange on" "$OUT/gateway-envoy-replicas.yaml"
 
 echo "==> the Istio / Envoy Gateway patch values in an Istio-shaped Envoy config"
 "$PYTHON" scripts/istio_patch_config.py "$OUT/istio-shaped.yaml" "$WASM" >/dev/null

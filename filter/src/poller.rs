@@ -11,8 +11,9 @@
 //! [`FleetState`] into shared data, postcard-encoded, with its version under a separate key
 //! so workers decode only what changed. With `share.replicas`, it also forwards this
 //! process's placements to the other gateway replicas (`replicas::Forwarder`), reading the
-//! process's log every ms for them, and scrapes on the clock's multiples of the interval
-//! (see `scrape_due`).
+//! process's log every ms for them, learns those replicas from the admin's `/clusters` when
+//! they are not listed (every `discovery.interval_ms`), and scrapes on the clock's
+//! multiples of the interval (see `scrape_due`).
 
 use std::collections::BTreeMap;
 
@@ -24,7 +25,7 @@ use kvroute_core::{Config, EndpointId, EnvoyHealth, Fleet, FleetState, Millis};
 use proxy_wasm::types::LogLevel;
 
 use crate::host;
-use crate::replicas::{init_replica_nonce, Forwarder};
+use crate::replicas::{init_replica_nonce, Forwarder, PeerList};
 use crate::stats::ScrapeStats;
 
 /// The fleet state's keys in shared data, named by the layout of `FleetState`: postcard
@@ -56,7 +57,10 @@ enum Call {
     Clusters,
     Metrics(EndpointId),
     Models(EndpointId),
-    Forward,
+    /// A batch to the replica at this address.
+    Forward(String),
+    /// Envoy's listing of `share.replicas.cluster` (replicas not listed in the config).
+    Replicas,
 }
 
 pub struct Poller {
@@ -69,6 +73,11 @@ pub struct Poller {
     stats: ScrapeStats,
     /// Forwards this process's placements to the other gateway replicas, when configured.
     forwarder: Option<(Forwarder, u64)>,
+    /// Where those go: listed, or learned from Envoy (`Call::Replicas`).
+    replicas: PeerList,
+    /// When Envoy's listing of the replicas was last asked for, and whether the answer is out.
+    last_replicas_poll: Option<Millis>,
+    replicas_polling: bool,
     last_scrape: Millis,
     last_poll: Option<Millis>,
     /// When `/clusters` was last read successfully.
@@ -103,7 +112,8 @@ impl Poller {
                 .collect();
             fleet.on_hosts(&hosts);
         }
-        let replicas = config.share().replicas.is_some();
+        let listed = config.share().replicas.as_ref().map(|r| PeerList::listed(&r.peers));
+        let replicas = listed.is_some();
         let forwarder = replicas
             .then(init_replica_nonce)
             .flatten()
@@ -114,14 +124,21 @@ impl Poller {
                 "cannot name this replica in shared data; not forwarding to the other replicas",
             );
         }
+        let stats = ScrapeStats::define();
+        if let Some(list) = &listed {
+            stats.replica_peers.set(list.targets().count() as u64);
+        }
         Poller {
             config,
             fleet,
             calls: BTreeMap::new(),
             scrapes_pending: 0,
             dirty: true,
-            stats: ScrapeStats::define(),
+            stats,
             forwarder,
+            replicas: listed.unwrap_or_default(),
+            last_replicas_poll: None,
+            replicas_polling: false,
             last_scrape: Millis(0),
             last_poll: None,
             last_full: None,
@@ -135,7 +152,7 @@ impl Poller {
     /// The tick period the poller needs (the caller may tick faster).
     pub fn tick_ms(config: &Config) -> u64 {
         let mut ms = config.scrape().interval_ms;
-        if config.discovers() {
+        if config.discovers() || config.discovers_replicas() {
             ms = ms.min(config.discovery().interval_ms);
         }
         if let Some(r) = config.share().replicas.as_ref() {
@@ -162,6 +179,7 @@ impl Poller {
     pub fn on_tick(&mut self, now: Millis) {
         self.forward(now);
         self.poll(now);
+        self.poll_replicas(now);
         let interval = self.config.scrape_interval_ms(self.fleet.len());
         let aligned = self.forwarder.is_some();
         if !scrape_due(now, self.last_scrape, interval, aligned) {
@@ -292,7 +310,9 @@ impl Poller {
         ) else {
             return;
         };
-        for peer in &replicas.peers {
+        let mut sent = Vec::new();
+        let mut failed = Vec::new();
+        for peer in self.replicas.targets() {
             match host::dispatch_post(
                 &replicas.cluster,
                 peer,
@@ -302,16 +322,60 @@ impl Poller {
                 replicas.interval_ms.max(200),
             ) {
                 Ok(token) => {
-                    self.calls.insert(token, Call::Forward);
+                    sent.push((token, peer.clone()));
                     self.stats.forwarded.inc();
                 }
                 Err(status) => {
                     self.stats.forward_failure.inc();
-                    host::log(
-                        LogLevel::Debug,
-                        &format!("cannot forward to replica {peer}: {status:?}"),
-                    );
+                    failed.push((peer.clone(), status));
                 }
+            }
+        }
+        for (token, peer) in sent {
+            self.calls.insert(token, Call::Forward(peer));
+        }
+        for (peer, status) in failed {
+            if self.replicas.on_forward(&peer, Some("cannot dispatch")) {
+                host::log(
+                    LogLevel::Warn,
+                    &format!(
+                        "cannot forward to replica {peer} through cluster {}: {status:?}",
+                        replicas.cluster
+                    ),
+                );
+            }
+        }
+    }
+
+    /// Asks Envoy's admin for the replicas' cluster every `discovery.interval_ms`, when the
+    /// replicas are not listed in the configuration.
+    fn poll_replicas(&mut self, now: Millis) {
+        let Some(replicas) = self.config.share().replicas.as_ref() else {
+            return;
+        };
+        let discovery = self.config.discovery();
+        let due = self
+            .last_replicas_poll
+            .is_none_or(|t| now.since(t) + 5 >= discovery.interval_ms);
+        if !replicas.peers.is_empty() || self.replicas_polling || !due {
+            return;
+        }
+        self.last_replicas_poll = Some(now);
+        let path = clusters_path(&replicas.cluster);
+        match host::dispatch_admin_get(&discovery.admin_cluster, &path, discovery.timeout_ms) {
+            Ok(token) => {
+                self.calls.insert(token, Call::Replicas);
+                self.replicas_polling = true;
+            }
+            Err(status) => {
+                self.stats.replicas_discovery_failure.inc();
+                host::log(
+                    LogLevel::Warn,
+                    &format!(
+                        "cannot ask Envoy's admin for the replicas via cluster {}: {status:?}",
+                        discovery.admin_cluster
+                    ),
+                );
             }
         }
     }

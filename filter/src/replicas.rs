@@ -7,8 +7,11 @@
 //! process's log like a worker does (`Forwarder`, which takes no origin and applies nothing)
 //! and POSTs what its own workers wrote since the last batch — not what came from other
 //! replicas, so nothing echoes — to every replica listed
-//! in `share.replicas.peers`, through the `share.replicas.cluster` cluster (an
-//! `override_host` cluster, so the destination header picks each replica). A replica's
+//! in `share.replicas.peers`, or, without that list, to every host of the
+//! `share.replicas.cluster` cluster as Envoy's admin lists it (read like the pool, so a
+//! Deployment's pods are followed: `PeerList`), through that cluster (an `override_host`
+//! cluster, so the destination header picks each replica). A replica that gets its own
+//! batch says so in its answer, and the sender stops sending to that address. A replica's
 //! kvroute filter answers `share.replicas.path` itself (204), after checking the shared
 //! secret in `x-kvroute-peer-secret` (403 without it), and writes each segment into its own
 //! log under a remote origin with the request keys re-stamped (`take_forwarded`). No new
@@ -34,8 +37,9 @@
 //! queued) and its workers' load is released on the others after `share.peer_timeout_ms`
 //! without a heartbeat. Its placements already taken stay: the servers still hold them.
 
+use kvroute_core::fleet::Host;
 use kvroute_core::peer::{local_id_of, origin_of, request_key};
-use kvroute_core::Millis;
+use kvroute_core::{EnvoyHealth, Millis};
 use prost::Message;
 
 use crate::host;
@@ -139,6 +143,92 @@ impl Forwarder {
     }
 }
 
+/// The replicas this process forwards to: the configured `share.replicas.peers`, or the
+/// hosts of `share.replicas.cluster` as Envoy's admin last listed them. An address whose
+/// answer said the batch came back to this process (`SELF_HEADER`) is not sent to again:
+/// a listed or discovered peer set holds this replica too, and each of its batches would
+/// cost one wasted POST. An address stays this process's as long as the process lives (a
+/// pod's IP is its own until it ends).
+#[derive(Debug, Default)]
+pub struct PeerList {
+    peers: Vec<String>,
+    own: Vec<String>,
+    /// Peers whose last forward failed, and why (logged when that changes, not per batch).
+    failing: Vec<(String, String)>,
+}
+
+/// What a new listing of the replicas changed.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct PeerChange {
+    pub joined: Vec<String>,
+    pub left: Vec<String>,
+}
+
+impl PeerList {
+    pub fn listed(peers: &[String]) -> PeerList {
+        PeerList {
+            peers: peers.to_vec(),
+            ..PeerList::default()
+        }
+    }
+
+    /// Records how a forward to `peer` went (`None`: delivered, else why not); true when
+    /// that differs from the one before (a first failure, another cause, a recovery).
+    pub fn on_forward(&mut self, peer: &str, failure: Option<&str>) -> bool {
+        let at = self.failing.iter().position(|(p, _)| p == peer);
+        match (failure, at) {
+            (None, None) => false,
+            (None, Some(i)) => {
+                self.failing.swap_remove(i);
+                true
+            }
+            (Some(why), Some(i)) if self.failing[i].1 == why => false,
+            (Some(why), Some(i)) => {
+                self.failing[i].1 = why.to_string();
+                true
+            }
+            (Some(why), None) => {
+                self.failing.push((peer.to_string(), why.to_string()));
+                true
+            }
+        }
+    }
+
+    /// The addresses a batch goes to: every peer but this process.
+    pub fn targets(&self) -> impl Iterator<Item = &String> {
+        self.peers.iter().filter(|p| !self.own.contains(p))
+    }
+
+    /// Takes Envoy's current listing of the replicas' cluster: hosts that Envoy excludes
+    /// (failing its health check, ejected) are left out; draining ones still get batches
+    /// while they finish their requests.
+    pub fn on_hosts(&mut self, hosts: &[Host]) -> PeerChange {
+        let mut now: Vec<String> = hosts
+            .iter()
+            .filter(|h| h.envoy != EnvoyHealth::Excluded)
+            .map(|h| h.id.as_str().to_string())
+            .collect();
+        now.sort();
+        now.dedup();
+        let change = PeerChange {
+            joined: now.iter().filter(|p| !self.peers.contains(p)).cloned().collect(),
+            left: self.peers.iter().filter(|p| !now.contains(p)).cloned().collect(),
+        };
+        self.failing.retain(|(p, _)| now.contains(p));
+        self.peers = now;
+        change
+    }
+
+    /// `peer` answered that the batch reached this process; true the first time.
+    pub fn mark_own(&mut self, peer: &str) -> bool {
+        if self.own.iter().any(|p| p == peer) {
+            return false;
+        }
+        self.own.push(peer.to_string());
+        true
+    }
+}
+
 /// What a batch forwarded by another replica came to.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Taken {
@@ -146,7 +236,14 @@ pub struct Taken {
     pub events: usize,
     /// Events shared data refused (their segment or those after it).
     pub dropped: usize,
+    /// The batch was this replica's own (sent to an address that is this process): the
+    /// answer says so, and the sender stops sending there.
+    pub own: bool,
 }
+
+/// The answer's header that tells a sender the batch reached itself.
+pub const SELF_HEADER: &str = "x-kvroute-replica";
+pub const SELF_VALUE: &str = "self";
 
 /// Takes a batch another replica forwarded into this process's log, each segment under the
 /// sender's remote origin with its request keys re-stamped, so every worker here applies it.
@@ -159,8 +256,13 @@ pub fn take_forwarded(body: &[u8], now: Millis) -> Option<Taken> {
     }
     let mut taken = Taken::default();
     // Until the scraping service named this replica, a batch could be this replica's own.
-    if replica_nonce().is_none_or(|own| own == batch.replica) {
-        return Some(taken);
+    match replica_nonce() {
+        None => return Some(taken),
+        Some(own) if own == batch.replica => {
+            taken.own = true;
+            return Some(taken);
+        }
+        Some(_) => {}
     }
     let mut refused = false;
     for mut segment in batch.segments {
@@ -233,6 +335,49 @@ mod tests {
         assert_eq!(segment.events[1].key, request_key(remote_origin(99, 5), 7));
         assert_eq!(segment.events[1].at_ms, 500, "the sender's clock is not ours");
         assert_eq!((segment.nonce, segment.written_ms), (99, 500));
+    }
+
+    fn host(id: &str, envoy: EnvoyHealth) -> Host {
+        Host {
+            id: kvroute_core::EndpointId::new(id),
+            envoy,
+            priority: 0,
+            weight: 1,
+        }
+    }
+
+    #[test]
+    fn discovered_replicas_follow_envoys_listing_and_skip_this_process() {
+        let mut list = PeerList::default();
+        assert_eq!(list.targets().count(), 0, "nothing before the first listing");
+        let change = list.on_hosts(&[
+            host("10.0.0.2:10000", EnvoyHealth::Serve),
+            host("10.0.0.1:10000", EnvoyHealth::Serve),
+            host("10.0.0.3:10000", EnvoyHealth::Excluded),
+        ]);
+        assert_eq!(change.joined, ["10.0.0.1:10000", "10.0.0.2:10000"]);
+        assert!(list.mark_own("10.0.0.1:10000"));
+        assert!(!list.mark_own("10.0.0.1:10000"), "told once");
+        assert_eq!(list.targets().collect::<Vec<_>>(), ["10.0.0.2:10000"]);
+        // A pod replaced: its address leaves, a new one joins; this process stays skipped.
+        let change = list.on_hosts(&[
+            host("10.0.0.1:10000", EnvoyHealth::Serve),
+            host("10.0.0.4:10000", EnvoyHealth::Draining),
+        ]);
+        assert_eq!(
+            change,
+            PeerChange {
+                joined: vec!["10.0.0.4:10000".into()],
+                left: vec!["10.0.0.2:10000".into()],
+            }
+        );
+        assert_eq!(list.targets().collect::<Vec<_>>(), ["10.0.0.4:10000"]);
+        let peer = "10.0.0.4:10000";
+        assert!(list.on_forward(peer, Some("503")), "the first failure is news");
+        assert!(!list.on_forward(peer, Some("503")), "the next ones are not");
+        assert!(list.on_forward(peer, Some("403")), "another cause is");
+        assert!(list.on_forward(peer, None), "recovered");
+        assert!(!list.on_forward(peer, None));
     }
 
     #[test]

@@ -292,6 +292,9 @@ pub struct ScrapeStats {
     pub discovery_success: Metric,
     pub discovery_failure: Metric,
     pub discovered_hosts: Metric,
+    /// Replicas batches go to (this process not counted once it knows its own address).
+    pub replica_peers: Metric,
+    pub replicas_discovery_failure: Metric,
 }
 
 impl ScrapeStats {
@@ -307,6 +310,8 @@ impl ScrapeStats {
             discovery_success: Metric::define(MetricType::Counter, "kvroute.discovery.success"),
             discovery_failure: Metric::define(MetricType::Counter, "kvroute.discovery.failure"),
             discovered_hosts: Metric::define(MetricType::Gauge, "kvroute.discovery.hosts"),
+            replica_peers: Metric::define(MetricType::Gauge, "kvroute.replicas.peers"),
+            replicas_discovery_failure: Metric::define(MetricType::Counter, "kvroute.replicas.discovery_failure"),
         }
     }
 }

@@ -131,7 +131,6 @@ impl Config {
     pub fn discovery(&self) -> &RawDiscovery {
         &self.raw.discovery
     }
-    /// Whether the pool is learned from Envoy (no static `endpoints`).
     pub fn tiers(&self) -> &RawTiers {
         &self.raw.tiers
     }
@@ -140,8 +139,14 @@ impl Config {
         &self.raw.capture
     }
 
+    /// Whether the pool is learned from Envoy (no static `endpoints`).
     pub fn discovers(&self) -> bool {
         self.endpoints.is_empty()
+    }
+    /// Whether the other gateway replicas are learned from Envoy (`share.replicas` without
+    /// `peers`: the hosts of `share.replicas.cluster`).
+    pub fn discovers_replicas(&self) -> bool {
+        self.raw.share.replicas.as_ref().is_some_and(|r| r.peers.is_empty())
     }
     /// The cluster whose hosts make the pool.
     pub fn pool_cluster(&self) -> &str {
@@ -175,7 +180,9 @@ impl TryFrom<RawConfig> for Config {
         validate_share(&raw.share)?;
         validate_capture(&raw.capture, &raw.hashing)?;
         validate_tiers(&raw)?;
-        if raw.endpoints.is_empty() {
+        // The admin is asked for the pool, or for the replicas when they are not listed.
+        let replicas_discovered = raw.share.replicas.as_ref().is_some_and(|r| r.peers.is_empty());
+        if raw.endpoints.is_empty() || replicas_discovered {
             validate_discovery(&raw.discovery)?;
         } else {
             validate_lease(&raw.discovery)?;

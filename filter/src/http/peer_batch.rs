@@ -61,11 +61,15 @@ impl Http {
         let taken = host::buffer(BufferType::HttpRequestBody, 0, body_size)
             .ok()
             .and_then(|body| crate::replicas::take_forwarded(&body, host::now()));
+        let mut headers = vec![];
         let (status, body): (u32, &[u8]) = match taken {
             Some(taken) => {
                 shared.stats.replica_events.add(taken.events as u64);
                 if taken.dropped > 0 {
                     shared.stats.replica_events_dropped.add(taken.dropped as u64);
+                }
+                if taken.own {
+                    headers.push((crate::replicas::SELF_HEADER, crate::replicas::SELF_VALUE));
                 }
                 (204, b"")
             }
@@ -74,7 +78,7 @@ impl Http {
                 (400, b"not a kvroute batch\n")
             }
         };
-        let _ = host::send_local_response(status, vec![], body);
+        let _ = host::send_local_response(status, headers, body);
         Action::Pause
     }
 }

@@ -1,12 +1,13 @@
 //! The answers to the poller's calls: Envoy's view of the pool, each server's `/metrics`
 //! and `/v1/models`, the replicas' acknowledgements; and the fleet state they publish.
 
-use kvroute_core::discovery::{parse_clusters, parse_models};
+use kvroute_core::discovery::{parse_clusters, parse_models, DiscoveryError};
 use kvroute_core::{parse_metrics, EndpointId, Millis};
 use proxy_wasm::types::{BufferType, LogLevel};
 
 use super::{log_flip, Call, Poller, SNAPSHOT_KEY, VERSION_KEY};
 use crate::host;
+use crate::replicas::{SELF_HEADER, SELF_VALUE};
 
 impl Poller {
     /// Handles the answer to one of this poller's calls; false when the token is not one.
@@ -25,10 +26,28 @@ impl Poller {
         };
         let ok = status.as_deref() == Some(b"200");
         match call {
-            Call::Forward => {
-                if status.as_deref() != Some(b"204") {
-                    self.stats.forward_failure.inc();
+            Call::Forward(peer) => {
+                let delivered = status.as_deref() == Some(b"204");
+                let failure = (!delivered).then(|| forward_failure(status.as_deref()));
+                if self.replicas.on_forward(&peer, failure.as_deref()) {
+                    log_forward(&peer, failure.as_deref());
                 }
+                if !delivered {
+                    self.stats.forward_failure.inc();
+                } else if host::call_response_header(SELF_HEADER).ok().flatten().as_deref()
+                    == Some(SELF_VALUE.as_bytes())
+                    && self.replicas.mark_own(&peer)
+                {
+                    host::log(
+                        LogLevel::Info,
+                        &format!("replica {peer} is this gateway: not forwarding to it"),
+                    );
+                    self.stats.replica_peers.set(self.replicas.targets().count() as u64);
+                }
+            }
+            Call::Replicas => {
+                self.replicas_polling = false;
+                self.on_replicas(ok, body_size, status.as_deref());
             }
             Call::Signature => {
                 self.polling = false;
@@ -109,6 +128,53 @@ impl Poller {
                 host::log(
                     LogLevel::Warn,
                     &format!("pool discovery failed (keeping the last pool): {why}"),
+                );
+            }
+        }
+    }
+
+    fn on_replicas(&mut self, ok: bool, body_size: usize, status: Option<&[u8]>) {
+        let Some(cluster) = self.config.share().replicas.as_ref().map(|r| r.cluster.clone()) else {
+            return;
+        };
+        let max = self.config.discovery().max_bytes;
+        let hosts = if !ok {
+            Err(match status {
+                Some(s) => format!("Envoy's admin answered {}", String::from_utf8_lossy(s)),
+                None => "no answer from Envoy's admin (timeout or connection failure)".into(),
+            })
+        } else if body_size > max {
+            Err(format!(
+                "/clusters answer of {body_size} bytes is over discovery.max_bytes ({max})"
+            ))
+        } else {
+            host::buffer(BufferType::HttpCallResponseBody, 0, body_size)
+                .map_err(|s| format!("cannot read the /clusters answer: {s:?}"))
+                .and_then(|body| {
+                    parse_clusters(&body, &cluster).map_err(|e| match e {
+                        DiscoveryError::NoSuchCluster(_) => {
+                            format!("Envoy has no cluster named {cluster:?} (check share.replicas.cluster)")
+                        }
+                        other => other.to_string(),
+                    })
+                })
+        };
+        match hosts {
+            Ok(hosts) => {
+                let change = self.replicas.on_hosts(&hosts);
+                for peer in &change.joined {
+                    host::log(LogLevel::Info, &format!("replica {peer} joined {cluster}"));
+                }
+                for peer in &change.left {
+                    host::log(LogLevel::Info, &format!("replica {peer} left {cluster}"));
+                }
+                self.stats.replica_peers.set(self.replicas.targets().count() as u64);
+            }
+            Err(why) => {
+                self.stats.replicas_discovery_failure.inc();
+                host::log(
+                    LogLevel::Warn,
+                    &format!("replica discovery failed (keeping the last replicas): {why}"),
                 );
             }
         }
@@ -202,5 +268,28 @@ impl Poller {
                 self.ask_admin(Call::Clusters);
             }
         }
+    }
+}
+
+/// Why a forward was not delivered, from the replica's answer.
+fn forward_failure(status: Option<&[u8]>) -> String {
+    match status {
+        Some(b"403") => "403: its share.replicas.secret differs from this gateway's".to_string(),
+        Some(s) => format!("status {}", String::from_utf8_lossy(s)),
+        None => "no answer (not listening, unreachable, or too slow)".into(),
+    }
+}
+
+/// A change in how forwards to one replica go (logged when it changes, not per batch).
+fn log_forward(peer: &str, failure: Option<&str>) {
+    match failure {
+        None => host::log(
+            LogLevel::Info,
+            &format!("forwards to replica {peer} are delivered again"),
+        ),
+        Some(why) => host::log(
+            LogLevel::Warn,
+            &format!("forwards to replica {peer} fail: {why}; it does not see this gateway's placements"),
+        ),
     }
 }

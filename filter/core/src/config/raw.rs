@@ -294,7 +294,10 @@ pub struct RawShare {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RawReplicas {
-    /// Every replica's peer listener, `host:port` (this one's may be listed too).
+    /// Every replica's peer listener, `IP:port` (this one's may be listed too). Empty: the
+    /// replicas are the hosts of `cluster` as Envoy's admin lists them (a `STRICT_DNS`
+    /// cluster on the gateways' headless Service follows the Deployment's pods), read every
+    /// `discovery.interval_ms` through `discovery.admin_cluster`.
     pub peers: Vec<String>,
     pub cluster: String,
     pub path: String,

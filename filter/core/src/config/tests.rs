@@ -183,7 +183,7 @@ fn sharing_between_workers_is_on_by_default_and_its_timings_are_checked() {
 }
 
 #[test]
-fn replicas_need_peers_and_a_real_secret() {
+fn replicas_are_listed_or_discovered_and_need_a_real_secret() {
     let ok =
         r#"{"share": {"replicas": {"peers": ["10.0.0.1:10001", "10.0.0.2:10001"], "secret": "0123456789abcdef"}}}"#;
     let r = parse(ok).unwrap().share().replicas.clone().unwrap();
@@ -197,11 +197,27 @@ fn replicas_need_peers_and_a_real_secret() {
             .field,
         "share.replicas.secret"
     );
+    let listed = parse(ok).unwrap();
+    assert!(!listed.discovers_replicas(), "listed peers are not discovered");
+    let discovered = parse(r#"{"share": {"replicas": {"secret": "0123456789abcdef"}}}"#).unwrap();
+    assert!(
+        discovered.discovers_replicas(),
+        "no peers: the hosts of share.replicas.cluster"
+    );
+    // The admin is asked for the replicas even when the pool is a static list.
+    let static_pool = r#"{"endpoints": ["10.0.0.9:8000"], "discovery": {"admin_cluster": ""}, "share": {"replicas": {"#;
     assert_eq!(
-        parse(r#"{"share": {"replicas": {"secret": "0123456789abcdef"}}}"#)
+        parse(&format!(r#"{static_pool}"secret": "0123456789abcdef"}}}}}}"#))
             .unwrap_err()
             .field,
-        "share.replicas.peers"
+        "discovery.admin_cluster"
+    );
+    assert!(
+        parse(&format!(
+            r#"{static_pool}"peers": ["10.0.0.1:1"], "secret": "0123456789abcdef"}}}}}}"#
+        ))
+        .is_ok(),
+        "listed replicas and a static pool never ask the admin"
     );
     assert_eq!(
         parse(r#"{"share": {"replicas": {"peers": ["nope"], "secret": "0123456789abcdef"}}}"#)
