@@ -5,7 +5,8 @@
 //! `/v1/models`, `/health`, `/metrics` (vLLM 0.33's format, or the legacy names). Tokens come
 //! from the engine model in wall time: a driver task per server runs the engine's steps and
 //! sleeps each step's duration divided by `--time-scale`. Every response names its server in
-//! `x-served-by`.
+//! `x-served-by`. HTTP/1.1 only, as uvicorn serves vLLM, and a connection idle for
+//! `VLLM_HTTP_TIMEOUT_KEEP_ALIVE` seconds (5) after its last answer is closed, as uvicorn does.
 //!
 //! Faults are set at run time on the admin listener (`--admin-port`, default base − 1):
 //! `POST /servers/{i}/fault` with any of `{"down": bool, "hang": bool, "slow": k,
@@ -134,6 +135,8 @@ pub struct SimServer {
     time_scale: f64,
     created: f64,
     connections: Mutex<Option<JoinSet<()>>>,
+    /// A connection idle this long after its last answer is closed (vLLM's keep-alive).
+    keep_alive: std::time::Duration,
     /// Model names served (vLLM's `--served-model-name`); the first is the default.
     served: Vec<String>,
     max_model_len: u64,

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::routing::get;
 use axum::Router;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
@@ -91,6 +91,7 @@ pub async fn serve(
             time_scale,
             created,
             connections: Mutex::new(None),
+            keep_alive: keep_alive(),
             served,
             max_model_len: max_model_len(profile.num_gpu_blocks),
         });
@@ -130,6 +131,18 @@ fn describe(kinds: &[(crate::profile::Model, crate::profile::Gpu, u32)]) -> Stri
         .join(", ")
 }
 
+/// How long a connection may stay idle between requests: vLLM's
+/// `VLLM_HTTP_TIMEOUT_KEEP_ALIVE` (seconds, 5 by default), passed to uvicorn as
+/// `timeout_keep_alive`. Wall time, whatever `--time-scale`: it is the server's, not the GPU's.
+fn keep_alive() -> Duration {
+    let seconds = std::env::var("VLLM_HTTP_TIMEOUT_KEEP_ALIVE")
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .unwrap_or(5.0);
+    Duration::from_secs_f64(seconds)
+}
+
 /// Binds the server's port and accepts connections into a fresh `JoinSet`.
 pub(super) async fn listen(srv: &Arc<SimServer>) -> anyhow::Result<()> {
     let listener = TcpListener::bind(srv.addr)
@@ -153,8 +166,14 @@ pub(super) async fn listen(srv: &Arc<SimServer>) -> anyhow::Result<()> {
                 continue;
             }
             let service = TowerToHyperService::new(app.clone());
+            // HTTP/1.1 only, as vLLM's server (uvicorn) speaks; a connection idle for the
+            // keep-alive timeout after its last answer is closed, as uvicorn does (hyper's
+            // header timer runs only while no request is in progress).
+            let keep_alive = accept_srv.keep_alive;
             conns.spawn(async move {
-                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(keep_alive)
                     .serve_connection(TokioIo::new(stream), service)
                     .await;
             });

@@ -598,3 +598,65 @@ fn ignore_eos_min_tokens_and_stream_options_act_as_in_vllm() {
     assert_eq!(refused.status, 400, "{}", refused.body);
     assert!(refused.body.contains("stream=True"), "{}", refused.body);
 }
+
+/// One answer read off a kept-alive connection: the head, then `content-length` bytes.
+fn read_answer(s: &mut TcpStream) -> String {
+    let mut raw = Vec::new();
+    let mut byte = [0u8; 1];
+    while !raw.ends_with(b"\r\n\r\n") {
+        assert_eq!(s.read(&mut byte).unwrap(), 1, "connection closed mid-answer: {raw:?}");
+        raw.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&raw).to_ascii_lowercase();
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: "))
+        .map_or(0, |v| v.trim().parse().unwrap());
+    let mut body = vec![0u8; length];
+    s.read_exact(&mut body).unwrap();
+    head
+}
+
+/// As vLLM's server (uvicorn, `timeout_keep_alive` = `VLLM_HTTP_TIMEOUT_KEEP_ALIVE`, 5 s):
+/// a connection is kept between requests, and closed once idle for 5 s. A gateway that
+/// keeps idle upstream connections longer (Envoy's default is an hour) may send a request
+/// on one the server is closing: the shipped Envoy configs close theirs at 4 s.
+#[test]
+fn an_idle_connection_is_closed_after_vllms_keep_alive_timeout() {
+    let f = fleet(1);
+    let mut s = TcpStream::connect(("127.0.0.1", f.base)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    for _ in 0..2 {
+        s.write_all(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n").unwrap();
+        let head = read_answer(&mut s);
+        assert!(head.starts_with("http/1.1 200"), "{head}");
+        std::thread::sleep(Duration::from_millis(1000));
+    }
+    let idle = Instant::now();
+    let mut rest = Vec::new();
+    let n = s.read_to_end(&mut rest).unwrap();
+    let waited = idle.elapsed();
+    assert_eq!(n, 0, "nothing written before the close: {rest:?}");
+    assert!(
+        (Duration::from_millis(3500)..Duration::from_millis(8000)).contains(&waited),
+        "closed {waited:?} after the last answer's second (5 s of idle expected)"
+    );
+}
+
+/// uvicorn speaks HTTP/1.1 only: a client that opens with HTTP/2's preface (h2c prior
+/// knowledge) gets no HTTP/2 connection.
+#[test]
+fn http2_prior_knowledge_is_not_served() {
+    let f = fleet(1);
+    let mut s = TcpStream::connect(("127.0.0.1", f.base)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").unwrap();
+    // An HTTP/2 server would answer with a SETTINGS frame (its 9-byte header: type 4).
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    assert!(
+        raw.is_empty() || raw.starts_with(b"HTTP/1.1 "),
+        "answered as HTTP/2: {:?}",
+        &raw[..raw.len().min(32)]
+    );
+}
