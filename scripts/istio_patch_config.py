@@ -18,6 +18,7 @@ out = sys.argv[1]
 wasm = sys.argv[2] if len(sys.argv) > 2 else "dist/kvroute.wasm"
 POOL = "outbound|8000||vllm.kvroute.svc.cluster.local"
 EG_POOL = "httproute/kvroute/vllm/rule/0"
+PEERS = "outbound|8080||kvroute-gateway-peers.istio-system.svc.cluster.local"
 
 
 def merge(base, patch):
@@ -38,6 +39,10 @@ def patches(path):
 
 
 gw = patches("envoy/istio/envoyfilter-gateway.yaml")
+replica_docs = list(yaml.safe_load_all(open("envoy/istio/replicas-gateway.yaml")))
+replicas_patch = next(d for d in replica_docs if d["kind"] == "EnvoyFilter")["spec"]["configPatches"][0]
+assert replicas_patch["match"]["cluster"]["service"] == PEERS.split("|")[3] and replicas_patch["match"]["cluster"]["portNumber"] == int(PEERS.split("|")[1])
+assert PEERS in open("envoy/istio/replicas-gateway.yaml").read(), "the pluginConfig line to add names another cluster"
 sidecar = patches("envoy/istio/envoyfilter-sidecar.yaml")
 # The sidecar's patches carry the same values (only their match differs): checking the
 # gateway's checks both.
@@ -55,7 +60,7 @@ def endpoint(ip, port):
     return {"endpoint": {"address": {"socket_address": {"address": ip, "port_value": port}}}}
 
 
-def istio_cluster(name):
+def istio_cluster(name, port=8000):
     # What Istio sets on an outbound EDS cluster (EDS swapped for STATIC: no xDS here).
     return {
         "name": name,
@@ -65,7 +70,7 @@ def istio_cluster(name):
         "common_lb_config": {},
         "circuit_breakers": {"thresholds": [{"max_connections": 4294967295, "max_pending_requests": 4294967295,
                                               "max_requests": 4294967295, "max_retries": 4294967295}]},
-        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [endpoint("10.0.0.1", 8000), endpoint("10.0.0.2", 8000)]}]},
+        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [endpoint("10.0.0.1", port), endpoint("10.0.0.2", port)]}]},
     }
 
 
@@ -87,8 +92,9 @@ def wasm_filter(name, config_json, fail_open):
     }
 
 
-def build(plugin_config, eg_config):
+def build(plugin_config, eg_config, replicas_config):
     pool = merge(istio_cluster(POOL), gw["CLUSTER"]["patch"]["value"])
+    peers = merge(istio_cluster(PEERS, 8080), replicas_patch["patch"]["value"])
     eg_pool = istio_cluster(EG_POOL)
     eg_pool[eg_patch["operation"]["path"].strip("/")] = eg_patch["operation"]["value"]
     # Istio's route for the VirtualService, with its default retry additions, then the patch.
@@ -113,6 +119,8 @@ def build(plugin_config, eg_config):
     hcm_filters = [
         gw["HTTP_FILTER"]["patch"]["value"],  # INSERT_FIRST
         wasm_filter("istio.kvroute", plugin_config, True),
+        # The pluginConfig with the replicas' exchange on (replicas-gateway.yaml's addition).
+        wasm_filter("istio.kvroute.replicas", replicas_config, True),
         wasm_filter("eg.kvroute", eg_config, eg_policy.get("failOpen", False)),
         {"name": "envoy.filters.http.router", "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}},
     ]
@@ -133,6 +141,7 @@ def build(plugin_config, eg_config):
             "clusters": [
                 pool,
                 eg_pool,
+                peers,
                 # Every Istio proxy's bootstrap: the admin, used by kvroute's discovery.
                 {"name": "prometheus_stats", "type": "STATIC", "connect_timeout": "0.250s",
                  "load_assignment": {"cluster_name": "prometheus_stats", "endpoints": [{"lb_endpoints": [endpoint("127.0.0.1", 15000)]}]}},
@@ -144,5 +153,6 @@ def build(plugin_config, eg_config):
 istio_cfg, eg_cfg = plugin["pluginConfig"], eg_policy["config"]
 assert istio_cfg["discovery"]["admin_cluster"] == "prometheus_stats" and istio_cfg["discovery"]["cluster"] == POOL
 assert eg_cfg["discovery"]["cluster"] == EG_POOL
-yaml.safe_dump(build(json.dumps(istio_cfg), json.dumps(eg_cfg)), open(out, "w"), sort_keys=False)
+replicas_cfg = dict(istio_cfg, share={"replicas": {"cluster": PEERS, "secret": "example-secret-0123456789"}})
+yaml.safe_dump(build(json.dumps(istio_cfg), json.dumps(eg_cfg), json.dumps(replicas_cfg)), open(out, "w"), sort_keys=False)
 print(f"wrote {out}")

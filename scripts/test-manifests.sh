@@ -16,8 +16,10 @@
 #     through the locked-down admin and route requests, and the admin must refuse
 #     /config_dump (needs KVROUTE_SIM or target/release/kvroute-sim).
 #  3. The Istio and Envoy Gateway patches' Envoy values (override_host policy, route retry
-#     policy and body limit, header_mutation filter) merged into a cluster, route and
-#     listener shaped like the ones Istio generates, through `envoy --mode validate`.
+#     policy and body limit, header_mutation filter, the gateway replicas' cluster of
+#     envoy/istio/replicas-gateway.yaml with the pluginConfig that uses it) merged into a
+#     cluster, route and listener shaped like the ones Istio generates, through
+#     `envoy --mode validate`.
 #  4. The Prometheus configuration for Kubernetes with `promtool check config` (Debian's
 #     promtool is built without Kubernetes discovery: its kubernetes_sd_configs blocks are
 #     swapped for static_configs; everything else, relabelling included, is checked as is)
