@@ -270,3 +270,30 @@ impl Drop for Envoy {
         let _ = self.child.wait();
     }
 }
+
+/// Removes the `bootstrap_extensions` block (the singleton service), moving the plugin
+/// configuration it anchors into the HTTP filter.
+pub fn without_service(text: &str) -> String {
+    let start = text.find("bootstrap_extensions:").unwrap();
+    let end = text.find("static_resources:").unwrap();
+    let block = &text[start..end];
+    let anchor = "value: &kvroute_config |\n";
+    let json_start = block.find(anchor).unwrap() + anchor.len();
+    let json: Vec<&str> = block[json_start..]
+        .lines()
+        .take_while(|l| l.starts_with("            ") || l.trim().is_empty())
+        .filter(|l| !l.trim().is_empty())
+        .collect();
+    let rest = format!("{}{}", &text[..start], &text[end..]);
+    let alias = rest.lines().find(|l| l.trim() == "value: *kvroute_config").unwrap();
+    let indent = " ".repeat(alias.len() - alias.trim_start().len() + 2);
+    let inline: String = json.iter().map(|l| format!("{indent}{}\n", l.trim())).collect();
+    rest.replace(
+        alias,
+        &format!(
+            "{}value: |\n{}",
+            &alias[..alias.len() - alias.trim_start().len()],
+            inline.trim_end()
+        ),
+    )
+}

@@ -9,7 +9,7 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
-use kvroute_wasm_tests::envoy::{free_port, repo_root, Envoy};
+use kvroute_wasm_tests::envoy::{free_port, repo_root, without_service, Envoy};
 use kvroute_wasm_tests::fake_vllm::{FakeVllm, Load, MODEL};
 use kvroute_wasm_tests::http_client;
 
@@ -172,7 +172,18 @@ fn a_replica_finds_the_prefix_another_replica_placed() {
 /// own batch, and exchanges with the other alone.
 #[test]
 fn replicas_learned_from_envoys_cluster_exchange_and_skip_themselves() {
-    let p = pair_sharing(Share::Discovered, 5, |t| t);
+    learned_replicas_exchange(|t| t);
+}
+
+/// The same without the singleton service (as under Istio's WasmPlugin): the worker VM that
+/// holds the polling lease reads the replicas' cluster and forwards.
+#[test]
+fn lease_mode_replicas_learned_from_envoys_cluster_exchange_and_skip_themselves() {
+    learned_replicas_exchange(|t| without_service(&t));
+}
+
+fn learned_replicas_exchange(edit: fn(String) -> String) {
+    let p = pair_sharing(Share::Discovered, 5, edit);
     let deadline = Instant::now() + Duration::from_secs(5);
     let peers = |e: &Envoy| e.stat_if_defined("wasmcustom.kvroute.replicas.peers");
     while [&p.a, &p.b].iter().any(|e| peers(e) != Some(1)) {
