@@ -80,6 +80,16 @@ for path in sys.argv[1:]:
 PY
 }
 
+# What each of the two replicas did with the other (its exchange's stats, kept beside the run).
+replica_stats() {
+  local tag=$1 k file
+  for k in 0 1; do
+    file="$OUT/runs/$tag-replica-$k.stats"
+    curl -sf "http://127.0.0.1:$((ADMIN_PORT + k))/stats?filter=kvroute\.replicas\." >"$file" || continue
+    printf '    replica %s: %s\n' "$k" "$(sed -e 's/^wasmcustom\.kvroute\.replicas\.//' "$file" | tr '\n' ' ')"
+  done
+}
+
 # One run of one case on one workload, on a fresh fleet. Returns non-zero on any failure.
 run_case() {
   local spec=$1 wl=$2 run=$3
@@ -111,6 +121,7 @@ run_case() {
   # shellcheck disable=SC2086 # word splitting of the workload arguments is intended
   run_waited "$OUT/runs/$tag.txt" "$OUT/runs/$tag.err" env "${phases_env[@]+"${phases_env[@]}"}" \
     "$SIM" bench --url "$url" $args --label "$router" --json "$json" || rc=$?
+  [ "$kind" = replicas ] && replica_stats "$tag"
   stop_all
   local name
   name=$(workload_name "$wl")

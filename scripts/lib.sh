@@ -160,7 +160,8 @@ add_replicas() {
   local dst=$1 a=$ENVOY_PORT b=$((ENVOY_PORT + 1)) cluster
   cluster=$(grep -v '^#' envoy/fragments/replicas-cluster.yaml |
     sed -e "s/port_value: 10100\b/port_value: $a/" -e "s/port_value: 10200\b/port_value: $b/")
-  local share="\"share\": {\"replicas\": {\"peers\": [\"127.0.0.1:$a\", \"127.0.0.1:$b\"], \"secret\": \"bench-live-replica-secret\"}},"
+  # No peers list: each replica reads them from the cluster (the shipped Kubernetes shape).
+  local share="\"share\": {\"replicas\": {\"secret\": \"bench-live-replica-secret\"}},"
   python3 - "$dst" "$cluster" "$share" <<'PY'
 import sys
 path, cluster, share = sys.argv[1:4]
