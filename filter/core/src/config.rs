@@ -180,6 +180,19 @@ impl TryFrom<RawConfig> for Config {
         validate_share(&raw.share)?;
         validate_capture(&raw.capture, &raw.hashing)?;
         validate_tiers(&raw)?;
+        if let Some(r) = &raw.share.replicas {
+            let pool = [raw.discovery.cluster.as_str(), raw.scrape.cluster.as_str()];
+            if pool.contains(&r.cluster.as_str()) {
+                return Err(reject(
+                    "share.replicas.cluster",
+                    format!(
+                        "({:?}) is the pool's cluster: batches (and the shared secret) would go to the \
+                         vLLM servers; name the cluster of the gateway replicas",
+                        r.cluster
+                    ),
+                ));
+            }
+        }
         // The admin is asked for the pool, or for the replicas when they are not listed.
         let replicas_discovered = raw.share.replicas.as_ref().is_some_and(|r| r.peers.is_empty());
         if raw.endpoints.is_empty() || replicas_discovered {

@@ -275,6 +275,7 @@ impl Poller {
 fn forward_failure(status: Option<&[u8]>) -> String {
     match status {
         Some(b"403") => "403: its share.replicas.secret differs from this gateway's".to_string(),
+        Some(b"404") => "404: not a kvroute gateway (check share.replicas.cluster)".to_string(),
         Some(s) => format!("status {}", String::from_utf8_lossy(s)),
         None => "no answer (not listening, unreachable, or too slow)".into(),
     }

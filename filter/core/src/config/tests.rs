@@ -229,6 +229,12 @@ fn replicas_are_listed_or_discovered_and_need_a_real_secret() {
         let json = format!(r#"{{"share": {{"replicas": {{"peers": {peers}, "secret": "0123456789abcdef"}}}}}}"#);
         assert_eq!(parse(&json).unwrap_err().field, "share.replicas.peers", "{peers}");
     }
+    for pool in [r#""scrape": {"cluster": "gw"}"#, r#""discovery": {"cluster": "gw"}"#] {
+        let json = format!(r#"{{{pool}, "share": {{"replicas": {{"cluster": "gw", "secret": "0123456789abcdef"}}}}}}"#);
+        let e = parse(&json).unwrap_err();
+        assert_eq!(e.field, "share.replicas.cluster", "{pool}: {e}");
+        assert!(e.message.contains("vLLM servers"), "{e}");
+    }
     assert!(
         parse(r#"{}"#).unwrap().share().replicas.is_none(),
         "off unless configured"
