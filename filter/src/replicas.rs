@@ -241,9 +241,24 @@ pub struct Taken {
     pub own: bool,
 }
 
-/// The answer's header that tells a sender the batch reached itself.
+/// The answer's header that tells a sender the batch reached itself, with the local address
+/// the batch arrived at (`self 10.1.0.4:10000`). The sender takes the address it named as
+/// its own only when the two agree: the replicas' cluster sends a batch for a host it does
+/// not hold (not resolved yet, just removed) to another host (the `override_host` fallback),
+/// which may be the sender itself, and that must not make it stop sending to the host it
+/// named (a pod IP comes back with a new pod).
 pub const SELF_HEADER: &str = "x-kvroute-replica";
-pub const SELF_VALUE: &str = "self";
+
+/// The value of `SELF_HEADER` for a batch that arrived at local address `address`.
+pub fn self_answer(address: &str) -> String {
+    format!("self {address}")
+}
+
+/// Whether `answer` (the value of `SELF_HEADER`) says the batch sent to `peer` reached this
+/// process at that very address.
+pub fn answers_self(answer: &[u8], peer: &str) -> bool {
+    answer.strip_prefix(b"self ") == Some(peer.as_bytes())
+}
 
 /// Takes a batch another replica forwarded into this process's log, each segment under the
 /// sender's remote origin with its request keys re-stamped, so every worker here applies it.
@@ -373,6 +388,12 @@ mod tests {
         );
         assert_eq!(list.targets().collect::<Vec<_>>(), ["10.0.0.4:10000"]);
         let peer = "10.0.0.4:10000";
+        assert!(answers_self(self_answer(peer).as_bytes(), peer));
+        assert!(
+            !answers_self(self_answer("10.0.0.1:10000").as_bytes(), peer),
+            "a batch for a host the cluster lacked, sent to this process by the fallback"
+        );
+        assert!(!answers_self(b"self", peer), "no address: not taken as this process");
         assert!(list.on_forward(peer, Some("503")), "the first failure is news");
         assert!(!list.on_forward(peer, Some("503")), "the next ones are not");
         assert!(list.on_forward(peer, Some("403")), "another cause is");

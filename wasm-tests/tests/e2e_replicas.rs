@@ -309,6 +309,39 @@ fn a_replica_joining_or_leaving_the_cluster_is_followed() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A listed peer the replicas' cluster does not hold (not resolved yet, or gone) gets its
+/// batches sent elsewhere by the cluster's fallback, sometimes to the sender itself: that
+/// answer names the address the batch arrived at, so the sender does not take the listed
+/// address for its own and stop sending there.
+#[test]
+fn a_batch_the_fallback_brought_back_does_not_make_another_address_this_gateway() {
+    let servers: Vec<FakeVllm> = (0..2).map(|_| FakeVllm::start(Load::idle()).unwrap()).collect();
+    let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
+    let peers = [free_port(), free_port()];
+    let missing = free_port();
+    let listed = |t: String| {
+        replica_config_every(t, peers, Share::Listed, 5).replace(
+            &format!("\"127.0.0.1:{}\"]", peers[1]),
+            &format!("\"127.0.0.1:{}\", \"127.0.0.1:{missing}\"]", peers[1]),
+        )
+    };
+    let a = Envoy::start_listening("envoy.yaml", &ports, 2, Some(peers[0]), listed).unwrap();
+    let b = Envoy::start_listening("envoy.yaml", &ports, 2, Some(peers[1]), listed).unwrap();
+    let p = Pair { servers, a, b };
+    let pairs = across_tagged(&p, "fallback", 12, 100);
+    assert!(pairs.iter().all(|(_, _, r)| r == "prefix_hit"), "{pairs:?}");
+    // A sent every batch to B and to the missing address (which the fallback spread over A
+    // and B), and found its own address; it still sends to both others.
+    let log = p.a.log_text();
+    assert!(log.contains("is this gateway: not forwarding to it"), "{log}");
+    assert!(
+        !log.contains(&format!("replica 127.0.0.1:{missing} is this gateway")),
+        "{log}"
+    );
+    assert_eq!(p.a.stat("wasmcustom.kvroute.replicas.peers"), 2, "{log}");
+    assert!(p.b.stat("wasmcustom.kvroute.replicas.events_taken") >= 12);
+}
+
 /// Replicas whose secrets differ (one rotated before the other) refuse each other's
 /// batches: each says so once in its log, with the cause, and counts every failed forward.
 #[test]

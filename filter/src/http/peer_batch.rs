@@ -61,7 +61,7 @@ impl Http {
         let taken = host::buffer(BufferType::HttpRequestBody, 0, body_size)
             .ok()
             .and_then(|body| crate::replicas::take_forwarded(&body, host::now()));
-        let mut headers = vec![];
+        let mut own = None;
         let (status, body): (u32, &[u8]) = match taken {
             Some(taken) => {
                 shared.stats.replica_events.add(taken.events as u64);
@@ -69,7 +69,10 @@ impl Http {
                     shared.stats.replica_events_dropped.add(taken.dropped as u64);
                 }
                 if taken.own {
-                    headers.push((crate::replicas::SELF_HEADER, crate::replicas::SELF_VALUE));
+                    // The local address the batch arrived at: the sender checks it is the
+                    // one it named before it stops sending there.
+                    own = host::property_string(&["destination", "address"])
+                        .map(|address| crate::replicas::self_answer(&address));
                 }
                 (204, b"")
             }
@@ -77,6 +80,10 @@ impl Http {
                 shared.stats.replica_batches_refused.inc();
                 (400, b"not a kvroute batch\n")
             }
+        };
+        let headers = match &own {
+            Some(answer) => vec![(crate::replicas::SELF_HEADER, answer.as_str())],
+            None => vec![],
         };
         let _ = host::send_local_response(status, headers, body);
         Action::Pause

@@ -7,7 +7,7 @@ use proxy_wasm::types::{BufferType, LogLevel};
 
 use super::{log_flip, Call, Poller, SNAPSHOT_KEY, VERSION_KEY};
 use crate::host;
-use crate::replicas::{SELF_HEADER, SELF_VALUE};
+use crate::replicas::{answers_self, SELF_HEADER};
 
 impl Poller {
     /// Handles the answer to one of this poller's calls; false when the token is not one.
@@ -34,8 +34,10 @@ impl Poller {
                 }
                 if !delivered {
                     self.stats.forward_failure.inc();
-                } else if host::call_response_header(SELF_HEADER).ok().flatten().as_deref()
-                    == Some(SELF_VALUE.as_bytes())
+                } else if host::call_response_header(SELF_HEADER)
+                    .ok()
+                    .flatten()
+                    .is_some_and(|answer| answers_self(&answer, &peer))
                     && self.replicas.mark_own(&peer)
                 {
                     host::log(
