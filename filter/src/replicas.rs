@@ -249,6 +249,11 @@ pub struct Taken {
 /// named (a pod IP comes back with a new pod).
 pub const SELF_HEADER: &str = "x-kvroute-replica";
 
+/// The value of `SELF_HEADER` on kvroute's own refusal of a batch (a wrong or missing
+/// secret): a 403 without it came from something before kvroute (an authorization policy,
+/// a listener without kvroute).
+pub const REFUSED_VALUE: &str = "refused";
+
 /// The value of `SELF_HEADER` for a batch that arrived at local address `address`.
 pub fn self_answer(address: &str) -> String {
     format!("self {address}")

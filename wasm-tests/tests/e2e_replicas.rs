@@ -282,6 +282,11 @@ fn a_replica_joining_or_leaving_the_cluster_is_followed() {
         }
     };
     // A alone in its cluster: once it learns the one address is its own, it sends nowhere.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !p.a.log_text().contains("is this gateway: not forwarding to it") {
+        assert!(Instant::now() < deadline, "A never found itself:\n{}", p.a.log_text());
+        thread::sleep(Duration::from_millis(50));
+    }
     wait_for(&p.a, 0);
     let alone = across_tagged(&p, "alone", 4, 200);
     assert!(alone.iter().all(|(_, _, r)| r == "cold"), "B heard from A: {alone:?}");
@@ -363,13 +368,17 @@ fn replicas_with_different_secrets_say_why_their_forwards_fail() {
         pairs.iter().all(|(_, _, r)| r == "cold"),
         "B took A's batches: {pairs:?}"
     );
-    assert!(p.a.stat("wasmcustom.kvroute.replicas.forward_failure") >= 4);
+    let failed = p.a.stat("wasmcustom.kvroute.replicas.forward_failure");
+    assert!(failed >= 8, "{failed} failed forwards");
     let log = p.a.log_text();
     let line = format!(
         "forwards to replica 127.0.0.1:{} fail: 403: its share.replicas.secret differs",
         peers[1]
     );
-    assert_eq!(log.matches(&line).count(), 1, "once, not per batch: {line}\n{log}");
+    // Logged when the cause changes, not per batch (a forward that timed out on a loaded
+    // machine would log its own cause and then the 403 again).
+    let logged = log.matches(&line).count() as u64;
+    assert!((1..=3).contains(&logged), "{logged} of {failed}: {line}\n{log}");
 }
 
 #[test]

@@ -182,14 +182,17 @@ impl TryFrom<RawConfig> for Config {
         validate_tiers(&raw)?;
         if let Some(r) = &raw.share.replicas {
             let pool = [raw.discovery.cluster.as_str(), raw.scrape.cluster.as_str()];
-            if pool.contains(&r.cluster.as_str()) {
+            let taken = if pool.contains(&r.cluster.as_str()) {
+                Some("the pool's cluster: batches (and the shared secret) would go to the vLLM servers")
+            } else if r.cluster == raw.discovery.admin_cluster {
+                Some("the admin's cluster: batches (and the shared secret) would go to Envoy's admin")
+            } else {
+                None
+            };
+            if let Some(why) = taken {
                 return Err(reject(
                     "share.replicas.cluster",
-                    format!(
-                        "({:?}) is the pool's cluster: batches (and the shared secret) would go to the \
-                         vLLM servers; name the cluster of the gateway replicas",
-                        r.cluster
-                    ),
+                    format!("({:?}) is {why}; name the cluster of the gateway replicas", r.cluster),
                 ));
             }
         }

@@ -29,7 +29,8 @@ impl Http {
         let post = headers.text(":method") == Some("POST");
         if !post || !same_secret(secret, replicas.secret.as_bytes()) {
             shared.stats.replica_batches_refused.inc();
-            let _ = host::send_local_response(403, vec![], b"not a kvroute replica\n");
+            let refused = vec![(crate::replicas::SELF_HEADER, crate::replicas::REFUSED_VALUE)];
+            let _ = host::send_local_response(403, refused, b"not a kvroute replica\n");
             return Some(Action::Pause);
         }
         if end_of_stream {

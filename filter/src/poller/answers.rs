@@ -7,7 +7,7 @@ use proxy_wasm::types::{BufferType, LogLevel};
 
 use super::{log_flip, Call, Poller, SNAPSHOT_KEY, VERSION_KEY};
 use crate::host;
-use crate::replicas::{answers_self, SELF_HEADER};
+use crate::replicas::{answers_self, REFUSED_VALUE, SELF_HEADER};
 
 impl Poller {
     /// Handles the answer to one of this poller's calls; false when the token is not one.
@@ -28,7 +28,9 @@ impl Poller {
         match call {
             Call::Forward(peer) => {
                 let delivered = status.as_deref() == Some(b"204");
-                let failure = (!delivered).then(|| forward_failure(status.as_deref()));
+                let by_kvroute =
+                    host::call_response_header(SELF_HEADER).ok().flatten().as_deref() == Some(REFUSED_VALUE.as_bytes());
+                let failure = (!delivered).then(|| forward_failure(status.as_deref(), by_kvroute));
                 if self.replicas.on_forward(&peer, failure.as_deref()) {
                     log_forward(&peer, failure.as_deref());
                 }
@@ -274,9 +276,10 @@ impl Poller {
 }
 
 /// Why a forward was not delivered, from the replica's answer.
-fn forward_failure(status: Option<&[u8]>) -> String {
+fn forward_failure(status: Option<&[u8]>, by_kvroute: bool) -> String {
     match status {
-        Some(b"403") => "403: its share.replicas.secret differs from this gateway's".to_string(),
+        Some(b"403") if by_kvroute => "403: its share.replicas.secret differs from this gateway's".to_string(),
+        Some(b"403") => "403 from before kvroute (an authorization policy, or a listener without kvroute)".to_string(),
         Some(b"404") => "404: not a kvroute gateway (check share.replicas.cluster)".to_string(),
         Some(s) => format!("status {}", String::from_utf8_lossy(s)),
         None => "no answer (not listening, unreachable, or too slow)".into(),

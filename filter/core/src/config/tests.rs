@@ -235,6 +235,12 @@ fn replicas_are_listed_or_discovered_and_need_a_real_secret() {
         assert_eq!(e.field, "share.replicas.cluster", "{pool}: {e}");
         assert!(e.message.contains("vLLM servers"), "{e}");
     }
+    let admin = r#"{"share": {"replicas": {"cluster": "kvroute_admin", "secret": "0123456789abcdef"}}}"#;
+    let e = parse(admin).unwrap_err();
+    assert!(
+        e.field == "share.replicas.cluster" && e.message.contains("Envoy's admin"),
+        "{e}"
+    );
     assert!(
         parse(r#"{}"#).unwrap().share().replicas.is_none(),
         "off unless configured"
