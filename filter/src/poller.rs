@@ -78,6 +78,10 @@ pub struct Poller {
     /// When Envoy's listing of the replicas was last asked for, and whether the answer is out.
     last_replicas_poll: Option<Millis>,
     replicas_polling: bool,
+    /// The last attempt to ask the admin for the replicas could not be dispatched (logged once).
+    replicas_undispatched: bool,
+    /// Why the last reading of the replicas' cluster failed (logged when it changes).
+    replicas_failure: Option<String>,
     last_scrape: Millis,
     last_poll: Option<Millis>,
     /// When `/clusters` was last read successfully.
@@ -139,6 +143,8 @@ impl Poller {
             replicas: listed.unwrap_or_default(),
             last_replicas_poll: None,
             replicas_polling: false,
+            replicas_undispatched: false,
+            replicas_failure: None,
             last_scrape: Millis(0),
             last_poll: None,
             last_full: None,
@@ -366,16 +372,22 @@ impl Poller {
             Ok(token) => {
                 self.calls.insert(token, Call::Replicas);
                 self.replicas_polling = true;
+                self.replicas_undispatched = false;
             }
             Err(status) => {
                 self.stats.replicas_discovery_failure.inc();
-                host::log(
-                    LogLevel::Warn,
-                    &format!(
-                        "cannot ask Envoy's admin for the replicas via cluster {}: {status:?}",
-                        discovery.admin_cluster
-                    ),
-                );
+                // Once until it works again, not every interval (BadArgument: Envoy has no
+                // cluster of that name).
+                if !std::mem::replace(&mut self.replicas_undispatched, true) {
+                    host::log(
+                        LogLevel::Warn,
+                        &format!(
+                            "cannot ask Envoy's admin for the replicas via cluster {}: {status:?} \
+                             (is discovery.admin_cluster a cluster of this Envoy?)",
+                            discovery.admin_cluster
+                        ),
+                    );
+                }
             }
         }
     }

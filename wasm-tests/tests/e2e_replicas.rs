@@ -347,6 +347,29 @@ fn a_batch_the_fallback_brought_back_does_not_make_another_address_this_gateway(
     assert!(p.b.stat("wasmcustom.kvroute.replicas.events_taken") >= 12);
 }
 
+/// A replicas' cluster kvroute cannot read (here: an admin cluster Envoy does not have) is
+/// counted every interval and logged once, not every 200 ms.
+#[test]
+fn a_replicas_listing_that_keeps_failing_is_logged_once() {
+    let servers: Vec<FakeVllm> = (0..2).map(|_| FakeVllm::start(Load::idle()).unwrap()).collect();
+    let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
+    let peers = [free_port(), free_port()];
+    let envoy = Envoy::start_listening("envoy.yaml", &ports, 2, Some(peers[0]), |t| {
+        replica_config_every(t, peers, Share::Discovered, 5).replace(
+            "\"admin_cluster\": \"kvroute_admin\"",
+            "\"admin_cluster\": \"no_such_admin\"",
+        )
+    })
+    .unwrap();
+    thread::sleep(Duration::from_millis(1500));
+    let failures = envoy.stat("wasmcustom.kvroute.replicas.discovery_failure");
+    assert!(failures >= 4, "{failures} failed listings");
+    let log = envoy.log_text();
+    let line = "cannot ask Envoy's admin for the replicas via cluster no_such_admin";
+    assert_eq!(log.matches(line).count(), 1, "{failures} failures:\n{log}");
+    drop(servers);
+}
+
 /// Replicas whose secrets differ (one rotated before the other) refuse each other's
 /// batches: each says so once in its log, with the cause, and counts every failed forward.
 #[test]

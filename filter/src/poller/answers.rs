@@ -173,13 +173,20 @@ impl Poller {
                     host::log(LogLevel::Info, &format!("replica {peer} left {cluster}"));
                 }
                 self.stats.replica_peers.set(self.replicas.targets().count() as u64);
+                if self.replicas_failure.take().is_some() {
+                    host::log(LogLevel::Info, &format!("replica discovery reads {cluster} again"));
+                }
             }
             Err(why) => {
                 self.stats.replicas_discovery_failure.inc();
-                host::log(
-                    LogLevel::Warn,
-                    &format!("replica discovery failed (keeping the last replicas): {why}"),
-                );
+                // Once per cause, not every interval.
+                if self.replicas_failure.as_deref() != Some(why.as_str()) {
+                    host::log(
+                        LogLevel::Warn,
+                        &format!("replica discovery failed (keeping the last replicas): {why}"),
+                    );
+                    self.replicas_failure = Some(why);
+                }
             }
         }
     }

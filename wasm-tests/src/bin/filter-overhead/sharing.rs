@@ -168,33 +168,39 @@ pub fn sharing_timed(rounds: usize, hits_on_tick: bool) -> Result<(), String> {
 }
 
 /// `replicas`: what exchanging with gateway replicas costs the sender and the receiver.
-/// One Envoy listed as its own only replica (`share.replicas.peers` = its kvroute
-/// listener): every batch it forwards goes out through the replicas' cluster and comes
-/// back to its own filter, which answers it — one peer's send and receive in one process
-/// (its own batches are recognised and dropped, so nothing is applied twice). Envoy CPU
-/// per request on the kvroute listener, wrk 1 KiB, 8 connections, 2 workers, 4 s after 2 s
-/// of warm-up, a fresh Envoy per run, `rounds` × (off, every 5 ms, at once, at once,
-/// every 5 ms, off); batches POSTed a second.
+/// Two Envoys (A and B), each with the replicas' cluster and `share.replicas.peers` naming
+/// both (a replica finds its own address and does not send to it): wrk drives A only, so A pays for
+/// sending its placements and B for taking them. Envoy CPU per request of A's traffic, A's
+/// and B's, wrk 1 KiB, 8 connections, 2 workers each, 4 s after 2 s of warm-up, fresh Envoys
+/// per run, `rounds` × (off, every 5 ms, at once, at once, every 5 ms, off); batches A
+/// POSTed a second.
 pub fn replicas_cost(rounds: usize) -> Result<(), String> {
     let (_servers, ports, dir, script) = one_kib_bench("replicas-cost")?;
     let fragment = std::fs::read_to_string(repo_root().join("envoy/fragments/replicas-cluster.yaml"))
         .map_err(|e| e.to_string())?;
-    let mut runs: [Vec<WrkResult>; 3] = [Vec::new(), Vec::new(), Vec::new()];
+    const SECONDS: f64 = 4.0;
+    let mut runs: [Vec<(WrkResult, f64)>; 3] = [Vec::new(), Vec::new(), Vec::new()];
     let mut batches: [Vec<f64>; 3] = [Vec::new(), Vec::new(), Vec::new()];
     for side in [0usize, 1, 2, 2, 1, 0].repeat(rounds.max(1)) {
-        let listen = kvroute_wasm_tests::envoy::free_port();
+        let listen = [
+            kvroute_wasm_tests::envoy::free_port(),
+            kvroute_wasm_tests::envoy::free_port(),
+        ];
         let cluster: String = fragment
             .lines()
-            .filter(|l| !l.starts_with('#') && !l.contains("port_value: 10200"))
+            .filter(|l| !l.starts_with('#'))
             .collect::<Vec<_>>()
             .join("\n")
-            .replace("port_value: 10100", &format!("port_value: {listen}"));
+            .replace("port_value: 10100", &format!("port_value: {}", listen[0]))
+            .replace("port_value: 10200", &format!("port_value: {}", listen[1]));
         let edit = move |t: String| {
             if side == 0 {
                 return t;
             }
             let share = format!(
-                r#""policy": "cost", "share": {{"replicas": {{"peers": ["127.0.0.1:{listen}"], "secret": "bench-replicas-secret-0123", "at_once": {}}}}},"#,
+                r#""policy": "cost", "share": {{"replicas": {{"peers": ["127.0.0.1:{}", "127.0.0.1:{}"], "secret": "bench-replicas-secret-0123", "at_once": {}}}}},"#,
+                listen[0],
+                listen[1],
                 side == 2
             );
             t.replacen("\"policy\": \"cost\",", &share, 1).replacen(
@@ -203,44 +209,52 @@ pub fn replicas_cost(rounds: usize) -> Result<(), String> {
                 1,
             )
         };
-        let envoy = Envoy::start_listening("bench-overhead.yaml", &ports, 2, Some(listen), edit)?;
+        let a = Envoy::start_listening("bench-overhead.yaml", &ports, 2, Some(listen[0]), edit.clone())?;
+        let b = Envoy::start_listening("bench-overhead.yaml", &ports, 2, Some(listen[1]), edit)?;
         std::thread::sleep(Duration::from_millis(600));
-        wrk_path(&envoy, envoy.port, "/v1/chat/completions", &script, 8, 2)?;
-        let sent0 = envoy.stat("wasmcustom.kvroute.replicas.batches_sent");
-        runs[side].push(wrk_path(&envoy, envoy.port, "/v1/chat/completions", &script, 8, 4)?);
-        batches[side].push(
-            envoy
-                .stat("wasmcustom.kvroute.replicas.batches_sent")
-                .saturating_sub(sent0) as f64
-                / 4.0,
-        );
+        wrk_path(&a, a.port, "/v1/chat/completions", &script, 8, 2)?;
+        let sent0 = a.stat("wasmcustom.kvroute.replicas.batches_sent");
+        let b0 = process_cpu_s(b.pid()).ok_or("cannot read B's CPU time")?;
+        let run = wrk_path(&a, a.port, "/v1/chat/completions", &script, 8, SECONDS as u32)?;
+        let b_cpu = process_cpu_s(b.pid()).ok_or("cannot read B's CPU time")? - b0;
+        let receiver_us = b_cpu * 1e6 / (run.rps * SECONDS).max(1.0);
+        if side != 0 && b.stat("wasmcustom.kvroute.replicas.events_taken") == 0 {
+            return Err(format!("B took nothing from A:\n{}", a.log_text()));
+        }
+        batches[side].push(a.stat("wasmcustom.kvroute.replicas.batches_sent").saturating_sub(sent0) as f64 / SECONDS);
+        runs[side].push((run, receiver_us));
     }
     let sorted = |mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v
     };
     let mid = |v: &[f64]| v[v.len() / 2];
-    let cpu = [0, 1, 2].map(|i| sorted(runs[i].iter().map(|r| r.envoy_cpu_us).collect()));
-    println!("{} runs per side; medians [min–max]\n", cpu[0].len());
-    println!("| 1 KiB, 8 connections, 2 workers | Envoy CPU/req | added | batches a second | req/s |");
-    println!("|---|---|---|---|---|");
-    for (i, label) in [
-        "no replicas",
-        "one replica (itself), every 5 ms",
-        "one replica (itself), at once",
-    ]
-    .iter()
-    .enumerate()
+    let sender = [0, 1, 2].map(|i| sorted(runs[i].iter().map(|(r, _)| r.envoy_cpu_us).collect()));
+    let receiver = [0, 1, 2].map(|i| sorted(runs[i].iter().map(|(_, b)| *b).collect()));
+    let both = [0, 1, 2].map(|i| sorted(runs[i].iter().map(|(r, b)| r.envoy_cpu_us + b).collect()));
+    println!(
+        "{} runs per side; medians [min–max], per request of A's traffic\n",
+        sender[0].len()
+    );
+    println!("| 1 KiB, 8 connections, 2 workers | A (sender) CPU/req | B (receiver) CPU/req | both | added | batches a second | req/s |");
+    println!("|---|---|---|---|---|---|---|");
+    for (i, label) in ["no replicas", "one peer, every 5 ms", "one peer, at once"]
+        .iter()
+        .enumerate()
     {
-        let c = &cpu[i];
+        let (a, b, t) = (&sender[i], &receiver[i], &both[i]);
         println!(
-            "| {label} | {:.1} µs [{:.1}–{:.1}] | {:+.1} µs | {:.0} | {:.0} |",
-            mid(c),
-            c[0],
-            c[c.len() - 1],
-            mid(c) - mid(&cpu[0]),
+            "| {label} | {:.1} µs [{:.1}–{:.1}] | {:.1} µs [{:.1}–{:.1}] | {:.1} µs | {:+.1} µs | {:.0} | {:.0} |",
+            mid(a),
+            a[0],
+            a[a.len() - 1],
+            mid(b),
+            b[0],
+            b[b.len() - 1],
+            mid(t),
+            mid(t) - mid(&both[0]),
             mid(&sorted(batches[i].clone())),
-            mid(&sorted(runs[i].iter().map(|r| r.rps).collect()))
+            mid(&sorted(runs[i].iter().map(|(r, _)| r.rps).collect()))
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
