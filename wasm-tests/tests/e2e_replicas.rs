@@ -62,6 +62,13 @@ fn replica_config_every(text: String, peers: [u16; 2], share: Share, interval_ms
         .replace("  clusters:\n", &format!("  clusters:\n{cluster}\n"))
 }
 
+/// `n` idle fake vLLM servers and their ports.
+fn idle_fleet(n: usize) -> (Vec<FakeVllm>, Vec<u16>) {
+    let servers: Vec<FakeVllm> = (0..n).map(|_| FakeVllm::start(Load::idle()).unwrap()).collect();
+    let ports = servers.iter().map(|s| s.port).collect();
+    (servers, ports)
+}
+
 struct Pair {
     servers: Vec<FakeVllm>,
     a: Envoy,
@@ -83,8 +90,7 @@ fn pair_edited(share: bool, interval_ms: u64, edit: fn(String) -> String) -> Pai
 }
 
 fn pair_sharing(share: Share, interval_ms: u64, edit: fn(String) -> String) -> Pair {
-    let servers: Vec<FakeVllm> = (0..4).map(|_| FakeVllm::start(Load::idle()).unwrap()).collect();
-    let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
+    let (servers, ports) = idle_fleet(4);
     let peers = [free_port(), free_port()];
     let start = |listen: u16| {
         Envoy::start_listening("envoy.yaml", &ports, 2, Some(listen), |t| {
@@ -252,8 +258,7 @@ fn replicas_from_eds(text: String, dir: &std::path::Path) -> String {
 /// does (a Deployment's pods replaced, scaled out or in).
 #[test]
 fn a_replica_joining_or_leaving_the_cluster_is_followed() {
-    let servers: Vec<FakeVllm> = (0..4).map(|_| FakeVllm::start(Load::idle()).unwrap()).collect();
-    let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
+    let (servers, ports) = idle_fleet(4);
     let peers = [free_port(), free_port()];
     let dir = std::env::temp_dir().join(format!("kvroute-replicas-eds-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -320,8 +325,7 @@ fn a_replica_joining_or_leaving_the_cluster_is_followed() {
 /// address for its own and stop sending there.
 #[test]
 fn a_batch_the_fallback_brought_back_does_not_make_another_address_this_gateway() {
-    let servers: Vec<FakeVllm> = (0..2).map(|_| FakeVllm::start(Load::idle()).unwrap()).collect();
-    let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
+    let (servers, ports) = idle_fleet(2);
     let peers = [free_port(), free_port()];
     let missing = free_port();
     let listed = |t: String| {
@@ -351,8 +355,7 @@ fn a_batch_the_fallback_brought_back_does_not_make_another_address_this_gateway(
 /// counted every interval and logged once, not every 200 ms.
 #[test]
 fn a_replicas_listing_that_keeps_failing_is_logged_once() {
-    let servers: Vec<FakeVllm> = (0..2).map(|_| FakeVllm::start(Load::idle()).unwrap()).collect();
-    let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
+    let (servers, ports) = idle_fleet(2);
     let peers = [free_port(), free_port()];
     let envoy = Envoy::start_listening("envoy.yaml", &ports, 2, Some(peers[0]), |t| {
         replica_config_every(t, peers, Share::Discovered, 5).replace(
@@ -374,8 +377,7 @@ fn a_replicas_listing_that_keeps_failing_is_logged_once() {
 /// batches: each says so once in its log, with the cause, and counts every failed forward.
 #[test]
 fn replicas_with_different_secrets_say_why_their_forwards_fail() {
-    let servers: Vec<FakeVllm> = (0..2).map(|_| FakeVllm::start(Load::idle()).unwrap()).collect();
-    let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
+    let (servers, ports) = idle_fleet(2);
     let peers = [free_port(), free_port()];
     let a = Envoy::start_listening("envoy.yaml", &ports, 2, Some(peers[0]), |t| {
         replica_config_every(t, peers, Share::Listed, 5)

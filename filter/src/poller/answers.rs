@@ -2,6 +2,7 @@
 //! and `/v1/models`, the replicas' acknowledgements; and the fleet state they publish.
 
 use kvroute_core::discovery::{parse_clusters, parse_models, DiscoveryError};
+use kvroute_core::fleet::Host;
 use kvroute_core::{parse_metrics, EndpointId, Millis};
 use proxy_wasm::types::{BufferType, LogLevel};
 
@@ -84,22 +85,8 @@ impl Poller {
     }
 
     fn on_clusters(&mut self, ok: bool, body_size: usize, status: Option<&[u8]>) {
-        let max = self.config.discovery().max_bytes;
         let cluster = self.config.pool_cluster().to_string();
-        let hosts = if !ok {
-            Err(match status {
-                Some(s) => format!("Envoy's admin answered {}", String::from_utf8_lossy(s)),
-                None => "no answer from Envoy's admin (timeout or connection failure)".into(),
-            })
-        } else if body_size > max {
-            Err(format!(
-                "/clusters answer of {body_size} bytes is over discovery.max_bytes ({max})"
-            ))
-        } else {
-            host::buffer(BufferType::HttpCallResponseBody, 0, body_size)
-                .map_err(|s| format!("cannot read the /clusters answer: {s:?}"))
-                .and_then(|body| parse_clusters(&body, &cluster).map_err(|e| e.to_string()))
-        };
+        let hosts = self.clusters_answer(ok, body_size, status, &cluster, "discovery.cluster");
         match hosts {
             Ok(hosts) => {
                 self.stats.discovery_success.inc();
@@ -137,32 +124,43 @@ impl Poller {
         }
     }
 
+    /// The hosts of `cluster` in the admin's answer to `/clusters`, or why not (`field`: the
+    /// setting that names the cluster, for the hint when Envoy has no such cluster).
+    fn clusters_answer(
+        &self,
+        ok: bool,
+        body_size: usize,
+        status: Option<&[u8]>,
+        cluster: &str,
+        field: &str,
+    ) -> Result<Vec<Host>, String> {
+        let max = self.config.discovery().max_bytes;
+        if !ok {
+            return Err(match status {
+                Some(s) => format!("Envoy's admin answered {}", String::from_utf8_lossy(s)),
+                None => "no answer from Envoy's admin (timeout or connection failure)".into(),
+            });
+        }
+        if body_size > max {
+            return Err(format!(
+                "/clusters answer of {body_size} bytes is over discovery.max_bytes ({max})"
+            ));
+        }
+        let body = host::buffer(BufferType::HttpCallResponseBody, 0, body_size)
+            .map_err(|s| format!("cannot read the /clusters answer: {s:?}"))?;
+        parse_clusters(&body, cluster).map_err(|e| match e {
+            DiscoveryError::NoSuchCluster(_) => {
+                format!("Envoy has no cluster named {cluster:?} (check {field}, or the cluster is still warming)")
+            }
+            other => other.to_string(),
+        })
+    }
+
     fn on_replicas(&mut self, ok: bool, body_size: usize, status: Option<&[u8]>) {
         let Some(cluster) = self.config.share().replicas.as_ref().map(|r| r.cluster.clone()) else {
             return;
         };
-        let max = self.config.discovery().max_bytes;
-        let hosts = if !ok {
-            Err(match status {
-                Some(s) => format!("Envoy's admin answered {}", String::from_utf8_lossy(s)),
-                None => "no answer from Envoy's admin (timeout or connection failure)".into(),
-            })
-        } else if body_size > max {
-            Err(format!(
-                "/clusters answer of {body_size} bytes is over discovery.max_bytes ({max})"
-            ))
-        } else {
-            host::buffer(BufferType::HttpCallResponseBody, 0, body_size)
-                .map_err(|s| format!("cannot read the /clusters answer: {s:?}"))
-                .and_then(|body| {
-                    parse_clusters(&body, &cluster).map_err(|e| match e {
-                        DiscoveryError::NoSuchCluster(_) => {
-                            format!("Envoy has no cluster named {cluster:?} (check share.replicas.cluster)")
-                        }
-                        other => other.to_string(),
-                    })
-                })
-        };
+        let hosts = self.clusters_answer(ok, body_size, status, &cluster, "share.replicas.cluster");
         match hosts {
             Ok(hosts) => {
                 let change = self.replicas.on_hosts(&hosts);
