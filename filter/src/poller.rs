@@ -78,8 +78,6 @@ pub struct Poller {
     /// When Envoy's listing of the replicas was last asked for, and whether the answer is out.
     last_replicas_poll: Option<Millis>,
     replicas_polling: bool,
-    /// The last attempt to ask the admin for the replicas could not be dispatched (logged once).
-    replicas_undispatched: bool,
     /// Why the last reading of the replicas' cluster failed (logged when it changes).
     replicas_failure: Option<String>,
     last_scrape: Millis,
@@ -143,7 +141,6 @@ impl Poller {
             replicas: listed.unwrap_or_default(),
             last_replicas_poll: None,
             replicas_polling: false,
-            replicas_undispatched: false,
             replicas_failure: None,
             last_scrape: Millis(0),
             last_poll: None,
@@ -316,39 +313,32 @@ impl Poller {
         ) else {
             return;
         };
-        let mut sent = Vec::new();
-        let mut failed = Vec::new();
-        for peer in self.replicas.targets() {
+        let targets: Vec<String> = self.replicas.targets().cloned().collect();
+        for peer in targets {
             match host::dispatch_post(
                 &replicas.cluster,
-                peer,
+                &peer,
                 &replicas.path,
                 &replicas.secret,
                 &body,
                 replicas.interval_ms.max(200),
             ) {
                 Ok(token) => {
-                    sent.push((token, peer.clone()));
+                    self.calls.insert(token, Call::Forward(peer));
                     self.stats.forwarded.inc();
                 }
                 Err(status) => {
                     self.stats.forward_failure.inc();
-                    failed.push((peer.clone(), status));
+                    if self.replicas.on_forward(&peer, Some("cannot dispatch")) {
+                        host::log(
+                            LogLevel::Warn,
+                            &format!(
+                                "cannot forward to replica {peer} through cluster {}: {status:?}",
+                                replicas.cluster
+                            ),
+                        );
+                    }
                 }
-            }
-        }
-        for (token, peer) in sent {
-            self.calls.insert(token, Call::Forward(peer));
-        }
-        for (peer, status) in failed {
-            if self.replicas.on_forward(&peer, Some("cannot dispatch")) {
-                host::log(
-                    LogLevel::Warn,
-                    &format!(
-                        "cannot forward to replica {peer} through cluster {}: {status:?}",
-                        replicas.cluster
-                    ),
-                );
             }
         }
     }
@@ -372,22 +362,15 @@ impl Poller {
             Ok(token) => {
                 self.calls.insert(token, Call::Replicas);
                 self.replicas_polling = true;
-                self.replicas_undispatched = false;
             }
+            // BadArgument: Envoy has no cluster of that name.
             Err(status) => {
-                self.stats.replicas_discovery_failure.inc();
-                // Once until it works again, not every interval (BadArgument: Envoy has no
-                // cluster of that name).
-                if !std::mem::replace(&mut self.replicas_undispatched, true) {
-                    host::log(
-                        LogLevel::Warn,
-                        &format!(
-                            "cannot ask Envoy's admin for the replicas via cluster {}: {status:?} \
-                             (is discovery.admin_cluster a cluster of this Envoy?)",
-                            discovery.admin_cluster
-                        ),
-                    );
-                }
+                let why = format!(
+                    "cannot ask Envoy's admin via cluster {}: {status:?} (is discovery.admin_cluster a cluster of \
+                     this Envoy?)",
+                    discovery.admin_cluster
+                );
+                self.replicas_listing_failed(why);
             }
         }
     }

@@ -15,7 +15,7 @@ mod validate;
 pub use raw::*;
 use validate::{
     validate_capture, validate_discovery, validate_endpoints, validate_hashing, validate_health, validate_lease,
-    validate_scoring, validate_scrape, validate_share, validate_tiers,
+    validate_replicas_cluster, validate_scoring, validate_scrape, validate_share, validate_tiers,
 };
 
 /// A rejected configuration: the field, what was wrong, and what to do.
@@ -146,7 +146,7 @@ impl Config {
     /// Whether the other gateway replicas are learned from Envoy (`share.replicas` without
     /// `peers`: the hosts of `share.replicas.cluster`).
     pub fn discovers_replicas(&self) -> bool {
-        self.raw.share.replicas.as_ref().is_some_and(|r| r.peers.is_empty())
+        self.raw.share.replicas.as_ref().is_some_and(RawReplicas::discovered)
     }
     /// The cluster whose hosts make the pool.
     pub fn pool_cluster(&self) -> &str {
@@ -180,24 +180,9 @@ impl TryFrom<RawConfig> for Config {
         validate_share(&raw.share)?;
         validate_capture(&raw.capture, &raw.hashing)?;
         validate_tiers(&raw)?;
-        if let Some(r) = &raw.share.replicas {
-            let pool = [raw.discovery.cluster.as_str(), raw.scrape.cluster.as_str()];
-            let taken = if pool.contains(&r.cluster.as_str()) {
-                Some("the pool's cluster: batches (and the shared secret) would go to the vLLM servers")
-            } else if r.cluster == raw.discovery.admin_cluster {
-                Some("the admin's cluster: batches (and the shared secret) would go to Envoy's admin")
-            } else {
-                None
-            };
-            if let Some(why) = taken {
-                return Err(reject(
-                    "share.replicas.cluster",
-                    format!("({:?}) is {why}; name the cluster of the gateway replicas", r.cluster),
-                ));
-            }
-        }
+        validate_replicas_cluster(&raw)?;
         // The admin is asked for the pool, or for the replicas when they are not listed.
-        let replicas_discovered = raw.share.replicas.as_ref().is_some_and(|r| r.peers.is_empty());
+        let replicas_discovered = raw.share.replicas.as_ref().is_some_and(RawReplicas::discovered);
         if raw.endpoints.is_empty() || replicas_discovered {
             validate_discovery(&raw.discovery)?;
         } else {

@@ -29,20 +29,17 @@ impl Poller {
         match call {
             Call::Forward(peer) => {
                 let delivered = status.as_deref() == Some(b"204");
-                let by_kvroute =
-                    host::call_response_header(SELF_HEADER).ok().flatten().as_deref() == Some(REFUSED_VALUE.as_bytes());
-                let failure = (!delivered).then(|| forward_failure(status.as_deref(), by_kvroute));
+                let marker = host::call_response_header(SELF_HEADER).ok().flatten();
+                let failure = (!delivered).then(|| {
+                    let by_kvroute = marker.as_deref() == Some(REFUSED_VALUE.as_bytes());
+                    forward_failure(status.as_deref(), by_kvroute)
+                });
                 if self.replicas.on_forward(&peer, failure.as_deref()) {
                     log_forward(&peer, failure.as_deref());
                 }
                 if !delivered {
                     self.stats.forward_failure.inc();
-                } else if host::call_response_header(SELF_HEADER)
-                    .ok()
-                    .flatten()
-                    .is_some_and(|answer| answers_self(&answer, &peer))
-                    && self.replicas.mark_own(&peer)
-                {
+                } else if marker.is_some_and(|answer| answers_self(&answer, &peer)) && self.replicas.mark_own(&peer) {
                     host::log(
                         LogLevel::Info,
                         &format!("replica {peer} is this gateway: not forwarding to it"),
@@ -175,17 +172,20 @@ impl Poller {
                     host::log(LogLevel::Info, &format!("replica discovery reads {cluster} again"));
                 }
             }
-            Err(why) => {
-                self.stats.replicas_discovery_failure.inc();
-                // Once per cause, not every interval.
-                if self.replicas_failure.as_deref() != Some(why.as_str()) {
-                    host::log(
-                        LogLevel::Warn,
-                        &format!("replica discovery failed (keeping the last replicas): {why}"),
-                    );
-                    self.replicas_failure = Some(why);
-                }
-            }
+            Err(why) => self.replicas_listing_failed(why),
+        }
+    }
+
+    /// Counts a failed reading of the replicas' cluster; logs it once per cause, not every
+    /// interval.
+    pub(super) fn replicas_listing_failed(&mut self, why: String) {
+        self.stats.replicas_discovery_failure.inc();
+        if self.replicas_failure.as_deref() != Some(why.as_str()) {
+            host::log(
+                LogLevel::Warn,
+                &format!("replica discovery failed (keeping the last replicas): {why}"),
+            );
+            self.replicas_failure = Some(why);
         }
     }
 

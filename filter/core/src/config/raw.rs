@@ -310,6 +310,13 @@ pub struct RawReplicas {
     pub max_body_bytes: usize,
 }
 
+impl RawReplicas {
+    /// Whether the replicas are learned from Envoy (no `peers` listed).
+    pub fn discovered(&self) -> bool {
+        self.peers.is_empty()
+    }
+}
+
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RawIndex {

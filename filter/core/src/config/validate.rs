@@ -350,6 +350,26 @@ pub(super) fn validate_replicas(r: &super::RawReplicas) -> Result<(), ConfigErro
     Ok(())
 }
 
+/// The replicas' cluster must be neither the pool's nor the admin's: batches, and the
+/// shared secret with them, would go to the vLLM servers or to Envoy's admin.
+pub(super) fn validate_replicas_cluster(raw: &RawConfig) -> Result<(), ConfigError> {
+    let Some(r) = &raw.share.replicas else {
+        return Ok(());
+    };
+    let pool = [raw.discovery.cluster.as_str(), raw.scrape.cluster.as_str()];
+    let why = if pool.contains(&r.cluster.as_str()) {
+        "the pool's cluster: batches (and the shared secret) would go to the vLLM servers"
+    } else if r.cluster == raw.discovery.admin_cluster {
+        "the admin's cluster: batches (and the shared secret) would go to Envoy's admin"
+    } else {
+        return Ok(());
+    };
+    Err(reject(
+        "share.replicas.cluster",
+        format!("({:?}) is {why}; name the cluster of the gateway replicas", r.cluster),
+    ))
+}
+
 pub(super) fn validate_capture(c: &RawCapture, h: &RawHashing) -> Result<(), ConfigError> {
     if !(0.0..=1.0).contains(&c.sample) {
         return Err(reject(
