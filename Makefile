@@ -188,12 +188,13 @@ fmt:
 
 ## bench: criterion benches of the routing hot path, then the routing-quality matrix
 ## (5 workloads x 50/80/110/130% load x 9 policies, 8 simulated H100s, whole run and steady
-## state; target/matrix.{md,json})
+## state; target/matrix.{md,json}; then each cell's verdict replica by replica)
 bench:
 	$(CARGO) bench -p kvroute-core --bench route
 	$(CARGO) build --release -p kvroute-sim
 	target/release/kvroute-sim matrix --traces simulator/traces --loads 50,80,110,130 --steady-from 0.25 \
 		--json target/matrix.json --markdown target/matrix.md
+	python3 scripts/matrix-verdicts.py target/matrix.json
 
 ## bench-overhead: kvroute's cost in real Envoy: added latency (1/32 KiB), wrk throughput
 ## ratio and latency (1/32/256 KiB, 1/8/32 connections), Envoy RSS, polling CPU (4, 64, 256 servers; pool learned from Envoy vs static)
