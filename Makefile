@@ -188,12 +188,14 @@ fmt:
 
 ## bench: criterion benches of the routing hot path, then the routing-quality matrix
 ## (5 workloads x 50/80/110/130% load x 9 policies, 8 simulated H100s, whole run and steady
-## state; target/matrix.{md,json}; then each cell's verdict replica by replica)
+## state; target/matrix.{md,json}; then each cell's verdict replica by replica). REPLICAS per
+## cell (3; 9 decides margins of a few percent: about an hour on a 2-core machine)
+bench: REPLICAS ?= 3
 bench:
 	$(CARGO) bench -p kvroute-core --bench route
 	$(CARGO) build --release -p kvroute-sim
 	target/release/kvroute-sim matrix --traces simulator/traces --loads 50,80,110,130 --steady-from 0.25 \
-		--json target/matrix.json --markdown target/matrix.md
+		--replicas $(REPLICAS) --json target/matrix.json --markdown target/matrix.md
 	python3 scripts/matrix-verdicts.py target/matrix.json
 
 ## bench-overhead: kvroute's cost in real Envoy: added latency (1/32 KiB), wrk throughput
