@@ -85,6 +85,11 @@ impl PrefixIndex {
         self.slots.iter().map(|s| s.ticks.len()).sum()
     }
 
+    /// Entries held for `slot` now: how much of the prefix space the index places there.
+    pub fn held(&self, slot: Slot) -> usize {
+        self.slots.get(usize::from(slot)).map_or(0, |s| s.ticks.len())
+    }
+
     pub fn budget_entries(&self) -> usize {
         self.budget_entries
     }

@@ -310,7 +310,7 @@ fn median_of(config: &Config, cands: &[Candidate], value: impl Fn(&Candidate) ->
 /// typical rate scaled by it (`weights`: a fleet that starts cold). The configured rate
 /// stands in for the typical rate while none is learned, and is used alone when learning
 /// is off.
-fn server_rate(config: &Config, c: &Candidate, ctx: &ScoreContext) -> f64 {
+pub(crate) fn server_rate(config: &Config, c: &Candidate, ctx: &ScoreContext) -> f64 {
     let prior = config.cost().prefill_tokens_per_s;
     if !config.cost().learn_speeds {
         return prior;
@@ -363,6 +363,15 @@ fn weighted(config: &Config, cands: &[Candidate], ctx: &ScoreContext) -> Vec<Ter
 /// every gateway worker and replica computes the same owner with no shared state.
 pub fn rendezvous_weight(first_block: BlockHash, endpoint: &EndpointId) -> u64 {
     mix(first_block.0 ^ str_hash(endpoint.as_str()))
+}
+
+/// Weighted rendezvous (the logarithmic method): the candidate with the highest
+/// `weight / −ln(u)`, `u` its hash with `first_block` mapped into (0, 1), wins with
+/// probability proportional to its weight, and routers that agree on the weights agree on
+/// the winner. Equal weights pick the same owner as `rendezvous_weight`.
+pub fn weighted_rendezvous(first_block: BlockHash, endpoint: &EndpointId, weight: f64) -> f64 {
+    let u = ((rendezvous_weight(first_block, endpoint) >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+    weight / -u.ln()
 }
 
 /// FNV-1a: stable across builds and platforms, unlike std's hasher.

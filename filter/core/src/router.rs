@@ -248,7 +248,7 @@ impl Router {
             (row.prefill_ms, row.decode_ms, row.kv_ms, row.cost, row.ttft_ms) =
                 (t.prefill_ms, t.decode_ms, t.kv_ms, t.cost, t.ttft_ms);
         }
-        let (order, tier, holder_first) = self.order(req, &cands, &terms, now);
+        let (order, tier, holder_first) = self.order(req, &cands, &terms, &ctx);
         let matched_blocks = cands[order[0]].matched_blocks;
         let endpoints = order
             .iter()

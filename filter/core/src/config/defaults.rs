@@ -141,6 +141,8 @@ impl Default for RawCost {
             kv_pressure_threshold: 0.8,
             kv_pressure_ms: 200.0,
             cold_tolerance: 0.1,
+            cold_balance: 16.0,
+            served_tokens_kept: 0.5,
             holder_tolerance: 0.3,
             holder_min_share: 0.7,
             default_prompt_tokens: 512,

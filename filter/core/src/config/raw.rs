@@ -176,6 +176,17 @@ pub struct RawCost {
     pub kv_pressure_threshold: f64,
     pub kv_pressure_ms: f64,
     pub cold_tolerance: f64,
+    /// A cold prefix's owner among the candidates within `cold_tolerance` is drawn by
+    /// weighted rendezvous: each candidate's weight falls by e^(−cold_balance × r) where r
+    /// is how far the prefix index entries it holds per unit of prefill rate lie above the
+    /// candidates' mean, in fractions of that mean (`Router::prefer_rendezvous_owner`); 0
+    /// draws by the plain hash, as does a router that does not see most of every
+    /// candidate's traffic (`seen`).
+    pub cold_balance: f64,
+    /// The share of a request's uncached tokens that still counts in the scraped bound of
+    /// its server's queue after its first token, until the next scrape (before it, a
+    /// request's tokens counted in full until its completion or the next scrape).
+    pub served_tokens_kept: f64,
     /// A candidate that holds at least `holder_min_share` of the prompt's blocks (and more
     /// than the best-scored candidate) goes first when its cost is within this fraction of
     /// the best (`Router::prefer_prefix_holder`); 0 turns it off.

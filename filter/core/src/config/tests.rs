@@ -143,6 +143,9 @@ fn out_of_range_numbers_are_rejected() {
         (r#"{"cost": {"first_token_steps": -1}}"#, "cost.first_token_steps"),
         (r#"{"cost": {"holder_tolerance": 1.5}}"#, "cost.holder_tolerance"),
         (r#"{"cost": {"holder_min_share": -0.1}}"#, "cost.holder_min_share"),
+        (r#"{"cost": {"served_tokens_kept": 1.5}}"#, "cost.served_tokens_kept"),
+        (r#"{"cost": {"cold_balance": -1}}"#, "cost.cold_balance"),
+        (r#"{"cost": {"cold_balance": 100}}"#, "cost.cold_balance"),
         (
             r#"{"cost": {"speed_weights": {"10.0.0.1:8000": 0}}}"#,
             "cost.speed_weights",
@@ -155,6 +158,7 @@ fn out_of_range_numbers_are_rejected() {
         assert_eq!(parse(json).unwrap_err().field, field, "{json}");
     }
     assert!(parse(r#"{"cost": {"progress_credit": 0, "attention_tokens": 0}}"#).is_ok());
+    assert!(parse(r#"{"cost": {"cold_balance": 0, "served_tokens_kept": 1}}"#).is_ok());
     let e = parse(r#"{"cost": {"speed_weights": {"10.0.0.9:8000": 0}}}"#).unwrap_err();
     assert!(e.to_string().contains("10.0.0.9:8000"), "names the server: {e}");
 }

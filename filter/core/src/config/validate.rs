@@ -213,10 +213,17 @@ pub(super) fn validate_scoring(raw: &RawConfig) -> Result<(), ConfigError> {
         ("cost.cold_tolerance", c.cold_tolerance),
         ("cost.holder_tolerance", c.holder_tolerance),
         ("cost.holder_min_share", c.holder_min_share),
+        ("cost.served_tokens_kept", c.served_tokens_kept),
     ] {
         if !(0.0..=1.0).contains(&v) {
             return Err(reject(field, format!("({v}) must be in [0, 1]")));
         }
+    }
+    if !(0.0..=64.0).contains(&c.cold_balance) {
+        return Err(reject(
+            "cost.cold_balance",
+            format!("({}) must be in [0, 64]", c.cold_balance),
+        ));
     }
     let w = &raw.weighted;
     if [w.queue, w.kv, w.prefix].iter().any(|v| !(v.is_finite() && *v >= 0.0)) || w.queue + w.kv + w.prefix <= 0.0 {

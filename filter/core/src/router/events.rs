@@ -21,6 +21,17 @@ fn unseen_by_scrape(scraped_at: Option<Millis>, routed_at: Millis) -> bool {
     scraped_at.is_none_or(|s| routed_at >= s)
 }
 
+/// What of a request's `uncached` tokens counts in its server's `sent_tokens_since_scrape`
+/// once its first token came (`cost.served_tokens_kept`): its prefill is done, and the
+/// decode it started weighs on the server until the next scrape shows it running. In full
+/// (the earlier rule), a server that had just served a prompt read as busy as one still
+/// computing its own, and the rendezvous owner of a new prefix took it to the busy one
+/// (replay, shared-prefix 50%: cold prompts at 60-83 ms beside 48-57 ms); not at all, rag
+/// at 80% load read 3.9% worse (BENCHMARKS.md, "The served prompt's tokens").
+fn kept_after_first_token(uncached: Tokens, share: f64) -> Tokens {
+    Tokens((uncached.0 as f64 * share).round() as u64)
+}
+
 impl Router {
     /// The caller sent `request_id` per `decision` (to its best endpoint first).
     pub fn on_routed(&mut self, request_id: u64, req: &RouteRequest, decision: &Decision, now: Millis) {
@@ -275,8 +286,12 @@ impl Router {
         let (uncached, routed_at, prompt) = (record.uncached, record.routed_at, record.prompt_tokens);
         let cached = prompt.saturating_sub(uncached);
         let attention_tokens = self.config.cost().attention_tokens;
+        let kept = kept_after_first_token(uncached, self.config.cost().served_tokens_kept);
         if let Some(e) = self.table.get_mut(&record.endpoint) {
             e.seen.on_served(prompt);
+            if unseen_by_scrape(e.scraped_at, routed_at) {
+                e.sent_tokens_since_scrape = e.sent_tokens_since_scrape.saturating_sub(uncached.saturating_sub(kept));
+            }
             e.pending_prefill_tokens = e.pending_prefill_tokens.saturating_sub(uncached);
             if e.prefilling
                 .first_key_value()
@@ -296,6 +311,7 @@ impl Router {
     }
 
     pub(super) fn release(&mut self, record: &Inflight) {
+        let share = self.config.cost().served_tokens_kept;
         if let Some(e) = self.table.get_mut(&record.endpoint) {
             e.inflight = e.inflight.saturating_sub(1);
             if record.prefilling {
@@ -304,7 +320,12 @@ impl Router {
             }
             if unseen_by_scrape(e.scraped_at, record.routed_at) {
                 e.sent_since_scrape = e.sent_since_scrape.saturating_sub(1);
-                e.sent_tokens_since_scrape = e.sent_tokens_since_scrape.saturating_sub(record.uncached);
+                let counted = if record.prefilling {
+                    record.uncached
+                } else {
+                    kept_after_first_token(record.uncached, share)
+                };
+                e.sent_tokens_since_scrape = e.sent_tokens_since_scrape.saturating_sub(counted);
             }
         }
     }
@@ -317,13 +338,19 @@ impl Router {
         // Requests routed since the scrape was taken are still unseen by it (a snapshot
         // reaches a worker some milliseconds after the scrape).
         let (mut sent, mut sent_tokens) = (0u32, Tokens(0));
+        let share = self.config.cost().served_tokens_kept;
         for r in self
             .inflight
             .values()
             .filter(|r| r.endpoint == *id && r.routed_at >= scraped_at)
         {
             sent = sent.saturating_add(1);
-            sent_tokens = sent_tokens.saturating_add(r.uncached);
+            let counted = if r.prefilling {
+                r.uncached
+            } else {
+                kept_after_first_token(r.uncached, share)
+            };
+            sent_tokens = sent_tokens.saturating_add(counted);
         }
         let prior = self.config.cost().prefill_tokens_per_s;
         let e = self.table.get_mut(id)?;

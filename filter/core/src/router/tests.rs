@@ -437,23 +437,29 @@ fn weighted_policy_prefers_the_prefix_holder_at_equal_load() {
 
 #[test]
 fn independent_routers_agree_on_the_owner_of_a_cold_prefix() {
-    let a = router(PolicyKind::Cost, &idle(8));
+    let mut a = router(PolicyKind::Cost, &idle(8));
     let mut b = router(PolicyKind::Cost, &idle(8));
-    // b has routed unrelated traffic; its rotation and index differ from a's.
+    // Both served the same unrelated request (their indexes agree, as those of workers
+    // and replicas that share their placements do); b has routed more since (its rotation
+    // differs) and scraped its server later.
+    for r in [&mut a, &mut b] {
+        let other = r.route(&req(99, 4), T0);
+        r.on_routed(1, &req(99, 4), &other, T0);
+        r.on_completed(
+            1,
+            &Completion {
+                served_by: None,
+                status: 200,
+                cached_tokens: Some(0),
+                prompt_tokens: None,
+                usage: true,
+                client_left: false,
+            },
+            T0,
+        );
+    }
     let other = b.route(&req(99, 4), T0);
-    b.on_routed(1, &req(99, 4), &other, T0);
-    b.on_completed(
-        1,
-        &Completion {
-            served_by: None,
-            status: 200,
-            cached_tokens: Some(0),
-            prompt_tokens: None,
-            usage: true,
-            client_left: false,
-        },
-        T0,
-    );
+    b.on_routed(2, &req(99, 4), &other, T0);
     b.on_metrics(other.best().unwrap(), load(0, 0, 0.0), T0);
     let owners: Vec<_> = (0..20)
         .map(|p| {
@@ -466,6 +472,72 @@ fn independent_routers_agree_on_the_owner_of_a_cold_prefix() {
     assert!(owners.iter().all(|(x, y)| x == y), "{owners:?}");
     let distinct: std::collections::BTreeSet<_> = owners.iter().map(|(x, _)| x.clone()).collect();
     assert!(distinct.len() >= 4, "rendezvous spreads prefixes: {distinct:?}");
+}
+
+#[test]
+fn a_server_holding_more_of_the_index_draws_fewer_cold_prefixes() {
+    // Server 0 holds 40 prefixes, the others none: with `cold_balance` the new prefixes
+    // go elsewhere; with the plain hash (0) about a quarter of them land there, and so
+    // they do for a router that sees only half of the servers' traffic (a gateway replica
+    // that does not share its placements: the others' indexes differ from its own).
+    let owners = |balance: f64, seen: f64| {
+        let mut raw = RawConfig {
+            endpoints: (0..4).map(|i| format!("10.0.0.{i}:8000")).collect(),
+            ..RawConfig::default()
+        };
+        raw.cost.cold_balance = balance;
+        let mut r = Router::new(Config::try_from(raw).unwrap());
+        for i in 0..4 {
+            r.on_metrics(&ep(i), load(0, 0, 0.0), T0);
+            let e = r.table.get_mut(&ep(i)).unwrap();
+            e.seen.on_counters(Some(0.0), T0);
+            e.seen.on_served(Tokens((10_000.0 * seen) as u64));
+            e.seen.on_counters(Some(10_000.0), Millis(T0.0 + 200));
+        }
+        let slot = r.endpoints()[0].slot;
+        for p in 0..40 {
+            r.index.record(slot, &req(1000 + p, 8).blocks);
+        }
+        (0..40)
+            .filter(|p| r.route(&req(*p, 8), T0).best() == Some(&ep(0)))
+            .count()
+    };
+    assert_eq!(owners(16.0, 1.0), 0);
+    let plain = owners(0.0, 1.0);
+    assert!((5..=15).contains(&plain), "{plain} of 40 with the plain hash");
+    assert_eq!(owners(16.0, 0.5), plain);
+}
+
+#[test]
+fn a_served_prompt_stops_counting_as_queued_prefill() {
+    // Two cold prompts on two idle servers, one of them served (first token): a third sees
+    // the server that served as the cheaper one. With the earlier rule (the tokens kept in
+    // full until the next scrape) the two read alike.
+    let costs = |kept: f64| {
+        let mut raw = RawConfig {
+            endpoints: (0..2).map(|i| format!("10.0.0.{i}:8000")).collect(),
+            ..RawConfig::default()
+        };
+        raw.cost.served_tokens_kept = kept;
+        raw.cost.learn_speeds = false;
+        let mut r = Router::new(Config::try_from(raw).unwrap());
+        for i in 0..2 {
+            r.on_metrics(&ep(i), load(0, 0, 0.0), T0);
+        }
+        let first = r.route(&req(1, 32), T0);
+        r.on_routed(1, &req(1, 32), &first, T0);
+        let second = r.route(&req(2, 32), T0);
+        r.on_routed(2, &req(2, 32), &second, T0);
+        assert_ne!(first.best(), second.best());
+        r.on_first_token(1, Millis(T0.0 + 1));
+        let d = r.route(&req(3, 32), Millis(T0.0 + 1));
+        let cost = |id: &EndpointId| d.breakdown.iter().find(|s| s.endpoint == *id).unwrap().cost.0;
+        (cost(first.best().unwrap()), cost(second.best().unwrap()))
+    };
+    let (served, busy) = costs(0.0);
+    assert!(served < busy, "{served} vs {busy}");
+    let (served, busy) = costs(1.0);
+    assert!((served - busy).abs() < 1e-9, "{served} vs {busy}");
 }
 
 #[test]
