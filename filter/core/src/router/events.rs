@@ -26,8 +26,9 @@ fn unseen_by_scrape(scraped_at: Option<Millis>, routed_at: Millis) -> bool {
 /// decode it started weighs on the server until the next scrape shows it running. In full
 /// (the earlier rule), a server that had just served a prompt read as busy as one still
 /// computing its own, and the rendezvous owner of a new prefix took it to the busy one
-/// (replay, shared-prefix 50%: cold prompts at 60-83 ms beside 48-57 ms); not at all, rag
-/// at 80% load read 3.9% worse (BENCHMARKS.md, "A cold prefix's owner, weighted").
+/// (replay, shared-prefix 50%: 12 of 64 cold prompts at 59-83 ms, none over 57 ms with
+/// none kept); none kept, rag at 80% load read 3.9% worse (BENCHMARKS.md, "A cold
+/// prefix's owner, weighted").
 fn kept_after_first_token(uncached: Tokens, share: f64) -> Tokens {
     Tokens((uncached.0 as f64 * share).round() as u64)
 }

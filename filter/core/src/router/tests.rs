@@ -53,6 +53,19 @@ fn req(prefix: u64, blocks: usize) -> RouteRequest {
     }
 }
 
+/// A 200 response from `served_by` (`None`: the server routed to) that reported
+/// `cached_tokens` in its usage, or carried no usage at all.
+fn answered(served_by: Option<EndpointId>, cached_tokens: Option<u64>) -> Completion {
+    Completion {
+        served_by,
+        status: 200,
+        cached_tokens,
+        prompt_tokens: None,
+        usage: cached_tokens.is_some(),
+        client_left: false,
+    }
+}
+
 fn idle(n: usize) -> Vec<VllmMetrics> {
     vec![load(0, 0, 0.0); n]
 }
@@ -445,18 +458,7 @@ fn independent_routers_agree_on_the_owner_of_a_cold_prefix() {
     for r in [&mut a, &mut b] {
         let other = r.route(&req(99, 4), T0);
         r.on_routed(1, &req(99, 4), &other, T0);
-        r.on_completed(
-            1,
-            &Completion {
-                served_by: None,
-                status: 200,
-                cached_tokens: Some(0),
-                prompt_tokens: None,
-                usage: true,
-                client_left: false,
-            },
-            T0,
-        );
+        r.on_completed(1, &answered(None, Some(0)), T0);
     }
     let other = b.route(&req(99, 4), T0);
     b.on_routed(2, &req(99, 4), &other, T0);
@@ -548,18 +550,7 @@ fn completion_releases_accounting_and_a_retry_moves_the_prefix() {
     let best = d.best().unwrap().clone();
     let other = if best == ep(0) { ep(1) } else { ep(0) };
     assert_eq!(r.endpoints().iter().find(|e| e.id == best).unwrap().inflight, 1);
-    r.on_completed(
-        7,
-        &Completion {
-            served_by: Some(other.clone()),
-            status: 200,
-            cached_tokens: Some(0),
-            prompt_tokens: None,
-            usage: true,
-            client_left: false,
-        },
-        T0,
-    );
+    r.on_completed(7, &answered(Some(other.clone()), Some(0)), T0);
     assert!(r
         .endpoints()
         .iter()
@@ -575,18 +566,7 @@ fn completion_releases_accounting_and_a_retry_moves_the_prefix() {
     );
     assert_eq!(r.stats().reported_prompt_tokens, req(4, 16).prompt_tokens.0);
     assert_eq!(
-        r.on_completed(
-            7,
-            &Completion {
-                served_by: None,
-                status: 200,
-                cached_tokens: None,
-                prompt_tokens: None,
-                usage: false,
-                client_left: false,
-            },
-            T0
-        ),
+        r.on_completed(7, &answered(None, None), T0),
         None,
         "a second completion is ignored"
     );
@@ -648,18 +628,7 @@ fn prefill_the_gateway_sent_counts_until_the_first_token_even_after_a_scrape() {
         cost_of(&r)
     );
     r.on_first_token(1, T0.plus(31));
-    r.on_completed(
-        1,
-        &Completion {
-            served_by: None,
-            status: 200,
-            cached_tokens: None,
-            prompt_tokens: None,
-            usage: false,
-            client_left: false,
-        },
-        T0.plus(40),
-    );
+    r.on_completed(1, &answered(None, None), T0.plus(40));
     assert_eq!(pending(&r), Tokens(0), "nothing is released twice");
 }
 
