@@ -85,7 +85,7 @@ impl Router {
     /// weighs less, so prefixes spread by what each server already holds as a smallest-tree
     /// rule spreads them, while routers with the same view (workers and replicas that share
     /// their placements) still draw the same owner. With the plain hash the 64 groups of
-    /// shared-prefix fell 5 to 11 on a server (replay); a server with 11 groups gets 11
+    /// shared-prefix fell 6 to 10 on a server (replay); a server with 10 groups gets 10
     /// groups' traffic for the rest of the run.
     fn prefer_rendezvous_owner(
         &self,
@@ -100,6 +100,9 @@ impl Router {
             return;
         }
         let near = near_best(order, terms, self.config.cost().cold_tolerance);
+        if near < 2 {
+            return;
+        }
         let weights = self.balance_weights(cands, ctx);
         let draw = |pos: &usize| {
             let i = order[*pos];
