@@ -55,6 +55,11 @@ pub struct MatrixArgs {
     json: Option<PathBuf>,
     #[arg(long)]
     markdown: Option<PathBuf>,
+    /// With --json: every run also lists each completed request (server, arrival, TTFT,
+    /// cached and reachable tokens, ...): large (about 300 MB for the full matrix on 9
+    /// replicas).
+    #[arg(long, requires = "json")]
+    records: bool,
     #[command(flatten)]
     topology: TopologyArgs,
 }
@@ -123,7 +128,8 @@ pub fn matrix_cmd(a: &MatrixArgs) -> anyhow::Result<()> {
         std::fs::write(p, &md)?;
     }
     if let Some(p) = &a.json {
-        let doc = serde_json::json!({"servers": setup.servers, "capacities": capacities, "cells": all});
+        let cells = kvroute_sim::matrix::json(&all, a.records)?;
+        let doc = serde_json::json!({"servers": setup.servers, "capacities": capacities, "cells": cells});
         std::fs::write(p, serde_json::to_string_pretty(&doc)? + "\n")?;
     }
     Ok(())

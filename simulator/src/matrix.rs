@@ -267,6 +267,29 @@ pub fn cells(
 /// Markdown: per cell, every policy's TTFT p50/p95/p99, throughput and hit rate, and
 /// whether kvroute met the goals (p95 and output throughput at least as good as every
 /// non-oracle baseline; hit rate within 10% of the oracle's).
+/// The cells as JSON; with `records`, each run also lists every completed request (its
+/// server, arrival, TTFT, cached and reachable tokens: what a question about single
+/// decisions needs; about 300 MB for the full matrix on 9 replicas, so off by default).
+pub fn json(cells: &[Cell], records: bool) -> serde_json::Result<serde_json::Value> {
+    let mut doc = serde_json::to_value(cells)?;
+    if !records {
+        return Ok(doc);
+    }
+    let runs = cells.iter().zip(doc.as_array_mut().into_iter().flatten());
+    for (cell, out) in runs {
+        let replicas = cell
+            .replicas
+            .iter()
+            .zip(out["replicas"].as_array_mut().into_iter().flatten());
+        for (replica, out) in replicas {
+            for (run, out) in replica.iter().zip(out.as_array_mut().into_iter().flatten()) {
+                out["records"] = serde_json::to_value(&run.records)?;
+            }
+        }
+    }
+    Ok(doc)
+}
+
 pub fn markdown(cells: &[Cell]) -> String {
     let mut s = String::new();
     for c in cells {
@@ -478,6 +501,37 @@ mod tests {
         assert!((steady[1].ttft_ms.p95 - 25.0).abs() < 1e-9, "{}", steady[1].ttft_ms.p95);
         // The whole runs' p95 is the cold start's.
         assert!(replicas[0][0].ttft_ms.p95 >= 500.0);
+    }
+
+    #[test]
+    fn the_json_lists_each_request_only_when_asked() {
+        let run = |p| run_of(p, &[(0.0, 5.0), (10.0, 7.0), (20.0, 9.0)]);
+        let cell = Cell {
+            workload: "w".into(),
+            load_pct: 50,
+            arrival_rate: 1.0,
+            topology: "one router".into(),
+            replicas: vec![vec![run("a"), run("b")], vec![run("a"), run("b")]],
+            steady_after_ms: None,
+            steady: Vec::new(),
+        };
+        let cells = [cell];
+        let plain = json(&cells, false).unwrap();
+        assert!(plain[0]["replicas"][1][1].get("records").is_none());
+        assert_eq!(plain[0]["replicas"][1][1]["policy"], "b");
+        let full = json(&cells, true).unwrap();
+        let records = full[0]["replicas"][1][1]["records"].as_array().unwrap();
+        assert_eq!(records.len(), 3);
+        assert_eq!(records[1]["arrival_ms"], 10.0);
+        assert_eq!(records[1]["ttft_ms"], 7.0);
+        // Everything else is as without them.
+        let mut stripped = full.clone();
+        for replica in stripped[0]["replicas"].as_array_mut().unwrap() {
+            for run in replica.as_array_mut().unwrap() {
+                run.as_object_mut().unwrap().remove("records");
+            }
+        }
+        assert_eq!(stripped, plain);
     }
 
     #[test]

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::engine::{Engine, Finished};
 
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Record {
     pub server: usize,
     pub arrival_ms: f64,
@@ -127,7 +127,7 @@ pub struct RunReport {
     pub sim_wall_s: f64,
     /// TTFT at quantiles 0, 0.01, …, 1 (ms): enough to plot the CDF from the JSON.
     pub ttft_cdf_ms: Vec<f64>,
-    /// Each completed request (not in the JSON).
+    /// Each completed request (in the JSON only from `matrix --records`).
     #[serde(skip)]
     pub records: Vec<Record>,
     /// Requests the gateway answered 429 (replay with `overload.hold`; not in the JSON).

@@ -19,7 +19,10 @@
 //!   backlog factor makes that charge grow when no endpoint is free: then every recomputed
 //!   token delays the requests already queued and those still arriving, so a cached prefix
 //!   is worth more than a slightly shorter queue (0 when any candidate has no queued
-//!   request, so an under-loaded fleet is scored as before).
+//!   request, so an under-loaded fleet is scored as before). The prefill also delays the
+//!   requests waiting there for their first token, which vLLM runs in the same steps:
+//!   `pending_weight × min(waiting, 2) × this request's uncached tokens / prefill rate` more,
+//!   so a long cold prompt keeps away from a server where short ones are about to start.
 //! - `weighted`: the Gateway API Inference Extension's shape: queue (min-max normalised),
 //!   KV (1 − usage) and prefix (matched fraction) scorers in [0, 1], weighted 2/2/3.
 //! - `least_request`, `round_robin`, `random` (seeded): the classic baselines.
@@ -115,6 +118,14 @@ fn only(cost: f64) -> Terms {
     }
 }
 
+/// At most this many of a server's requests still waiting for a first token are counted
+/// as delayed by a new prompt (`cost.pending_weight`): vLLM schedules waiting prompts first
+/// come, first served, so a new prompt shares its steps with the last ones in the queue,
+/// while those deeper in it are done before it starts. On the replay, counting all of them
+/// cost rag at 110 / 130% load 3-5% of TTFT p95, where every server has a queue; 1 lost
+/// rag 80%'s gain (BENCHMARKS, "A prompt's delay to the requests it joins").
+const PENDING_JOINED: usize = 2;
+
 /// Predicted TTFT in ms. Non-decreasing in waiting, running, KV usage and sent load.
 pub fn predicted_ttft(config: &Config, c: &Candidate, ctx: &ScoreContext) -> Terms {
     let p = config.cost();
@@ -142,6 +153,10 @@ pub fn predicted_ttft(config: &Config, c: &Candidate, ctx: &ScoreContext) -> Ter
     // ranks servers and is kept out of the predicted TTFT; the breakdown shows it in
     // `decode_ms`.
     let stall_ms = p.phase_weight * running * c.uncached.0 as f64 * 1000.0 / rate;
+    // The requests waiting there for a first token run in the same steps as this prefill,
+    // and each of those steps grows by its tokens (`cost.pending_weight`).
+    let joined = c.endpoint.prefilling.len().min(PENDING_JOINED) as f64;
+    let prefill_ms = prefill_ms + p.pending_weight * joined * c.uncached.0 as f64 * 1000.0 / rate;
     Terms {
         prefill_ms,
         decode_ms: decode_ms + stall_ms,

@@ -154,6 +154,11 @@ impl Default for RawCost {
             speed_weights: std::collections::BTreeMap::new(),
             speed_weights_from_envoy: false,
             phase_weight: 0.0,
+            // A cold 2,182-token prompt sent where a 134-token sibling was about to start
+            // took that sibling from ~10 to ~55 ms (replay, shared-prefix): 0.5 gave
+            // shared-prefix and rag below capacity 0.3-1.6% lower TTFT p95, Mooncake 110% 6%
+            // higher (BENCHMARKS, "A prompt's delay to the requests it joins").
+            pending_weight: 0.5,
             progress_credit: 0.5,
             // Per token, the dense layers cost 2 × params FLOPs and attention 4 × layers ×
             // hidden size × position: equal at params / (2 × layers × hidden). Llama-3.1-8B:

@@ -215,6 +215,11 @@ pub struct RawCost {
     /// prefill adds to the decodes running on a server (running × its prefill ms) enters
     /// the cost at this weight, so long prefills keep away from decode-heavy servers.
     pub phase_weight: f64,
+    /// The delay a request's uncached prefill adds to the requests already waiting for
+    /// their first token on a server (vLLM runs them in the same steps, so each step grows
+    /// by its tokens), counted this many times for each of at most two of them: a long cold
+    /// prompt keeps away from a server where short ones are about to start. 0 turns it off.
+    pub pending_weight: f64,
     /// The share of the progress first tokens suggest a server made on its oldest prompt in
     /// prefill that is taken off its pending prefill (`Endpoint::prefill_left`); 0 keeps a
     /// prompt's whole length pending until its first token.

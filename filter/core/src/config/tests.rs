@@ -146,6 +146,7 @@ fn out_of_range_numbers_are_rejected() {
         (r#"{"cost": {"served_tokens_kept": 1.5}}"#, "cost.served_tokens_kept"),
         (r#"{"cost": {"cold_balance": -1}}"#, "cost.cold_balance"),
         (r#"{"cost": {"cold_balance": 100}}"#, "cost.cold_balance"),
+        (r#"{"cost": {"pending_weight": -0.5}}"#, "cost.pending_weight"),
         (
             r#"{"cost": {"speed_weights": {"10.0.0.1:8000": 0}}}"#,
             "cost.speed_weights",
@@ -158,7 +159,7 @@ fn out_of_range_numbers_are_rejected() {
         assert_eq!(parse(json).unwrap_err().field, field, "{json}");
     }
     assert!(parse(r#"{"cost": {"progress_credit": 0, "attention_tokens": 0}}"#).is_ok());
-    assert!(parse(r#"{"cost": {"cold_balance": 0, "served_tokens_kept": 1}}"#).is_ok());
+    assert!(parse(r#"{"cost": {"cold_balance": 0, "served_tokens_kept": 1, "pending_weight": 0}}"#).is_ok());
     let e = parse(r#"{"cost": {"speed_weights": {"10.0.0.9:8000": 0}}}"#).unwrap_err();
     assert!(e.to_string().contains("10.0.0.9:8000"), "names the server: {e}");
 }

@@ -174,6 +174,7 @@ pub(super) fn validate_scoring(raw: &RawConfig) -> Result<(), ConfigError> {
         ("cost.work_weight", c.work_weight),
         ("cost.lora_load_ms", c.lora_load_ms),
         ("cost.phase_weight", c.phase_weight),
+        ("cost.pending_weight", c.pending_weight),
         ("cost.attention_tokens", c.attention_tokens),
         ("cost.first_token_steps", c.first_token_steps),
     ] {

@@ -462,6 +462,7 @@ fn independent_routers_agree_on_the_owner_of_a_cold_prefix() {
     }
     let other = b.route(&req(99, 4), T0);
     b.on_routed(2, &req(99, 4), &other, T0);
+    b.on_first_token(2, T0);
     b.on_metrics(other.best().unwrap(), load(0, 0, 0.0), T0);
     let owners: Vec<_> = (0..20)
         .map(|p| {
@@ -522,6 +523,9 @@ fn a_served_prompt_stops_counting_as_queued_prefill() {
         };
         raw.cost.served_tokens_kept = kept;
         raw.cost.learn_speeds = false;
+        // The second server's prompt still waits for its first token: a third prompt
+        // would join it (`pending_weight`), a charge apart from what this test measures.
+        raw.cost.pending_weight = 0.0;
         let mut r = Router::new(Config::try_from(raw).unwrap());
         for i in 0..2 {
             r.on_metrics(&ep(i), load(0, 0, 0.0), T0);
@@ -1841,6 +1845,50 @@ fn refusals_alone_never_hold_a_request() {
     }
     assert!(r.endpoints().iter().all(|e| e.refusing(T0.plus(10))));
     assert_ne!(r.route(&req(3, 2), T0.plus(10)).outcome, Outcome::Hold);
+}
+
+#[test]
+fn a_long_prompt_is_charged_for_the_waiting_requests_it_would_join() {
+    // Short prompts routed to one of two idle servers wait there for their first token; a
+    // cold 64-block prompt is then scored on both.
+    let extra = |weight: f64, waiting: u64| {
+        let mut raw = RawConfig {
+            endpoints: vec!["10.0.0.0:8000".into(), "10.0.0.1:8000".into()],
+            ..RawConfig::default()
+        };
+        raw.cost.pending_weight = weight;
+        let mut r = Router::new(Config::try_from(raw).unwrap());
+        for i in 0..2 {
+            r.on_metrics(&ep(i), load(0, 0, 0.0), T0);
+        }
+        for id in 1..=waiting {
+            let short = req(id, 1);
+            let mut d = r.route(&short, T0);
+            d.endpoints = vec![ep(0)];
+            r.on_routed(id, &short, &d, T0);
+        }
+        let d = r.route(&req(9, 64), T0);
+        let row = |i: usize| d.breakdown.iter().find(|s| s.endpoint == ep(i)).unwrap().clone();
+        (row(0).cost.0 - row(1).cost.0, row(0).ttft_ms - row(1).ttft_ms)
+    };
+    let rate = Config::try_from(RawConfig::default())
+        .unwrap()
+        .cost()
+        .prefill_tokens_per_s;
+    let own_ms = (64.0 * 64.0 + 10.0) * 1000.0 / rate;
+    let (off, ttft_off) = extra(0.0, 1);
+    let (one, ttft_one) = extra(0.5, 1);
+    assert!((one - off - 0.5 * own_ms).abs() < 1e-6, "one waiting: {off} -> {one}");
+    assert_eq!(ttft_one, ttft_off, "the predicted TTFT is unchanged");
+    // A third waiting request is done before the new prompt starts: two count at most.
+    let (off3, _) = extra(0.0, 3);
+    let (on3, _) = extra(0.5, 3);
+    assert!(
+        (on3 - off3 - 2.0 * 0.5 * own_ms).abs() < 1e-6,
+        "three waiting: {off3} -> {on3}"
+    );
+    // None waiting: nothing charged.
+    assert_eq!(extra(0.5, 0), extra(0.0, 0));
 }
 
 #[test]
