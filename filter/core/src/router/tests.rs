@@ -1847,17 +1847,22 @@ fn refusals_alone_never_hold_a_request() {
     assert_ne!(r.route(&req(3, 2), T0.plus(10)).outcome, Outcome::Hold);
 }
 
+/// A cost-policy router over servers 0 and 1 with `configure` applied to its config.
+fn two_servers(configure: impl FnOnce(&mut RawConfig)) -> Router {
+    let mut raw = RawConfig {
+        endpoints: vec!["10.0.0.0:8000".into(), "10.0.0.1:8000".into()],
+        ..RawConfig::default()
+    };
+    configure(&mut raw);
+    Router::new(Config::try_from(raw).unwrap())
+}
+
 #[test]
 fn a_long_prompt_is_charged_for_the_waiting_requests_it_would_join() {
     // Short prompts routed to one of two idle servers wait there for their first token; a
     // cold 64-block prompt is then scored on both.
     let extra = |weight: f64, waiting: u64| {
-        let mut raw = RawConfig {
-            endpoints: vec!["10.0.0.0:8000".into(), "10.0.0.1:8000".into()],
-            ..RawConfig::default()
-        };
-        raw.cost.pending_weight = weight;
-        let mut r = Router::new(Config::try_from(raw).unwrap());
+        let mut r = two_servers(|raw| raw.cost.pending_weight = weight);
         for i in 0..2 {
             r.on_metrics(&ep(i), load(0, 0, 0.0), T0);
         }
@@ -1894,12 +1899,7 @@ fn a_long_prompt_is_charged_for_the_waiting_requests_it_would_join() {
 #[test]
 fn phase_weight_charges_a_long_prefill_for_the_decodes_it_stalls_and_only_then() {
     let route_with = |weight: f64, blocks: usize| {
-        let mut raw = RawConfig {
-            endpoints: vec!["10.0.0.0:8000".into(), "10.0.0.1:8000".into()],
-            ..RawConfig::default()
-        };
-        raw.cost.phase_weight = weight;
-        let mut r = Router::new(Config::try_from(raw).unwrap());
+        let mut r = two_servers(|raw| raw.cost.phase_weight = weight);
         // Server 0 decodes 60 sequences with a short queue; server 1 decodes none with a
         // longer one.
         r.on_metrics(&ep(0), load(60, 0, 0.3), T0);
