@@ -178,6 +178,16 @@ impl Engine {
             .sum()
     }
 
+    /// Requests still without their first token (queued, or running with part of the
+    /// prompt left): the oracle's count of the requests a new prompt would join.
+    pub fn prefill_phase_requests(&self) -> usize {
+        self.waiting
+            .iter()
+            .chain(&self.running)
+            .filter(|s| s.computed < s.prefill_target)
+            .count()
+    }
+
     /// Prefill tokens still to compute, over queued and running requests (the oracle's
     /// view). A queued request will find part of its prompt cached when it is admitted: it
     /// counts its prompt less the prefix cached when it arrived (a preempted one, all of it).

@@ -37,11 +37,36 @@ pub fn capture_log(path: &Path) -> String {
         .replace("/var/log/kvroute/capture.jsonl", &path.to_string_lossy())
 }
 
+/// Ports this test process handed out to be bound later (by an Envoy it starts): tests
+/// run side by side, and a port released by `free_port` is free for the next `bind(0)`,
+/// a fake server's included, until the Envoy binds it (CI saw a replica's fixed listener
+/// port taken that way). Every port chosen here, and every fake server's, avoids them.
+static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+/// A listener on a kernel-chosen port of 127.0.0.1 that no test of this process was
+/// handed by `free_port` / `free_ports`.
+pub fn bind_unclaimed() -> std::io::Result<TcpListener> {
+    let mut rejected = Vec::new();
+    loop {
+        let l = TcpListener::bind("127.0.0.1:0")?;
+        let port = l.local_addr()?.port();
+        let handed = HANDED_OUT.lock().map(|h| h.contains(&port)).unwrap_or(false);
+        if !handed || rejected.len() >= 64 {
+            return Ok(l);
+        }
+        // Held until a port is found, so the next bind gets another one.
+        rejected.push(l);
+    }
+}
+
+/// Records `port` as handed out; false when it already was.
+fn claim(port: u16) -> bool {
+    HANDED_OUT.lock().map(|mut h| h.insert(port)).unwrap_or(true)
+}
+
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or(0)
+    free_ports(1, &[])[0]
 }
 
 /// `n` distinct free ports, none in `taken`: each is held until all are chosen (a port
@@ -53,7 +78,7 @@ pub fn free_ports(n: usize, taken: &[u16]) -> Vec<u16> {
     while ports.len() < n && held.len() < n + 16 {
         let Ok(l) = TcpListener::bind("127.0.0.1:0") else { break };
         let port = l.local_addr().map(|a| a.port()).unwrap_or(0);
-        if port != 0 && !taken.contains(&port) && !ports.contains(&port) {
+        if port != 0 && !taken.contains(&port) && !ports.contains(&port) && claim(port) {
             ports.push(port);
         }
         held.push(l);

@@ -69,7 +69,7 @@ impl FakeVllm {
 
     /// A server of `model` (in its metrics, `/v1/models` and answers).
     pub fn start_serving(load: Load, model: &str) -> std::io::Result<FakeVllm> {
-        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let listener = crate::envoy::bind_unclaimed()?;
         listener.set_nonblocking(true)?;
         let port = listener.local_addr()?.port();
         let state = Arc::new(State {

@@ -15,7 +15,7 @@
 //! - `oracle`: kvroute's own cost function with perfect information: each server's real
 //!   cached prefix, queues, KV usage and speed.
 
-use kvroute_core::endpoint::EndpointTable;
+use kvroute_core::endpoint::{EndpointTable, Prefill};
 use kvroute_core::policy::{fleet_backlog, predicted_ttft, rate_classes, with_steps, Candidate, ScoreContext};
 use kvroute_core::speed::{Speed, StepTime};
 use kvroute_core::{Config, EndpointId, Millis, Tokens, VllmMetrics};
@@ -186,6 +186,19 @@ impl Policy for Oracle {
             .map(|(s, e)| {
                 let row = &mut self.table.rows_mut()[s];
                 row.pending_prefill_tokens = Tokens(e.pending_prefill_tokens());
+                // The requests still without a first token, as `cost.pending_weight` counts
+                // them (only their number is read there).
+                row.prefilling = (0..e.prefill_phase_requests() as u64)
+                    .map(|k| {
+                        (
+                            (now, k),
+                            Prefill {
+                                cached: Tokens(0),
+                                uncached: Tokens(0),
+                            },
+                        )
+                    })
+                    .collect();
                 row.speed = Speed::exact(e.profile().prefill_tokens_per_s(2048) / e.slow(), now);
                 // A decode step of the batch running now, reading the KV cache in use.
                 let context = e.kv().usage() * e.profile().num_gpu_blocks as f64 * BLOCK_TOKENS as f64;
