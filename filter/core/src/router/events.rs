@@ -33,6 +33,16 @@ fn kept_after_first_token(uncached: Tokens, share: f64) -> Tokens {
     Tokens((uncached.0 as f64 * share).round() as u64)
 }
 
+/// What `record` counts in its server's `sent_tokens_since_scrape` now: all of its uncached
+/// tokens until its first token, then the kept share.
+fn counted_since_scrape(record: &Inflight, share: f64) -> Tokens {
+    if record.prefilling {
+        record.uncached
+    } else {
+        kept_after_first_token(record.uncached, share)
+    }
+}
+
 impl Router {
     /// The caller sent `request_id` per `decision` (to its best endpoint first).
     pub fn on_routed(&mut self, request_id: u64, req: &RouteRequest, decision: &Decision, now: Millis) {
@@ -321,11 +331,7 @@ impl Router {
             }
             if unseen_by_scrape(e.scraped_at, record.routed_at) {
                 e.sent_since_scrape = e.sent_since_scrape.saturating_sub(1);
-                let counted = if record.prefilling {
-                    record.uncached
-                } else {
-                    kept_after_first_token(record.uncached, share)
-                };
+                let counted = counted_since_scrape(record, share);
                 e.sent_tokens_since_scrape = e.sent_tokens_since_scrape.saturating_sub(counted);
             }
         }
@@ -346,12 +352,7 @@ impl Router {
             .filter(|r| r.endpoint == *id && r.routed_at >= scraped_at)
         {
             sent = sent.saturating_add(1);
-            let counted = if r.prefilling {
-                r.uncached
-            } else {
-                kept_after_first_token(r.uncached, share)
-            };
-            sent_tokens = sent_tokens.saturating_add(counted);
+            sent_tokens = sent_tokens.saturating_add(counted_since_scrape(r, share));
         }
         let prior = self.config.cost().prefill_tokens_per_s;
         let e = self.table.get_mut(id)?;
