@@ -21,8 +21,10 @@
 //!   is worth more than a slightly shorter queue (0 when any candidate has no queued
 //!   request, so an under-loaded fleet is scored as before). The prefill also delays the
 //!   requests waiting there for their first token, which vLLM runs in the same steps:
-//!   `pending_weight × min(waiting, 2) × this request's uncached tokens / prefill rate` more,
-//!   so a long cold prompt keeps away from a server where short ones are about to start.
+//!   `pending_weight × min(waiting, 2) × min(this request's uncached tokens,
+//!   max_num_batched_tokens) / prefill rate` more, so a long cold prompt keeps away from a
+//!   server where short ones are about to start (a waiting request shares one step's
+//!   tokens of it at most).
 //! - `weighted`: the Gateway API Inference Extension's shape: queue (min-max normalised),
 //!   KV (1 − usage) and prefix (matched fraction) scorers in [0, 1], weighted 2/2/3.
 //! - `least_request`, `round_robin`, `random` (seeded): the classic baselines.
@@ -154,9 +156,12 @@ pub fn predicted_ttft(config: &Config, c: &Candidate, ctx: &ScoreContext) -> Ter
     // `decode_ms`.
     let stall_ms = p.phase_weight * running * c.uncached.0 as f64 * 1000.0 / rate;
     // The requests waiting there for a first token run in the same steps as this prefill,
-    // and each of those steps grows by its tokens (`cost.pending_weight`).
+    // and each of those steps grows by its tokens (`cost.pending_weight`): by one step's
+    // budget at most, since a waiting request's tokens are scheduled before the new
+    // prompt's and its first token comes with the step that finishes them.
     let joined = c.endpoint.prefilling.len().min(PENDING_JOINED) as f64;
-    let prefill_ms = prefill_ms + p.pending_weight * joined * c.uncached.0 as f64 * 1000.0 / rate;
+    let shared = c.uncached.0.min(p.max_num_batched_tokens) as f64;
+    let prefill_ms = prefill_ms + p.pending_weight * joined * shared * 1000.0 / rate;
     Terms {
         prefill_ms,
         decode_ms: decode_ms + stall_ms,

@@ -159,6 +159,10 @@ impl Default for RawCost {
             // shared-prefix and rag below capacity 0.3-1.6% lower TTFT p95, Mooncake 110% 6%
             // higher (BENCHMARKS, "A prompt's delay to the requests it joins").
             pending_weight: 0.5,
+            // vLLM's default for online serving on H100-class GPUs; without the bound the
+            // charge cost the Mooncake trace (prompts up to 100k tokens) 6% of TTFT p95 at
+            // 110% load (BENCHMARKS, "One step of a long prompt").
+            max_num_batched_tokens: 8192,
             progress_credit: 0.5,
             // Per token, the dense layers cost 2 × params FLOPs and attention 4 × layers ×
             // hidden size × position: equal at params / (2 × layers × hidden). Llama-3.1-8B:

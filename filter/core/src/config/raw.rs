@@ -220,6 +220,12 @@ pub struct RawCost {
     /// by its tokens), counted this many times for each of at most two of them: a long cold
     /// prompt keeps away from a server where short ones are about to start. 0 turns it off.
     pub pending_weight: f64,
+    /// The most prompt tokens a server computes in one step (vLLM's
+    /// `--max-num-batched-tokens`; its default for online serving is 8,192 on GPUs of 70
+    /// GiB and more but the A100, 2,048 on the rest). A waiting request shares at most one
+    /// step's worth of a new prompt's tokens, so `pending_weight` charges no more than this
+    /// many of them for each. Give the largest of the fleet's.
+    pub max_num_batched_tokens: u64,
     /// The share of the progress first tokens suggest a server made on its oldest prompt in
     /// prefill that is taken off its pending prefill (`Endpoint::prefill_left`); 0 keeps a
     /// prompt's whole length pending until its first token.

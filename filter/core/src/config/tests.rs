@@ -148,6 +148,10 @@ fn out_of_range_numbers_are_rejected() {
         (r#"{"cost": {"cold_balance": 100}}"#, "cost.cold_balance"),
         (r#"{"cost": {"pending_weight": -0.5}}"#, "cost.pending_weight"),
         (
+            r#"{"cost": {"max_num_batched_tokens": 0}}"#,
+            "cost.max_num_batched_tokens",
+        ),
+        (
             r#"{"cost": {"speed_weights": {"10.0.0.1:8000": 0}}}"#,
             "cost.speed_weights",
         ),
@@ -160,6 +164,7 @@ fn out_of_range_numbers_are_rejected() {
     }
     assert!(parse(r#"{"cost": {"progress_credit": 0, "attention_tokens": 0}}"#).is_ok());
     assert!(parse(r#"{"cost": {"cold_balance": 0, "served_tokens_kept": 1, "pending_weight": 0}}"#).is_ok());
+    assert!(parse(r#"{"cost": {"max_num_batched_tokens": 2048}}"#).is_ok());
     let e = parse(r#"{"cost": {"speed_weights": {"10.0.0.9:8000": 0}}}"#).unwrap_err();
     assert!(e.to_string().contains("10.0.0.9:8000"), "names the server: {e}");
 }

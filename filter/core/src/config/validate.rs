@@ -198,6 +198,12 @@ pub(super) fn validate_scoring(raw: &RawConfig) -> Result<(), ConfigError> {
             format!("{id}: ({w}) must be a positive number"),
         ));
     }
+    if c.max_num_batched_tokens == 0 {
+        return Err(reject(
+            "cost.max_num_batched_tokens",
+            "must be at least 1 (vLLM's --max-num-batched-tokens; its default is 8192 on an H100)",
+        ));
+    }
     if !(0.0..1.0).contains(&c.kv_pressure_threshold) {
         return Err(reject(
             "cost.kv_pressure_threshold",

@@ -1897,6 +1897,45 @@ fn a_long_prompt_is_charged_for_the_waiting_requests_it_would_join() {
 }
 
 #[test]
+fn a_waiting_request_is_charged_for_one_step_of_a_longer_prompt_at_most() {
+    // As above with a step budget of 1,024 tokens: the 4,106-token prompt adds at most
+    // 1,024 tokens to the step that gives the waiting request its first token.
+    let extra = |weight: f64, budget: u64| {
+        let mut r = two_servers(|raw| {
+            raw.cost.pending_weight = weight;
+            raw.cost.max_num_batched_tokens = budget;
+        });
+        for i in 0..2 {
+            r.on_metrics(&ep(i), load(0, 0, 0.0), T0);
+        }
+        let short = req(1, 1);
+        let mut d = r.route(&short, T0);
+        d.endpoints = vec![ep(0)];
+        r.on_routed(1, &short, &d, T0);
+        let d = r.route(&req(9, 64), T0);
+        let row = |i: usize| d.breakdown.iter().find(|s| s.endpoint == ep(i)).unwrap().clone();
+        (row(0).cost.0 - row(1).cost.0, row(0).ttft_ms - row(1).ttft_ms)
+    };
+    let rate = Config::try_from(RawConfig::default())
+        .unwrap()
+        .cost()
+        .prefill_tokens_per_s;
+    let (off, ttft_off) = extra(0.0, 1024);
+    let (capped, ttft_capped) = extra(0.5, 1024);
+    assert!(
+        (capped - off - 0.5 * 1024.0 * 1000.0 / rate).abs() < 1e-6,
+        "one step's tokens: {off} -> {capped}"
+    );
+    assert_eq!(ttft_capped, ttft_off, "the predicted TTFT is unchanged");
+    // A budget above the prompt charges the whole prompt.
+    let (whole, _) = extra(0.5, 8192);
+    assert!(
+        (whole - off - 0.5 * 4106.0 * 1000.0 / rate).abs() < 1e-6,
+        "the whole prompt: {off} -> {whole}"
+    );
+}
+
+#[test]
 fn phase_weight_charges_a_long_prefill_for_the_decodes_it_stalls_and_only_then() {
     let route_with = |weight: f64, blocks: usize| {
         let mut r = two_servers(|raw| raw.cost.phase_weight = weight);
