@@ -1857,30 +1857,36 @@ fn two_servers(configure: impl FnOnce(&mut RawConfig)) -> Router {
     Router::new(Config::try_from(raw).unwrap())
 }
 
-#[test]
-fn a_long_prompt_is_charged_for_the_waiting_requests_it_would_join() {
-    // Short prompts routed to one of two idle servers wait there for their first token; a
-    // cold 64-block prompt is then scored on both.
-    let extra = |weight: f64, waiting: u64| {
-        let mut r = two_servers(|raw| raw.cost.pending_weight = weight);
-        for i in 0..2 {
-            r.on_metrics(&ep(i), load(0, 0, 0.0), T0);
-        }
-        for id in 1..=waiting {
-            let short = req(id, 1);
-            let mut d = r.route(&short, T0);
-            d.endpoints = vec![ep(0)];
-            r.on_routed(id, &short, &d, T0);
-        }
-        let d = r.route(&req(9, 64), T0);
-        let row = |i: usize| d.breakdown.iter().find(|s| s.endpoint == ep(i)).unwrap().clone();
-        (row(0).cost.0 - row(1).cost.0, row(0).ttft_ms - row(1).ttft_ms)
-    };
-    let rate = Config::try_from(RawConfig::default())
+/// Short prompts routed to server 0 of two idle ones wait there for their first token; a
+/// cold 64-block prompt (4,106 tokens) is then scored on both. Returns server 0's extra
+/// cost and extra predicted TTFT over server 1.
+fn long_prompt_beside_waiting(waiting: u64, configure: impl FnOnce(&mut RawConfig)) -> (f64, f64) {
+    let mut r = two_servers(configure);
+    for i in 0..2 {
+        r.on_metrics(&ep(i), load(0, 0, 0.0), T0);
+    }
+    for id in 1..=waiting {
+        let short = req(id, 1);
+        let mut d = r.route(&short, T0);
+        d.endpoints = vec![ep(0)];
+        r.on_routed(id, &short, &d, T0);
+    }
+    let d = r.route(&req(9, 64), T0);
+    let row = |i: usize| d.breakdown.iter().find(|s| s.endpoint == ep(i)).unwrap().clone();
+    (row(0).cost.0 - row(1).cost.0, row(0).ttft_ms - row(1).ttft_ms)
+}
+
+fn default_prefill_rate() -> f64 {
+    Config::try_from(RawConfig::default())
         .unwrap()
         .cost()
-        .prefill_tokens_per_s;
-    let own_ms = (64.0 * 64.0 + 10.0) * 1000.0 / rate;
+        .prefill_tokens_per_s
+}
+
+#[test]
+fn a_long_prompt_is_charged_for_the_waiting_requests_it_would_join() {
+    let extra = |weight: f64, waiting: u64| long_prompt_beside_waiting(waiting, |raw| raw.cost.pending_weight = weight);
+    let own_ms = (64.0 * 64.0 + 10.0) * 1000.0 / default_prefill_rate();
     let (off, ttft_off) = extra(0.0, 1);
     let (one, ttft_one) = extra(0.5, 1);
     assert!((one - off - 0.5 * own_ms).abs() < 1e-6, "one waiting: {off} -> {one}");
@@ -1898,28 +1904,15 @@ fn a_long_prompt_is_charged_for_the_waiting_requests_it_would_join() {
 
 #[test]
 fn a_waiting_request_is_charged_for_one_step_of_a_longer_prompt_at_most() {
-    // As above with a step budget of 1,024 tokens: the 4,106-token prompt adds at most
-    // 1,024 tokens to the step that gives the waiting request its first token.
+    // With a step budget of 1,024 tokens the 4,106-token prompt adds at most 1,024 tokens
+    // to the step that gives the waiting request its first token.
     let extra = |weight: f64, budget: u64| {
-        let mut r = two_servers(|raw| {
+        long_prompt_beside_waiting(1, |raw| {
             raw.cost.pending_weight = weight;
             raw.cost.max_num_batched_tokens = budget;
-        });
-        for i in 0..2 {
-            r.on_metrics(&ep(i), load(0, 0, 0.0), T0);
-        }
-        let short = req(1, 1);
-        let mut d = r.route(&short, T0);
-        d.endpoints = vec![ep(0)];
-        r.on_routed(1, &short, &d, T0);
-        let d = r.route(&req(9, 64), T0);
-        let row = |i: usize| d.breakdown.iter().find(|s| s.endpoint == ep(i)).unwrap().clone();
-        (row(0).cost.0 - row(1).cost.0, row(0).ttft_ms - row(1).ttft_ms)
+        })
     };
-    let rate = Config::try_from(RawConfig::default())
-        .unwrap()
-        .cost()
-        .prefill_tokens_per_s;
+    let rate = default_prefill_rate();
     let (off, ttft_off) = extra(0.0, 1024);
     let (capped, ttft_capped) = extra(0.5, 1024);
     assert!(
