@@ -264,9 +264,6 @@ pub fn cells(
     Ok((cap, out))
 }
 
-/// Markdown: per cell, every policy's TTFT p50/p95/p99, throughput and hit rate, and
-/// whether kvroute met the goals (p95 and output throughput at least as good as every
-/// non-oracle baseline; hit rate within 10% of the oracle's).
 /// The cells as JSON; with `records`, each run also lists every completed request (its
 /// server, arrival, TTFT, cached and reachable tokens: what a question about single
 /// decisions needs; about 300 MB for the full matrix on 9 replicas, so off by default).
@@ -290,6 +287,9 @@ pub fn json(cells: &[Cell], records: bool) -> serde_json::Result<serde_json::Val
     Ok(doc)
 }
 
+/// Markdown: per cell, every policy's TTFT p50/p95/p99, throughput and hit rate, and
+/// whether kvroute met the goals (p95 and output throughput at least as good as every
+/// non-oracle baseline; hit rate within 10% of the oracle's).
 pub fn markdown(cells: &[Cell]) -> String {
     let mut s = String::new();
     for c in cells {

@@ -187,7 +187,8 @@ impl Policy for Oracle {
                 let row = &mut self.table.rows_mut()[s];
                 row.pending_prefill_tokens = Tokens(e.pending_prefill_tokens());
                 // The requests still without a first token, as `cost.pending_weight` counts
-                // them (only their number is read there).
+                // them: only their number matters. Their tokens are 0, so `prefill_left`
+                // credits no progress against the exact pending count set above.
                 row.prefilling = (0..e.prefill_phase_requests() as u64)
                     .map(|k| {
                         (

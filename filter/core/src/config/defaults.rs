@@ -160,8 +160,8 @@ impl Default for RawCost {
             // higher (BENCHMARKS, "A prompt's delay to the requests it joins").
             pending_weight: 0.5,
             // vLLM's default for online serving on H100-class GPUs; without the bound the
-            // charge cost the Mooncake trace (half its prompts over 8,192 tokens) 6% of TTFT p95 at
-            // 110% load (BENCHMARKS, "One step of a long prompt").
+            // charge cost the Mooncake trace (half its prompts over 8,192 tokens) 6% of TTFT
+            // p95 at 110% load (BENCHMARKS, "One step of a long prompt").
             max_num_batched_tokens: 8192,
             progress_credit: 0.5,
             // Per token, the dense layers cost 2 × params FLOPs and attention 4 × layers ×
