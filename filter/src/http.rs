@@ -15,6 +15,7 @@ use proxy_wasm::types::{Action, BufferType, LogLevel};
 
 use crate::hold::Slot;
 use crate::host;
+use crate::replicas::count_direct_answer;
 use crate::worker::Shared;
 use crate::DESTINATION_HEADER;
 
@@ -240,6 +241,14 @@ impl Http {
 }
 
 impl Context for Http {
+    /// The answer to this worker's own POST of a placement to another replica, sent from
+    /// this request's context (`replicas::DirectSender`): the only call a stream makes.
+    fn on_http_call_response(&mut self, _token: u32, num_headers: usize, _body_size: usize, _num_trailers: usize) {
+        if let Some(shared) = &self.shared {
+            count_direct_answer(num_headers, &shared.stats);
+        }
+    }
+
     fn on_done(&mut self) -> bool {
         self.adopt_release();
         true

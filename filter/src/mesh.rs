@@ -225,8 +225,10 @@ impl Mesh {
     }
 
     /// Publishes `events` (this worker's changes since its last tick) as one segment, or an
-    /// empty one when a heartbeat is due.
-    pub fn publish(&mut self, events: &[PeerEvent], now: Millis) -> Published {
+    /// empty one when a heartbeat is due. A segment holding a placement goes to `send`
+    /// first (the other replicas, `replicas::DirectSender`); what it answers is written
+    /// into the segment (`Segment::sent`), so the scraping service does not forward it too.
+    pub fn publish(&mut self, events: &[PeerEvent], now: Millis, send: impl FnOnce(&Segment) -> bool) -> Published {
         if events.is_empty() && now.0.saturating_sub(self.last_write_ms) < HEARTBEAT_MS {
             return Published::NotDue;
         }
@@ -234,13 +236,17 @@ impl Mesh {
         let Some(number) = self.cursor.reserve() else {
             return Published::NotReserved;
         };
-        let segment = Segment {
+        let mut segment = Segment {
             number,
             origin: self.origin,
             nonce: self.nonce,
             written_ms: now.0,
             events: events.iter().map(WireEvent::from).collect(),
+            sent: false,
         };
+        if segment.holds_placement() {
+            segment.sent = send(&segment);
+        }
         if host::set_shared_data(&slot_key(number), &segment.encode_to_vec()).is_err() {
             return Published::NotWritten;
         }
@@ -460,6 +466,7 @@ mod tests {
             nonce: 5,
             written_ms: 0,
             events: events.iter().map(WireEvent::from).collect(),
+            sent: false,
         }
     }
 

@@ -16,11 +16,12 @@
 
 use std::cell::{Cell, RefCell};
 
-use kvroute_core::{Config, Millis, Router};
+use kvroute_core::{Config, Millis, PeerEvent, Router};
 use proxy_wasm::types::LogLevel;
 
 use crate::host;
 use crate::mesh::{Mesh, Published};
+use crate::replicas::DirectSender;
 use crate::stats::{self_clock, RequestStats};
 
 const IDLE_AFTER_MS: u64 = 1000;
@@ -45,6 +46,9 @@ pub struct Peers {
     /// When this worker last read its peers' segments.
     last_pull: Cell<u64>,
     members: Cell<u64>,
+    /// `share.replicas.from_workers`: this worker POSTs its placements that are news to the
+    /// other replicas itself.
+    direct: Option<DirectSender>,
 }
 
 thread_local! {
@@ -72,6 +76,7 @@ impl Peers {
         let config: &Config = router.config();
         let share = config.share().clone();
         let scrape_interval_ms = config.scrape().interval_ms;
+        let direct = DirectSender::new(config);
         let mesh = (share.workers && !on_main_thread()).then(Mesh::join).flatten();
         match &mesh {
             None if share.workers && on_main_thread() => {}
@@ -97,6 +102,7 @@ impl Peers {
             last_activity: Cell::new(0),
             last_pull: Cell::new(0),
             members: Cell::new(0),
+            direct,
         }
     }
 
@@ -240,7 +246,10 @@ impl Peers {
         let Some(mesh) = guard.as_mut() else { return false };
         let out = router.take_peer_events();
         let count = out.len() as u64;
-        match mesh.publish(&out, now) {
+        // Only news leaves from the worker itself: a prefix hit goes where the other
+        // replicas already send that prefix, and can wait for the service's batch.
+        let direct = self.direct.as_ref().filter(|_| out.iter().any(PeerEvent::is_news));
+        match mesh.publish(&out, now, |segment| direct.is_some_and(|d| d.send(segment, now, stats))) {
             Published::Written if count > 0 => stats.peer_events_published.add(count),
             Published::Written | Published::NotDue => {}
             // Kept for the next push: a completion peers never hear of pins its load in

@@ -25,7 +25,7 @@ use kvroute_core::{Config, EndpointId, EnvoyHealth, Fleet, FleetState, Millis};
 use proxy_wasm::types::LogLevel;
 
 use crate::host;
-use crate::replicas::{init_replica_nonce, Forwarder, PeerList};
+use crate::replicas::{init_replica_nonce, publish_targets, Forwarder, PeerList};
 use crate::stats::ScrapeStats;
 
 /// The fleet state's keys in shared data, named by the layout of `FleetState`: postcard
@@ -75,6 +75,9 @@ pub struct Poller {
     forwarder: Option<(Forwarder, u64)>,
     /// Where those go: listed, or learned from Envoy (`Call::Replicas`).
     replicas: PeerList,
+    /// The replicas last written for the workers that send their own placements
+    /// (`share.replicas.from_workers`).
+    published_targets: Option<Vec<String>>,
     /// When Envoy's listing of the replicas was last asked for, and whether the answer is out.
     last_replicas_poll: Option<Millis>,
     replicas_polling: bool,
@@ -139,6 +142,7 @@ impl Poller {
             stats,
             forwarder,
             replicas: listed.unwrap_or_default(),
+            published_targets: None,
             last_replicas_poll: None,
             replicas_polling: false,
             replicas_failure: None,
@@ -304,6 +308,10 @@ impl Poller {
         let Some(replicas) = self.config.share().replicas.clone() else {
             return;
         };
+        let targets: Vec<String> = self.replicas.targets().cloned().collect();
+        if replicas.from_workers {
+            publish_targets(&targets, &mut self.published_targets);
+        }
         let Some(body) = forwarder.collect(
             *nonce,
             now,
@@ -313,7 +321,6 @@ impl Poller {
         ) else {
             return;
         };
-        let targets: Vec<String> = self.replicas.targets().cloned().collect();
         for peer in targets {
             match host::dispatch_post(
                 &replicas.cluster,

@@ -29,6 +29,11 @@
 //! is posted across threads, and one of the two Envoys of a live run died in a host call at
 //! shutdown (SIGTERM) while that design was on; HTTP calls made only from the service's own
 //! timer are what every earlier run did. One batch a ms at most bounds the POST rate.
+//! With `share.replicas.from_workers` a worker POSTs a segment that holds a placement that
+//! is news (a cold or moved prefix, `PeerEvent::is_news`) to the other replicas itself as it
+//! writes it (`DirectSender`; the service publishes where to in shared data), so it does not
+//! wait for the service's tick; the service sends the rest. That is one POST per such
+//! placement per replica, instead of one per batch.
 //!
 //! Cost: one POST of the batch per replica per batch (at most 1,000 a second while
 //! placements keep coming; empty batches only as a 1 s heartbeat), a 1 ms tick on the main
@@ -37,14 +42,16 @@
 //! queued) and its workers' load is released on the others after `share.peer_timeout_ms`
 //! without a heartbeat. Its placements already taken stay: the servers still hold them.
 
+use std::cell::{Cell, RefCell};
+
 use kvroute_core::fleet::Host;
 use kvroute_core::peer::{local_id_of, origin_of, request_key};
-use kvroute_core::{EnvoyHealth, Millis};
+use kvroute_core::{Config, EnvoyHealth, Millis};
 use prost::Message;
 
 use crate::host;
 use crate::mesh::{increment, read_u64, slot_key, Cursor, Segment, HEAD_KEY, HEARTBEAT_MS, MAX_PEERS};
-use crate::stats::Metric;
+use crate::stats::{Metric, RequestStats};
 
 /// What one replica forwards to the others: its workers' segments since its last batch.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -119,7 +126,7 @@ impl Forwarder {
         self.pending.extend(
             segments
                 .into_iter()
-                .filter(|s| s.origin != 0 && s.origin <= MAX_PEERS as u32),
+                .filter(|s| s.origin != 0 && s.origin <= MAX_PEERS as u32 && !s.sent),
         );
         let since = now.0.saturating_sub(self.last_sent_ms);
         let placement = at_once && self.pending.iter().any(Segment::holds_placement);
@@ -140,6 +147,114 @@ impl Forwarder {
             }
             .encode_to_vec(),
         )
+    }
+}
+
+/// Where the scraping service writes the replicas it forwards to (`PeerList::targets`, one
+/// per line), for the workers that POST their placements themselves.
+const TARGETS_KEY: &str = "kvroute.replicas.targets";
+/// A worker reads `TARGETS_KEY` again after this long (replicas come and go in seconds).
+const TARGETS_READ_MS: u64 = 100;
+
+/// Writes the replicas the workers send their placements to (the scraping service, on its
+/// tick, when they changed since `last`).
+pub fn publish_targets(targets: &[String], last: &mut Option<Vec<String>>) {
+    if last.as_deref() == Some(targets) {
+        return;
+    }
+    if host::set_shared_data(TARGETS_KEY, targets.join("\n").as_bytes()).is_ok() {
+        *last = Some(targets.to_vec());
+    }
+}
+
+/// A worker's own forwarding of its placements (`share.replicas.from_workers`): a segment
+/// that holds news is POSTed to every other replica as the worker writes it, from the
+/// context the worker is in (the request's, or its root's tick), instead of waiting for the
+/// scraping service's next tick (up to 1 ms, and that tick's own delay on a busy main
+/// thread). Replay, 2 replicas × 8 workers: what separates R replicas from one router is
+/// that delay (BENCHMARKS.md). The batch and its receiver are the service's; the segment is
+/// marked `sent`, so the service skips it, and nothing is sent twice. A POST that cannot
+/// leave, or whose answer is not 204, is counted (`replicas.direct_failure`), not retried,
+/// as the service does. The answer comes back to the context that sent it; a request whose
+/// stream ends first (a client gone within the ~0.2 ms a POST takes) has it cancelled.
+/// Until the service named this process and listed the replicas, nothing is sent directly.
+pub struct DirectSender {
+    cluster: String,
+    path: String,
+    secret: String,
+    timeout_ms: u64,
+    nonce: Cell<Option<u64>>,
+    targets: RefCell<Vec<String>>,
+    read_at: Cell<Option<u64>>,
+}
+
+impl DirectSender {
+    /// The sender for `config`, when it asks workers to forward their placements.
+    pub fn new(config: &Config) -> Option<DirectSender> {
+        let r = config.share().replicas.as_ref().filter(|r| r.from_workers)?;
+        Some(DirectSender {
+            cluster: r.cluster.clone(),
+            path: r.path.clone(),
+            secret: r.secret.clone(),
+            timeout_ms: r.interval_ms.max(200),
+            nonce: Cell::new(None),
+            targets: RefCell::new(Vec::new()),
+            read_at: Cell::new(None),
+        })
+    }
+
+    /// POSTs `segment` to every other replica; true when it was sent (the service then skips
+    /// it), false when this worker does not know where to yet.
+    pub fn send(&self, segment: &Segment, now: Millis, stats: &RequestStats) -> bool {
+        if self.nonce.get().is_none() {
+            self.nonce.set(replica_nonce());
+        }
+        let Some(replica) = self.nonce.get() else {
+            return false;
+        };
+        if self
+            .read_at
+            .get()
+            .is_none_or(|at| now.0.saturating_sub(at) >= TARGETS_READ_MS)
+        {
+            self.read_at.set(Some(now.0));
+            if let Ok(Some(bytes)) = host::shared_data(TARGETS_KEY) {
+                *self.targets.borrow_mut() = String::from_utf8_lossy(&bytes)
+                    .split('\n')
+                    .filter(|t| !t.is_empty())
+                    .map(str::to_string)
+                    .collect();
+            }
+        }
+        let targets = self.targets.borrow();
+        if targets.is_empty() {
+            return false;
+        }
+        let body = Forward {
+            replica,
+            segments: vec![segment.clone()],
+        }
+        .encode_to_vec();
+        for peer in targets.iter() {
+            match host::dispatch_post(&self.cluster, peer, &self.path, &self.secret, &body, self.timeout_ms) {
+                Ok(_) => stats.direct_sent.inc(),
+                Err(_) => stats.direct_failure.inc(),
+            }
+        }
+        true
+    }
+}
+
+/// Counts the answer to a worker's own POST (`DirectSender`): anything but 204 failed.
+/// A call that failed comes with no headers, and none is read then (see `Poller`).
+pub fn count_direct_answer(num_headers: usize, stats: &RequestStats) {
+    let status = if num_headers > 0 {
+        host::call_response_header(":status").ok().flatten()
+    } else {
+        None
+    };
+    if status.as_deref() != Some(b"204") {
+        stats.direct_failure.inc();
     }
 }
 
@@ -348,6 +463,7 @@ mod tests {
                     ..WireEvent::default()
                 },
             ],
+            sent: false,
         };
         restamp(&mut segment, 99, Millis(500));
         assert_eq!(segment.origin, remote_origin(99, 5));

@@ -68,6 +68,10 @@ pub struct RequestStats {
     /// refusing them (`Router::return_peer_events`).
     pub peer_events_published: Metric,
     pub peer_events_unpublished: Metric,
+    /// POSTs of this worker's own placements to other replicas (`share.replicas.from_workers`),
+    /// and those that could not leave or were not answered 204.
+    pub direct_sent: Metric,
+    pub direct_failure: Metric,
     pub peers_gone: Metric,
     pub usage_reported: Metric,
     pub usage_missing: Metric,
@@ -138,6 +142,8 @@ impl RequestStats {
             peer_events_lost: c("mesh.events_lost"),
             peer_events_published: c("mesh.events_published"),
             peer_events_unpublished: c("mesh.events_unpublished"),
+            direct_sent: c("replicas.direct_sent"),
+            direct_failure: c("replicas.direct_failure"),
             peers_gone: c("mesh.peers_gone"),
             usage_reported: c("responses.usage_reported"),
             usage_missing: c("responses.usage_missing"),

@@ -19,6 +19,7 @@ use crate::host;
 use crate::lease::Lease;
 use crate::peers::Peers;
 use crate::poller::{read_version, Poller, SNAPSHOT_KEY};
+use crate::replicas::count_direct_answer;
 use crate::stats::RequestStats;
 
 /// The slowest tick while holding is on: a held request waits at most this long past the
@@ -210,10 +211,16 @@ impl Worker {
         }
     }
 
-    /// Hands an HTTP call's answer to the poller, if this worker runs it.
+    /// Hands an HTTP call's answer to the poller, if this worker runs it and the call was
+    /// its own; any other is the answer to a placement this worker POSTed to another
+    /// replica from its tick (`replicas::DirectSender`).
     pub fn on_http_call_response(&mut self, token: u32, num_headers: usize, body_size: usize) {
-        if let Some(poller) = self.poller.as_mut() {
-            poller.on_http_call_response(token, num_headers, body_size);
+        let polled = self
+            .poller
+            .as_mut()
+            .is_some_and(|poller| poller.on_http_call_response(token, num_headers, body_size));
+        if !polled {
+            count_direct_answer(num_headers, &self.shared.stats);
         }
     }
 

@@ -346,6 +346,11 @@ pub struct TopologyArgs {
     /// one batch per ms; other events every this many ms) with --gateway-delay-ms as the hop.
     #[arg(long, default_value_t = 0.0)]
     gateway_interval_ms: f64,
+    /// With --gateway-interval-ms: a worker's batch holding a placement that is news leaves
+    /// for the other replicas when the worker writes it (the filter's
+    /// `share.replicas.from_workers`), not at the scraping service's next tick.
+    #[arg(long)]
+    direct_placements: bool,
     /// Experiment: workers send at once only placements that are news; the rest every this
     /// many ms (0: everything at the tick).
     #[arg(long, default_value_t = 0.0)]
@@ -395,6 +400,7 @@ impl TopologyArgs {
             share_gateways: self.share_gateways,
             gateway_delay_ms: self.gateway_delay_ms,
             gateway_interval_ms: self.gateway_interval_ms,
+            direct_placements: self.direct_placements,
             news_flush_ms: self.news_flush_ms,
             hits_when_quiet: self.hits_when_quiet,
             read_once_per_ms: self.read_once_per_ms,

@@ -418,6 +418,47 @@ fn a_placement_leaves_for_the_other_replica_at_once() {
     }
 }
 
+/// `share.replicas.from_workers`: with the scraping service's batches a second apart and
+/// not sent at once, only the worker's own POST gets a placement to B within the 30 ms
+/// before its sibling arrives there; and every event A's workers published reaches B once
+/// (the service skips what the workers sent: a placement taken twice counts its load twice).
+#[test]
+fn a_worker_posts_its_placement_to_the_other_replica_itself_and_only_once() {
+    let p = pair_edited(true, 1000, |t| {
+        t.replace(
+            r#""interval_ms": 1000}"#,
+            r#""interval_ms": 1000, "at_once": false, "from_workers": true}"#,
+        )
+    });
+    let pairs = across_after(&p, 6, 30);
+    for (i, (first, second, reason)) in pairs.iter().enumerate() {
+        assert_eq!(reason, "prefix_hit", "pair {i}: {pairs:?}\n{}", p.b.log_text());
+        assert_eq!(first, second, "pair {i}: {pairs:?}");
+    }
+    assert!(p.a.stat("wasmcustom.kvroute.replicas.direct_sent") >= 6);
+    assert_eq!(
+        p.a.stat_if_defined("wasmcustom.kvroute.replicas.direct_failure"),
+        Some(0),
+        "{}",
+        p.a.log_text()
+    );
+    // The first tokens and completions leave with the service's next batch (1 s).
+    thread::sleep(Duration::from_millis(1200));
+    let counts = || {
+        (
+            p.a.stat("wasmcustom.kvroute.mesh.events_published"),
+            p.b.stat("wasmcustom.kvroute.replicas.events_taken"),
+        )
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while counts().0 != counts().1 && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(50));
+    }
+    let (published, taken) = counts();
+    assert_eq!(taken, published, "every event of A once on B");
+    assert!(published >= 6, "6 placements at least: {published}");
+}
+
 #[test]
 fn without_the_exchange_a_replica_sees_only_its_own_placements() {
     let p = pair(false);

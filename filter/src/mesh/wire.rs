@@ -16,6 +16,10 @@ pub struct Segment {
     pub written_ms: u64,
     #[prost(message, repeated, tag = "5")]
     pub events: Vec<WireEvent>,
+    /// The worker that wrote it POSTed it to the other replicas itself
+    /// (`share.replicas.from_workers`): the scraping service does not forward it again.
+    #[prost(bool, tag = "6")]
+    pub sent: bool,
 }
 
 const ROUTED: u32 = 0;
@@ -157,6 +161,7 @@ pub(super) mod tests {
                 .iter()
                 .map(WireEvent::from)
                 .collect(),
+            sent: true,
         };
         assert!(s.holds_placement());
         assert_eq!(Segment::decode(s.encode_to_vec().as_slice()).unwrap(), s);

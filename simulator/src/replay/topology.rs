@@ -45,6 +45,11 @@ pub struct Topology {
     /// tick that finds a placement; other events leave this long after its last batch (at a
     /// tick too).
     pub gateway_interval_ms: f64,
+    /// With `gateway_interval_ms`: a worker's batch holding a placement that is news leaves
+    /// for the other replicas when the worker writes it (the filter's
+    /// `share.replicas.from_workers`: the worker POSTs it itself), not at the scraping
+    /// service's next tick; the rest still leaves with the service's batches.
+    pub direct_placements: bool,
     /// 0: a worker's events leave at its next tick. Otherwise only a batch holding a
     /// placement that is news (most of its prompt uncached where it went) leaves then; the
     /// rest leave on this slower grid, to the gateway's other workers and (with
@@ -82,6 +87,7 @@ impl Default for Topology {
             share_gateways: false,
             gateway_delay_ms: 0.0,
             gateway_interval_ms: 0.0,
+            direct_placements: false,
             news_flush_ms: 0.0,
             hits_when_quiet: false,
             read_once_per_ms: false,
@@ -109,9 +115,14 @@ impl std::fmt::Display for Topology {
         }
         if self.gateways > 1 && self.share_gateways {
             if self.gateway_interval_ms > 0.0 {
+                let by = if self.direct_placements {
+                    " from the workers"
+                } else {
+                    ""
+                };
                 write!(
                     f,
-                    ", replicas shared: placements at once, the rest every {} ms, {} ms hop",
+                    ", replicas shared: placements at once{by}, the rest every {} ms, {} ms hop",
                     self.gateway_interval_ms, self.gateway_delay_ms
                 )?;
             } else {
@@ -376,6 +387,9 @@ impl Routers {
             // placement at once; the rest with the batch already due, else `interval` after
             // the last one (not `interval` after every earlier batch, which queued events
             // seconds deep at 200 requests/s).
+            if placement && t.direct_placements && news {
+                return flushed;
+            }
             let earliest = if placement {
                 flushed
             } else if self.last_forward[g] >= flushed {
@@ -443,6 +457,33 @@ mod tests {
             ..t
         };
         assert_eq!(queues(per_worker), (0..8).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn news_from_the_workers_leaves_with_their_flush_and_hits_with_the_service() {
+        let t = Topology {
+            gateways: 2,
+            workers: 4,
+            share_gateways: true,
+            gateway_interval_ms: 5.0,
+            gateway_delay_ms: 0.25,
+            tick_ms: 0.01,
+            news_flush_ms: 2.0,
+            direct_placements: true,
+            ..Topology::default()
+        };
+        let mut routers = build(t);
+        let remote = |to: &[(usize, f64)]| to.iter().find(|(r, _)| *r == 5).map(|(_, at)| *at).unwrap();
+        let at = remote(&routers.arrivals(0, 99.6, &[routed(2, 10)]));
+        assert!(
+            (99.85..99.9).contains(&at),
+            "news: the worker's flush, the hop, the receiver's tick: {at}"
+        );
+        let at = remote(&routers.arrivals(0, 99.6, &[routed(3, 1)]));
+        assert!(
+            (101.25..101.3).contains(&at),
+            "a hit: its worker's flush (100.25), then the service's tick: {at}"
+        );
     }
 
     #[test]

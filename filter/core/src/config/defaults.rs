@@ -61,6 +61,7 @@ impl Default for RawReplicas {
             // Replay, 8 replicas × 16 workers: TTFT p95 −4% to +11% of one router with
             // placements sent within the ms over a 0.25 ms hop, up to +59% with a 5 ms batch.
             at_once: true,
+            from_workers: false,
             max_body_bytes: 4 << 20,
         }
     }

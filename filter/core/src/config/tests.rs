@@ -201,6 +201,12 @@ fn replicas_are_listed_or_discovered_and_need_a_real_secret() {
         (r.cluster.as_str(), r.path.as_str(), r.interval_ms),
         ("kvroute_gateways", "/kvroute/v1/peer-events", 5)
     );
+    assert!(
+        r.at_once && !r.from_workers,
+        "the service sends placements, within the ms"
+    );
+    let from_workers = parse(r#"{"share": {"replicas": {"secret": "0123456789abcdef", "from_workers": true}}}"#);
+    assert!(from_workers.unwrap().share().replicas.as_ref().unwrap().from_workers);
     assert_eq!(
         parse(r#"{"share": {"replicas": {"peers": ["10.0.0.1:1"], "secret": "short"}}}"#)
             .unwrap_err()

@@ -65,7 +65,10 @@ fn main() -> Result<(), String> {
         "presence" => listeners::presence(),
         "hostile" => hostile::hostile(),
         "sharing" => sharing::sharing(),
-        "replicas" => sharing::replicas_cost(args.get(1).and_then(|a| a.parse().ok()).unwrap_or(3)),
+        "replicas" => sharing::replicas_cost(
+            args.get(1).and_then(|a| a.parse().ok()).unwrap_or(3),
+            args.get(2).is_some_and(|a| a == "unique"),
+        ),
         "sharing-timed" => sharing::sharing_timed(
             args.get(1).and_then(|a| a.parse().ok()).unwrap_or(3),
             args.get(2).map(String::as_str) != Some("every-decision"),
@@ -78,12 +81,12 @@ fn main() -> Result<(), String> {
             .and_then(|_| hostile::hostile())
             .and_then(|_| sharing::sharing())
             .and_then(|_| sharing::sharing_timed(3, true))
-            .and_then(|_| sharing::replicas_cost(3))
+            .and_then(|_| sharing::replicas_cost(3, false))
             .and_then(|_| capture::capture(3))
             .and_then(|_| capture::capture_pair(10))
             .and_then(|_| scrape::scrape_cost(200)),
         other => Err(format!(
-            "unknown measurement {other:?}: all | latency [N] | wrk | scrape | presence | hostile | sharing | sharing-timed [N [every-decision]] | replicas [N] | capture [N] | capture-pair [N]"
+            "unknown measurement {other:?}: all | latency [N] | wrk | scrape | presence | hostile | sharing | sharing-timed [N [every-decision]] | replicas [N [unique]] | capture [N] | capture-pair [N]"
         )),
     }
 }

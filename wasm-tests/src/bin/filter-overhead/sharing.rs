@@ -172,16 +172,23 @@ pub fn sharing_timed(rounds: usize, hits_on_tick: bool) -> Result<(), String> {
 /// both (a replica finds its own address and does not send to it): wrk drives A only, so A pays for
 /// sending its placements and B for taking them. Envoy CPU per request of A's traffic, A's
 /// and B's, wrk 1 KiB, 8 connections, 2 workers each, 4 s after 2 s of warm-up, fresh Envoys
-/// per run, `rounds` × (off, every 5 ms, at once, at once, every 5 ms, off); batches A
-/// POSTed a second.
-pub fn replicas_cost(rounds: usize) -> Result<(), String> {
+/// per run, `rounds` × (off, every 5 ms, at once, from the workers, and back); POSTs A
+/// sent a second (the service's batches, and the workers' own with `from_workers`).
+/// With `unique`, every request's prompt is a prefix no request used before (every
+/// placement is news: the most a worker sends itself with `from_workers`).
+pub fn replicas_cost(rounds: usize, unique: bool) -> Result<(), String> {
     let (_servers, ports, dir, script) = one_kib_bench("replicas-cost")?;
+    let script = if unique {
+        crate::wrk::unique_post_script(&dir, 1024)?
+    } else {
+        script
+    };
     let fragment = std::fs::read_to_string(repo_root().join("envoy/fragments/replicas-cluster.yaml"))
         .map_err(|e| e.to_string())?;
     const SECONDS: f64 = 4.0;
-    let mut runs: [Vec<(WrkResult, f64)>; 3] = [Vec::new(), Vec::new(), Vec::new()];
-    let mut batches: [Vec<f64>; 3] = [Vec::new(), Vec::new(), Vec::new()];
-    for side in [0usize, 1, 2, 2, 1, 0].repeat(rounds.max(1)) {
+    let mut runs: [Vec<(WrkResult, f64)>; 4] = Default::default();
+    let mut batches: [Vec<f64>; 4] = Default::default();
+    for side in [0usize, 1, 2, 3, 3, 2, 1, 0].repeat(rounds.max(1)) {
         let listen = [
             kvroute_wasm_tests::envoy::free_port(),
             kvroute_wasm_tests::envoy::free_port(),
@@ -198,10 +205,11 @@ pub fn replicas_cost(rounds: usize) -> Result<(), String> {
                 return t;
             }
             let share = format!(
-                r#""policy": "cost", "share": {{"replicas": {{"peers": ["127.0.0.1:{}", "127.0.0.1:{}"], "secret": "bench-replicas-secret-0123", "at_once": {}}}}},"#,
+                r#""policy": "cost", "share": {{"replicas": {{"peers": ["127.0.0.1:{}", "127.0.0.1:{}"], "secret": "bench-replicas-secret-0123", "at_once": {}, "from_workers": {}}}}},"#,
                 listen[0],
                 listen[1],
-                side == 2
+                side >= 2,
+                side == 3
             );
             t.replacen("\"policy\": \"cost\",", &share, 1).replacen(
                 "  clusters:\n",
@@ -213,7 +221,9 @@ pub fn replicas_cost(rounds: usize) -> Result<(), String> {
         let b = Envoy::start_listening("bench-overhead.yaml", &ports, 2, Some(listen[1]), edit)?;
         std::thread::sleep(Duration::from_millis(600));
         wrk_path(&a, a.port, "/v1/chat/completions", &script, 8, 2)?;
-        let sent0 = a.stat("wasmcustom.kvroute.replicas.batches_sent");
+        let posts =
+            || a.stat("wasmcustom.kvroute.replicas.batches_sent") + a.stat("wasmcustom.kvroute.replicas.direct_sent");
+        let sent0 = posts();
         let b0 = process_cpu_s(b.pid()).ok_or("cannot read B's CPU time")?;
         let run = wrk_path(&a, a.port, "/v1/chat/completions", &script, 8, SECONDS as u32)?;
         let b_cpu = process_cpu_s(b.pid()).ok_or("cannot read B's CPU time")? - b0;
@@ -221,7 +231,10 @@ pub fn replicas_cost(rounds: usize) -> Result<(), String> {
         if side != 0 && b.stat("wasmcustom.kvroute.replicas.events_taken") == 0 {
             return Err(format!("B took nothing from A:\n{}", a.log_text()));
         }
-        batches[side].push(a.stat("wasmcustom.kvroute.replicas.batches_sent").saturating_sub(sent0) as f64 / SECONDS);
+        if side == 3 && a.stat("wasmcustom.kvroute.replicas.direct_sent") == 0 {
+            return Err(format!("A's workers sent nothing themselves:\n{}", a.log_text()));
+        }
+        batches[side].push(posts().saturating_sub(sent0) as f64 / SECONDS);
         runs[side].push((run, receiver_us));
     }
     let sorted = |mut v: Vec<f64>| {
@@ -229,18 +242,24 @@ pub fn replicas_cost(rounds: usize) -> Result<(), String> {
         v
     };
     let mid = |v: &[f64]| v[v.len() / 2];
-    let sender = [0, 1, 2].map(|i| sorted(runs[i].iter().map(|(r, _)| r.envoy_cpu_us).collect()));
-    let receiver = [0, 1, 2].map(|i| sorted(runs[i].iter().map(|(_, b)| *b).collect()));
-    let both = [0, 1, 2].map(|i| sorted(runs[i].iter().map(|(r, b)| r.envoy_cpu_us + b).collect()));
+    let sender = [0, 1, 2, 3].map(|i| sorted(runs[i].iter().map(|(r, _)| r.envoy_cpu_us).collect()));
+    let receiver = [0, 1, 2, 3].map(|i| sorted(runs[i].iter().map(|(_, b)| *b).collect()));
+    let both = [0, 1, 2, 3].map(|i| sorted(runs[i].iter().map(|(r, b)| r.envoy_cpu_us + b).collect()));
     println!(
-        "{} runs per side; medians [min–max], per request of A's traffic\n",
-        sender[0].len()
+        "{} runs per side{}; medians [min–max], per request of A's traffic\n",
+        sender[0].len(),
+        if unique { ", every prompt a new prefix" } else { "" }
     );
-    println!("| 1 KiB, 8 connections, 2 workers | A (sender) CPU/req | B (receiver) CPU/req | both | added | batches a second | req/s |");
+    println!("| 1 KiB, 8 connections, 2 workers | A (sender) CPU/req | B (receiver) CPU/req | both | added | POSTs a second | req/s |");
     println!("|---|---|---|---|---|---|---|");
-    for (i, label) in ["no replicas", "one peer, every 5 ms", "one peer, at once"]
-        .iter()
-        .enumerate()
+    for (i, label) in [
+        "no replicas",
+        "one peer, every 5 ms",
+        "one peer, at once",
+        "one peer, from the workers",
+    ]
+    .iter()
+    .enumerate()
     {
         let (a, b, t) = (&sender[i], &receiver[i], &both[i]);
         println!(

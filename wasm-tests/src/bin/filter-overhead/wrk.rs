@@ -111,6 +111,27 @@ pub fn post_script(dir: &std::path::Path, size: usize) -> Result<String, String>
     Ok(script.to_string_lossy().to_string())
 }
 
+/// A wrk script whose every request starts its prompt with a number no request of any run
+/// used (the run's start second, modulo 100,000, × 100,000, counting up; Lua prints 14
+/// digits): every prompt is a cold prefix, so
+/// every placement is news (`PeerEvent::is_news`). About `size` bytes.
+pub fn unique_post_script(dir: &std::path::Path, size: usize) -> Result<String, String> {
+    let script = dir.join(format!("post-unique-{size}.lua"));
+    let b = body(size.saturating_sub(12), 0);
+    let at = b.find(r#""content":""#).ok_or("no content in the body")? + r#""content":""#.len();
+    let lua = |t: &str| t.replace('\\', "\\\\").replace('"', "\\\"");
+    std::fs::write(
+        &script,
+        format!(
+            "wrk.method = \"POST\"\nwrk.headers[\"content-type\"] = \"application/json\"\nlocal head = \"{}\"\nlocal tail = \"{}\"\nlocal n = (os.time() % 100000) * 100000\nrequest = function()\n  n = n + 1\n  return wrk.format(nil, nil, nil, head .. n .. \" \" .. tail)\nend\n",
+            lua(&b[..at]),
+            lua(&b[at..])
+        ),
+    )
+    .map_err(|e| e.to_string())?;
+    Ok(script.to_string_lossy().to_string())
+}
+
 /// wrk on each listener in the order A B C C B A (linear drift hits every side alike);
 /// each side's figures are the mean of its two runs.
 pub fn wrk_abccba(
