@@ -225,10 +225,11 @@ impl Mesh {
     }
 
     /// Publishes `events` (this worker's changes since its last tick) as one segment, or an
-    /// empty one when a heartbeat is due. A segment holding a placement goes to `send`
-    /// first (the other replicas, `replicas::DirectSender`); what it answers is written
-    /// into the segment (`Segment::sent`), so the scraping service does not forward it too.
-    pub fn publish(&mut self, events: &[PeerEvent], now: Millis, send: impl FnOnce(&Segment) -> bool) -> Published {
+    /// empty one when a heartbeat is due. A segment holding a placement is marked `sent`
+    /// when there is a `send` (the worker forwards it to the other replicas itself,
+    /// `replicas::DirectSender`), and handed to it once written: the scraping service does
+    /// not forward it too, and a segment the log refused is sent by no one.
+    pub fn publish(&mut self, events: &[PeerEvent], now: Millis, send: Option<impl FnOnce(&Segment)>) -> Published {
         if events.is_empty() && now.0.saturating_sub(self.last_write_ms) < HEARTBEAT_MS {
             return Published::NotDue;
         }
@@ -244,11 +245,13 @@ impl Mesh {
             events: events.iter().map(WireEvent::from).collect(),
             sent: false,
         };
-        if segment.holds_placement() {
-            segment.sent = send(&segment);
-        }
+        let send = send.filter(|_| segment.holds_placement());
+        segment.sent = send.is_some();
         if host::set_shared_data(&slot_key(number), &segment.encode_to_vec()).is_err() {
             return Published::NotWritten;
+        }
+        if let Some(send) = send {
+            send(&segment);
         }
         self.last_write_ms = now.0;
         Published::Written

@@ -20,7 +20,7 @@ use kvroute_core::{Config, Millis, PeerEvent, Router};
 use proxy_wasm::types::LogLevel;
 
 use crate::host;
-use crate::mesh::{Mesh, Published};
+use crate::mesh::{Mesh, Published, Segment};
 use crate::replicas::DirectSender;
 use crate::stats::{self_clock, RequestStats};
 
@@ -248,8 +248,15 @@ impl Peers {
         let count = out.len() as u64;
         // Only news leaves from the worker itself: a prefix hit goes where the other
         // replicas already send that prefix, and can wait for the service's batch.
-        let direct = self.direct.as_ref().filter(|_| out.iter().any(PeerEvent::is_news));
-        match mesh.publish(&out, now, |segment| direct.is_some_and(|d| d.send(segment, now, stats))) {
+        let direct = self
+            .direct
+            .as_ref()
+            .filter(|_| out.iter().any(PeerEvent::is_news))
+            .and_then(|d| d.ready().map(|to| (d, to)));
+        let send = direct
+            .as_ref()
+            .map(|(d, to)| |segment: &Segment| d.post(to, segment, stats));
+        match mesh.publish(&out, now, send) {
             Published::Written if count > 0 => stats.peer_events_published.add(count),
             Published::Written | Published::NotDue => {}
             // Kept for the next push: a completion peers never hear of pins its load in

@@ -300,6 +300,11 @@ impl Poller {
         }
     }
 
+    /// The tokens of this poller's calls not answered yet.
+    pub fn pending_calls(&self) -> impl Iterator<Item = u32> + '_ {
+        self.calls.keys().copied()
+    }
+
     /// POSTs this process's new placements to every replica listed (each drops its own).
     fn forward(&mut self, now: Millis) {
         let Some((forwarder, nonce)) = self.forwarder.as_mut() else {

@@ -42,7 +42,7 @@
 //! queued) and its workers' load is released on the others after `share.peer_timeout_ms`
 //! without a heartbeat. Its placements already taken stay: the servers still hold them.
 
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 
 use kvroute_core::fleet::Host;
 use kvroute_core::peer::{local_id_of, origin_of, request_key};
@@ -153,8 +153,6 @@ impl Forwarder {
 /// Where the scraping service writes the replicas it forwards to (`PeerList::targets`, one
 /// per line), for the workers that POST their placements themselves.
 const TARGETS_KEY: &str = "kvroute.replicas.targets";
-/// A worker reads `TARGETS_KEY` again after this long (replicas come and go in seconds).
-const TARGETS_READ_MS: u64 = 100;
 
 /// Writes the replicas the workers send their placements to (the scraping service, on its
 /// tick, when they changed since `last`).
@@ -169,23 +167,31 @@ pub fn publish_targets(targets: &[String], last: &mut Option<Vec<String>>) {
 
 /// A worker's own forwarding of its placements (`share.replicas.from_workers`): a segment
 /// that holds news is POSTed to every other replica as the worker writes it, from the
-/// context the worker is in (the request's, or its root's tick), instead of waiting for the
+/// context the worker runs in (a request's, or its root's tick), instead of waiting for the
 /// scraping service's next tick (up to 1 ms, and that tick's own delay on a busy main
 /// thread). Replay, 2 replicas × 8 workers: what separates R replicas from one router is
-/// that delay (BENCHMARKS.md). The batch and its receiver are the service's; the segment is
-/// marked `sent`, so the service skips it, and nothing is sent twice. A POST that cannot
-/// leave, or whose answer is not 204, is counted (`replicas.direct_failure`), not retried,
-/// as the service does. The answer comes back to the context that sent it; a request whose
-/// stream ends first (a client gone within the ~0.2 ms a POST takes) has it cancelled.
-/// Until the service named this process and listed the replicas, nothing is sent directly.
+/// that delay (BENCHMARKS.md). The batch and its receiver are the service's. The segment is
+/// marked `sent` when it is written to the log, and POSTed only once it is written, so the
+/// service skips it and nothing reaches a replica twice (a log write that fails sends
+/// nothing: the events are published again later). A POST that cannot leave, or whose
+/// answer is not 204, is counted (`replicas.direct_failure`), not retried, as the service
+/// does (its batches through the same cluster would fail alike). Envoy makes the call on
+/// the VM's root, so a request whose stream ends first does not cancel it; the answer is
+/// then dropped uncounted. Until the service named this process and listed the replicas,
+/// the service sends everything.
 pub struct DirectSender {
     cluster: String,
     path: String,
     secret: String,
     timeout_ms: u64,
     nonce: Cell<Option<u64>>,
-    targets: RefCell<Vec<String>>,
-    read_at: Cell<Option<u64>>,
+}
+
+/// Where a worker's segment goes: this replica's name and the other replicas, as the
+/// scraping service last listed them.
+pub struct Outbound {
+    replica: u64,
+    targets: Vec<String>,
 }
 
 impl DirectSender {
@@ -198,50 +204,40 @@ impl DirectSender {
             secret: r.secret.clone(),
             timeout_ms: r.interval_ms.max(200),
             nonce: Cell::new(None),
-            targets: RefCell::new(Vec::new()),
-            read_at: Cell::new(None),
         })
     }
 
-    /// POSTs `segment` to every other replica; true when it was sent (the service then skips
-    /// it), false when this worker does not know where to yet.
-    pub fn send(&self, segment: &Segment, now: Millis, stats: &RequestStats) -> bool {
+    /// Where to send now; `None` while the service has not named this replica or listed
+    /// another (the service then forwards the segment). The list is read at every news
+    /// placement (one host call, against the POSTs it precedes), so a replica the service
+    /// just listed gets it.
+    pub fn ready(&self) -> Option<Outbound> {
         if self.nonce.get().is_none() {
             self.nonce.set(replica_nonce());
         }
-        let Some(replica) = self.nonce.get() else {
-            return false;
-        };
-        if self
-            .read_at
-            .get()
-            .is_none_or(|at| now.0.saturating_sub(at) >= TARGETS_READ_MS)
-        {
-            self.read_at.set(Some(now.0));
-            if let Ok(Some(bytes)) = host::shared_data(TARGETS_KEY) {
-                *self.targets.borrow_mut() = String::from_utf8_lossy(&bytes)
-                    .split('\n')
-                    .filter(|t| !t.is_empty())
-                    .map(str::to_string)
-                    .collect();
-            }
-        }
-        let targets = self.targets.borrow();
-        if targets.is_empty() {
-            return false;
-        }
+        let replica = self.nonce.get()?;
+        let bytes = host::shared_data(TARGETS_KEY).ok().flatten()?;
+        let targets: Vec<String> = String::from_utf8_lossy(&bytes)
+            .split('\n')
+            .filter(|t| !t.is_empty())
+            .map(str::to_string)
+            .collect();
+        (!targets.is_empty()).then_some(Outbound { replica, targets })
+    }
+
+    /// POSTs `segment` (written to the log, marked `sent`) to every replica of `out`.
+    pub fn post(&self, out: &Outbound, segment: &Segment, stats: &RequestStats) {
         let body = Forward {
-            replica,
+            replica: out.replica,
             segments: vec![segment.clone()],
         }
         .encode_to_vec();
-        for peer in targets.iter() {
+        for peer in &out.targets {
             match host::dispatch_post(&self.cluster, peer, &self.path, &self.secret, &body, self.timeout_ms) {
                 Ok(_) => stats.direct_sent.inc(),
                 Err(_) => stats.direct_failure.inc(),
             }
         }
-        true
     }
 }
 

@@ -5,6 +5,7 @@
 //! service, the worker that holds the lease (`lease`) also runs the `Poller`.
 
 use std::cell::{Cell, RefCell};
+use std::collections::BTreeSet;
 use std::rc::Rc;
 
 use kvroute_core::capture::Capturer;
@@ -159,6 +160,9 @@ pub struct Worker {
     stats_at: Millis,
     lease: Option<Lease>,
     poller: Option<Poller>,
+    /// Calls of a poller this worker dropped with the lease, still unanswered: their
+    /// answers are nobody's (not this worker's own POSTs).
+    retired_calls: BTreeSet<u32>,
     config: Config,
 }
 
@@ -207,6 +211,7 @@ impl Worker {
             stats_at: Millis(0),
             lease,
             poller: None,
+            retired_calls: BTreeSet::new(),
             config,
         }
     }
@@ -219,7 +224,7 @@ impl Worker {
             .poller
             .as_mut()
             .is_some_and(|poller| poller.on_http_call_response(token, num_headers, body_size));
-        if !polled {
+        if !polled && !self.retired_calls.remove(&token) {
             count_direct_answer(num_headers, &self.shared.stats);
         }
     }
@@ -238,7 +243,9 @@ impl Worker {
             }
             (false, true) => {
                 host::log(LogLevel::Info, "this worker gave up the polling lease");
-                self.poller = None;
+                if let Some(poller) = self.poller.take() {
+                    self.retired_calls.extend(poller.pending_calls());
+                }
             }
             _ => {}
         }

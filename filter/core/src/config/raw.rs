@@ -330,8 +330,8 @@ pub struct RawReplicas {
     /// log every ms), not only every `interval_ms`.
     pub at_once: bool,
     /// A worker that publishes a placement that is news (a cold or moved prefix) POSTs it
-    /// to the other replicas itself, from the request's context, instead of leaving it for
-    /// the scraping service's next tick.
+    /// to the other replicas itself as it publishes it, instead of leaving it for the
+    /// scraping service's next tick.
     pub from_workers: bool,
     pub max_body_bytes: usize,
 }
