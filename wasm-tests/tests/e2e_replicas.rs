@@ -473,13 +473,21 @@ fn a_worker_posts_its_placement_to_the_other_replica_itself_and_only_once() {
         thread::sleep(Duration::from_millis(50));
     }
     let (published, taken) = counts();
-    let failures = [
+    // What could explain a difference, should one show.
+    let a_side = [
         "replicas.forward_failure",
         "replicas.direct_failure",
         "replicas.segments_lost",
+        "replicas.batches_sent",
+        "replicas.direct_sent",
+        "mesh.events_unpublished",
     ]
     .map(|n| (n, p.a.stat(&format!("wasmcustom.kvroute.{n}"))));
-    assert_eq!(taken, published, "every event of A once on B; A's {failures:?}");
+    let b_side = ["replicas.events_dropped", "peer_batch"].map(|n| (n, p.b.stat(&format!("wasmcustom.kvroute.{n}"))));
+    assert_eq!(
+        taken, published,
+        "every event of A once on B; A's {a_side:?}, B's {b_side:?}"
+    );
     assert!(published >= 6, "6 placements at least: {published}");
 }
 
