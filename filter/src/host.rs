@@ -50,6 +50,16 @@ pub fn call_response_header(name: &str) -> HostResult<Option<Vec<u8>>> {
     hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, name)
 }
 
+/// The `:status` of an HTTP call's answer with `num_headers` headers. A call that failed
+/// (the upstream reset it after its headers, e.g. a server killed in the middle of an
+/// answer) comes with none: Envoy then has no response map, and reading one is an error the
+/// SDK turns into a panic, so nothing is read.
+pub fn call_status(num_headers: usize) -> Option<Vec<u8>> {
+    (num_headers > 0)
+        .then(|| call_response_header(":status").ok().flatten())
+        .flatten()
+}
+
 pub fn buffer(kind: BufferType, start: usize, len: usize) -> HostResult<Vec<u8>> {
     hostcalls::get_buffer(kind, start, len).map(Option::unwrap_or_default)
 }

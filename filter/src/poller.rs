@@ -313,9 +313,8 @@ impl Poller {
         let Some(replicas) = self.config.share().replicas.clone() else {
             return;
         };
-        let targets: Vec<String> = self.replicas.targets().cloned().collect();
         if replicas.from_workers {
-            publish_targets(&targets, &mut self.published_targets);
+            publish_targets(self.replicas.targets(), &mut self.published_targets);
         }
         let Some(body) = forwarder.collect(
             *nonce,
@@ -326,6 +325,7 @@ impl Poller {
         ) else {
             return;
         };
+        let targets: Vec<String> = self.replicas.targets().cloned().collect();
         for peer in targets {
             match host::dispatch_post(
                 &replicas.cluster,

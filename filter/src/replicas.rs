@@ -155,13 +155,14 @@ impl Forwarder {
 const TARGETS_KEY: &str = "kvroute.replicas.targets";
 
 /// Writes the replicas the workers send their placements to (the scraping service, on its
-/// tick, when they changed since `last`).
-pub fn publish_targets(targets: &[String], last: &mut Option<Vec<String>>) {
-    if last.as_deref() == Some(targets) {
+/// tick, when they changed since `last`: nothing is allocated on a tick that changes nothing).
+pub fn publish_targets<'a>(targets: impl Iterator<Item = &'a String> + Clone, last: &mut Option<Vec<String>>) {
+    if last.as_ref().is_some_and(|l| l.iter().eq(targets.clone())) {
         return;
     }
+    let targets: Vec<String> = targets.cloned().collect();
     if host::set_shared_data(TARGETS_KEY, targets.join("\n").as_bytes()).is_ok() {
-        *last = Some(targets.to_vec());
+        *last = Some(targets);
     }
 }
 
@@ -242,14 +243,8 @@ impl DirectSender {
 }
 
 /// Counts the answer to a worker's own POST (`DirectSender`): anything but 204 failed.
-/// A call that failed comes with no headers, and none is read then (see `Poller`).
 pub fn count_direct_answer(num_headers: usize, stats: &RequestStats) {
-    let status = if num_headers > 0 {
-        host::call_response_header(":status").ok().flatten()
-    } else {
-        None
-    };
-    if status.as_deref() != Some(b"204") {
+    if host::call_status(num_headers).as_deref() != Some(b"204") {
         stats.direct_failure.inc();
     }
 }
@@ -306,7 +301,7 @@ impl PeerList {
     }
 
     /// The addresses a batch goes to: every peer but this process.
-    pub fn targets(&self) -> impl Iterator<Item = &String> {
+    pub fn targets(&self) -> impl Iterator<Item = &String> + Clone {
         self.peers.iter().filter(|p| !self.own.contains(p))
     }
 

@@ -432,8 +432,8 @@ fn a_placement_leaves_for_the_other_replica_at_once() {
 /// skips what the workers sent: a placement taken twice counts its load twice). The pairs
 /// are 1.1 s apart, so the service's batch has brought the previous pair's completion to B:
 /// a request B still counted in flight would make the prefix's server look busy. (Batches
-/// 200 ms apart made the test quicker, but their POSTs then time out after 200 ms, and on a
-/// loaded machine one that timed out could leave an event untaken.)
+/// 200 ms apart made the test quicker, but their POSTs time out after 200 ms, and that
+/// version once failed its event count on a loaded machine, for a cause not found.)
 #[test]
 fn a_worker_posts_its_placement_to_the_other_replica_itself_and_only_once() {
     let p = pair_edited(true, 1000, |t| {

@@ -12,19 +12,13 @@ use crate::replicas::{answers_self, REFUSED_VALUE, SELF_HEADER};
 
 impl Poller {
     /// Handles the answer to one of this poller's calls; false when the token is not one.
-    /// A call that failed (the upstream reset it after its headers, e.g. a server killed in
-    /// the middle of `/metrics`) comes with no headers: Envoy then has no response map, and
-    /// reading one is an error the SDK turns into a panic, so nothing is read.
+    /// A call that failed comes with no headers, and none is read (`host::call_status`).
     pub fn on_http_call_response(&mut self, token: u32, num_headers: usize, body_size: usize) -> bool {
         let Some(call) = self.calls.remove(&token) else {
             return false;
         };
         let now = host::now();
-        let status = if num_headers > 0 {
-            host::call_response_header(":status").ok().flatten()
-        } else {
-            None
-        };
+        let status = host::call_status(num_headers);
         let ok = status.as_deref() == Some(b"200");
         match call {
             Call::Forward(peer) => {

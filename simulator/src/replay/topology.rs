@@ -116,7 +116,7 @@ impl std::fmt::Display for Topology {
         if self.gateways > 1 && self.share_gateways {
             if self.gateway_interval_ms > 0.0 {
                 let by = if self.direct_placements {
-                    " from the workers"
+                    " (news from the workers)"
                 } else {
                     ""
                 };
@@ -386,8 +386,9 @@ impl Routers {
             // The service sends everything it holds in one batch (`replicas::Forwarder`): a
             // placement at once; the rest with the batch already due, else `interval` after
             // the last one (not `interval` after every earlier batch, which queued events
-            // seconds deep at 200 requests/s).
-            if placement && t.direct_placements && news {
+            // seconds deep at 200 requests/s). News from the workers does not wait for the
+            // service at all.
+            if t.direct_placements && news {
                 return flushed;
             }
             let earliest = if placement {

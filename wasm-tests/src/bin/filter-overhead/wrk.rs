@@ -113,8 +113,8 @@ pub fn post_script(dir: &std::path::Path, size: usize) -> Result<String, String>
 
 /// A wrk script whose every request starts its prompt with a number no request of any run
 /// used (the run's start second, modulo 100,000, × 100,000, counting up; Lua prints 14
-/// digits): every prompt is a cold prefix, so
-/// every placement is news (`PeerEvent::is_news`). About `size` bytes.
+/// digits): every prompt is a cold prefix, so every placement is news
+/// (`PeerEvent::is_news`). About `size` bytes.
 pub fn unique_post_script(dir: &std::path::Path, size: usize) -> Result<String, String> {
     let script = dir.join(format!("post-unique-{size}.lua"));
     let b = body(size.saturating_sub(12), 0);
