@@ -8,8 +8,11 @@ use anyhow::Context;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use kvroute_core::Config;
+use kvroute_sim::plan::Prices;
 use kvroute_sim::policies::PolicyName;
+use kvroute_sim::profile::{Gpu, Profile};
 use kvroute_sim::replay::{self, Classes, ReplaySetup};
+use kvroute_sim::report::cost::{self, RunCost};
 use kvroute_sim::report::{self, RunReport};
 
 use crate::{FleetArgs, TopologyArgs, WorkloadArgs};
@@ -69,9 +72,15 @@ pub struct ReplayArgs {
     /// `1:0.2,0:0.7,-1:0.1` (negative: sheddable, as kvroute's priority header).
     #[arg(long)]
     priorities: Option<String>,
-    /// The TTFT objective that counts a completion as goodput in the per-class table.
+    /// The TTFT objective: a completion within it counts as goodput in the per-class table,
+    /// and as meeting the objective in the cost lines (`--price`).
     #[arg(long, default_value_t = 2000.0)]
     ttft_slo_ms: f64,
+    /// USD per GPU-hour of each GPU type in the fleet, e.g. `h100-80g=3.00,a100-80g=1.30`:
+    /// adds each policy's cost per million tokens (input + output), the share of requests
+    /// that met `--ttft-slo-ms` and each GPU type's share of the requests.
+    #[arg(long)]
+    price: Option<String>,
 }
 
 pub fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
@@ -83,6 +92,7 @@ pub fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
         anyhow::ensure!(cold_s > 0.0, "--cold-s must be positive");
     }
     let setup = setup(a)?;
+    let prices = a.price.as_deref().map(|spec| parse_prices(spec, &setup)).transpose()?;
     let span_s = requests.iter().map(|r| r.arrival_ms).fold(0.0, f64::max) / 1000.0;
     describe(a, &name, &setup, requests.len(), span_s);
     replay::check_restart(&setup.topology, &requests)?;
@@ -113,6 +123,10 @@ pub fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
         );
     }
     print!("{}", report::table(&runs));
+    let mut costs = serde_json::Value::Null;
+    if let Some(prices) = &prices {
+        costs = print_costs(&setup, prices, &replicas, a.ttft_slo_ms)?;
+    }
     if setup.classes.is_some() || runs.iter().any(|r| !r.rejections.is_empty()) {
         print_classes(&runs, a.ttft_slo_ms, span_s.max(1e-3));
     }
@@ -129,6 +143,9 @@ pub fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
     }
     if let Some(path) = &a.json {
         let mut doc = serde_json::json!({ "workload": name, "runs": runs, "phases": phases });
+        if !costs.is_null() {
+            doc["cost"] = costs;
+        }
         if a.replicas > 1 {
             doc["replicas"] = serde_json::json!(a.replicas);
             doc["replica_runs"] = serde_json::json!(replicas);
@@ -141,6 +158,53 @@ pub fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
     Ok(())
+}
+
+/// `--price` for the fleet `setup` describes: every GPU type in it priced.
+fn parse_prices(spec: &str, setup: &ReplaySetup) -> anyhow::Result<Prices> {
+    let gpus: Vec<Gpu> = servers(setup).iter().map(|p| p.gpu).collect();
+    Prices::parse(spec, &gpus).map_err(anyhow::Error::msg)
+}
+
+/// One profile per server, in server order.
+fn servers(setup: &ReplaySetup) -> Vec<Profile> {
+    if setup.mixed.is_empty() {
+        vec![setup.profile.clone(); setup.servers]
+    } else {
+        setup.mixed.clone()
+    }
+}
+
+/// Each policy's cost and objective (medians over its replicas), printed; returned as JSON.
+fn print_costs(
+    setup: &ReplaySetup,
+    prices: &Prices,
+    replicas: &[Vec<RunReport>],
+    ttft_objective_ms: f64,
+) -> anyhow::Result<serde_json::Value> {
+    let servers = servers(setup);
+    let costs: Vec<RunCost> = replicas
+        .iter()
+        .map(|rs| {
+            let each: Vec<RunCost> = rs
+                .iter()
+                .map(|r| cost::run_cost(r, &servers, prices, ttft_objective_ms))
+                .collect();
+            cost::median_cost(&each)
+        })
+        .collect();
+    let usd_per_hour = cost::fleet_usd_per_hour(&servers, prices);
+    print!("{}", cost::table(&costs, prices, usd_per_hour, ttft_objective_ms));
+    let priced: std::collections::BTreeMap<String, f64> = prices
+        .iter()
+        .map(|(g, p)| (kvroute_sim::plan::gpu_name(*g), *p))
+        .collect();
+    Ok(serde_json::json!({
+        "usd_per_gpu_hour": priced,
+        "fleet_usd_per_hour": usd_per_hour,
+        "ttft_objective_ms": ttft_objective_ms,
+        "runs": costs,
+    }))
 }
 
 /// The fleet, router, topology, classes and pool changes the arguments describe.

@@ -345,6 +345,7 @@ impl RunReport {
     }
 }
 
+pub mod cost;
 mod render;
 pub use render::{svg, table};
 pub(crate) use render::{xml, COLORS};

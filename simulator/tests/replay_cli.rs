@@ -1,0 +1,89 @@
+//! `kvroute-sim replay --price` as a user runs it: the cost lines under the latency table,
+//! the same figures in the JSON, and an error that names the GPU left unpriced.
+
+#![allow(clippy::unwrap_used)] // test helpers
+
+use std::process::{Command, Output};
+
+fn replay(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kvroute-sim"))
+        .arg("replay")
+        .args([
+            "--workload",
+            "shared-prefix",
+            "--groups",
+            "8",
+            "--per-group",
+            "8",
+            "--rate",
+            "40",
+            "--fleet",
+            "1xa100-80g:llama-3.1-8b,2xh100-80g:llama-3.1-8b",
+            "--policy",
+            "round-robin,kvroute",
+        ])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn a_fleet_left_unpriced_is_refused_with_the_gpu_to_add() {
+    let out = replay(&["--price", "h100-80g=3"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("no price for a100-80g"), "{stderr}");
+}
+
+#[test]
+fn a_priced_replay_prints_and_writes_each_policys_cost_objective_and_gpu_shares() {
+    let json = std::env::temp_dir().join(format!("kvroute-replay-cli-{}.json", std::process::id()));
+    let out = replay(&[
+        "--price",
+        "h100-80g=3,a100-80g=1.5",
+        "--ttft-slo-ms",
+        "500",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("the fleet 7.50 USD an hour"), "{stdout}");
+    assert!(stdout.contains("TTFT ≤ 500 ms"), "{stdout}");
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&json);
+    let cost = &doc["cost"];
+    assert_eq!(cost["fleet_usd_per_hour"], 7.5);
+    for (i, c) in cost["runs"].as_array().unwrap().iter().enumerate() {
+        let run = &doc["runs"][i];
+        assert_eq!(c["policy"], run["policy"]);
+        let tokens_per_hour = (run["throughput"]["input_tok_s"].as_f64().unwrap()
+            + run["throughput"]["output_tok_s"].as_f64().unwrap())
+            * 3600.0;
+        let usd = c["usd_per_mtok"].as_f64().unwrap();
+        assert!((usd - 7.5 / (tokens_per_hour / 1e6)).abs() < 1e-9, "{c}");
+        let shares = &c["share_by_gpu"];
+        let (a100, h100) = (
+            shares["a100-80g"].as_f64().unwrap(),
+            shares["h100-80g"].as_f64().unwrap(),
+        );
+        assert!((a100 + h100 - 1.0).abs() < 1e-9, "{c}");
+        let met = c["objective_met"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&met), "{c}");
+        // The policy's line, with its figures as printed.
+        let policy = run["policy"].as_str().unwrap();
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with(policy) && l.contains("a100-80g"))
+            .unwrap();
+        assert!(line.contains(&format!("{usd:.4}")), "{line}");
+        assert!(line.contains(&format!("a100-80g {:.1}%", 100.0 * a100)), "{line}");
+    }
+    // Round-robin gives the one A100 a third of the requests.
+    let rr = &cost["runs"][0]["share_by_gpu"]["a100-80g"];
+    assert!((rr.as_f64().unwrap() - 1.0 / 3.0).abs() < 0.02, "{rr}");
+}
