@@ -252,7 +252,7 @@ impl Peers {
             .direct
             .as_ref()
             .filter(|_| out.iter().any(PeerEvent::is_news))
-            .and_then(|d| d.ready().map(|to| (d, to)));
+            .and_then(|d| d.ready(now, stats).map(|to| (d, to)));
         let send = direct
             .as_ref()
             .map(|(d, to)| |segment: &Segment| d.post(to, segment, stats));

@@ -179,13 +179,53 @@ pub fn publish_targets<'a>(targets: impl Iterator<Item = &'a String> + Clone, la
 /// does (its batches through the same cluster would fail alike). Envoy makes the call on
 /// the VM's root, so a request whose stream ends first does not cancel it; the answer is
 /// then dropped uncounted. Until the service named this process and listed the replicas,
-/// the service sends everything.
+/// the service sends everything. A worker makes at most `from_workers_per_s` POSTs a
+/// second (`PostBudget`); a segment past it is left to the service's next batch, so the
+/// cost of a flood of cold prompts stays bounded and nothing is lost.
 pub struct DirectSender {
     cluster: String,
     path: String,
     secret: String,
     timeout_ms: u64,
     nonce: Cell<Option<u64>>,
+    budget: Cell<PostBudget>,
+}
+
+/// A token bucket of POSTs: `per_s` a second, at most a second's worth saved.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PostBudget {
+    per_s: f64,
+    left: f64,
+    at: Option<Millis>,
+}
+
+impl PostBudget {
+    pub fn new(per_s: u32) -> PostBudget {
+        let per_s = f64::from(per_s);
+        PostBudget {
+            per_s,
+            left: per_s,
+            at: None,
+        }
+    }
+
+    /// The POSTs left at `now`.
+    fn refill(&mut self, now: Millis) -> f64 {
+        let elapsed_ms = self.at.map_or(0, |at| now.0.saturating_sub(at.0));
+        self.left = (self.left + elapsed_ms as f64 * self.per_s / 1000.0).min(self.per_s);
+        self.at = Some(self.at.map_or(now, |at| Millis(at.0.max(now.0))));
+        self.left
+    }
+
+    /// Whether `posts` POSTs fit at `now` (nothing is spent).
+    pub fn covers(&mut self, posts: usize, now: Millis) -> bool {
+        self.refill(now) >= posts as f64
+    }
+
+    /// Spends `posts` POSTs made at `now`.
+    pub fn spend(&mut self, posts: usize, now: Millis) {
+        self.left = (self.refill(now) - posts as f64).max(0.0);
+    }
 }
 
 /// Where a worker's segment goes: this replica's name and the other replicas, as the
@@ -193,6 +233,7 @@ pub struct DirectSender {
 pub struct Outbound {
     replica: u64,
     targets: Vec<String>,
+    at: Millis,
 }
 
 impl DirectSender {
@@ -205,29 +246,51 @@ impl DirectSender {
             secret: r.secret.clone(),
             timeout_ms: r.interval_ms.max(200),
             nonce: Cell::new(None),
+            budget: Cell::new(PostBudget::new(r.from_workers_per_s)),
         })
     }
 
     /// Where to send now; `None` while the service has not named this replica or listed
-    /// another (the service then forwards the segment). The list is read at every news
-    /// placement (one host call, against the POSTs it precedes), so a replica the service
-    /// just listed gets it.
-    pub fn ready(&self) -> Option<Outbound> {
+    /// another, or when this worker's POST budget does not cover every replica listed (the
+    /// service then forwards the segment). The list is read at every news placement (one
+    /// host call, against the POSTs it precedes), so a replica the service just listed
+    /// gets it.
+    pub fn ready(&self, now: Millis, stats: &RequestStats) -> Option<Outbound> {
         if self.nonce.get().is_none() {
             self.nonce.set(replica_nonce());
         }
         let replica = self.nonce.get()?;
+        let mut budget = self.budget.get();
+        let over = |budget: PostBudget| {
+            self.budget.set(budget);
+            stats.direct_over_budget.inc();
+            None
+        };
+        if !budget.covers(1, now) {
+            return over(budget);
+        }
         let bytes = host::shared_data(TARGETS_KEY).ok().flatten()?;
         let targets: Vec<String> = String::from_utf8_lossy(&bytes)
             .split('\n')
             .filter(|t| !t.is_empty())
             .map(str::to_string)
             .collect();
-        (!targets.is_empty()).then_some(Outbound { replica, targets })
+        if !budget.covers(targets.len(), now) {
+            return over(budget);
+        }
+        self.budget.set(budget);
+        (!targets.is_empty()).then_some(Outbound {
+            replica,
+            targets,
+            at: now,
+        })
     }
 
     /// POSTs `segment` (written to the log, marked `sent`) to every replica of `out`.
     pub fn post(&self, out: &Outbound, segment: &Segment, stats: &RequestStats) {
+        let mut budget = self.budget.get();
+        budget.spend(out.targets.len(), out.at);
+        self.budget.set(budget);
         let body = Forward {
             replica: out.replica,
             segments: vec![segment.clone()],
@@ -432,6 +495,26 @@ fn restamp(segment: &mut Segment, replica: u64, now: Millis) {
 mod tests {
     use super::*;
     use crate::mesh::WireEvent;
+
+    #[test]
+    fn a_workers_post_budget_allows_a_seconds_burst_then_its_rate() {
+        let mut b = PostBudget::new(100);
+        assert!(b.covers(100, Millis(5_000)) && !b.covers(101, Millis(5_000)));
+        b.spend(100, Millis(5_000));
+        assert!(!b.covers(1, Millis(5_000)), "spent");
+        assert!(!b.covers(1, Millis(5_009)), "9 ms give 0.9 of a POST");
+        assert!(b.covers(1, Millis(5_010)) && !b.covers(2, Millis(5_010)));
+        b.spend(1, Millis(5_010));
+        assert!(
+            b.covers(100, Millis(60_000)) && !b.covers(101, Millis(60_000)),
+            "at most a second saved"
+        );
+        // A clock that steps back spends nothing twice and refills nothing.
+        b.spend(100, Millis(60_000));
+        assert!(!b.covers(1, Millis(59_000)));
+        assert!(!b.covers(1, Millis(60_005)));
+        assert!(b.covers(1, Millis(60_010)));
+    }
 
     #[test]
     fn a_forwarded_key_keeps_its_own_origin_under_the_senders_remote_one() {

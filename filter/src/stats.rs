@@ -72,6 +72,9 @@ pub struct RequestStats {
     /// and those that could not leave or were not answered 204.
     pub direct_sent: Metric,
     pub direct_failure: Metric,
+    /// Segments with news left to the scraping service because the worker's POST budget
+    /// (`share.replicas.from_workers_per_s`) was spent.
+    pub direct_over_budget: Metric,
     pub peers_gone: Metric,
     pub usage_reported: Metric,
     pub usage_missing: Metric,
@@ -144,6 +147,7 @@ impl RequestStats {
             peer_events_unpublished: c("mesh.events_unpublished"),
             direct_sent: c("replicas.direct_sent"),
             direct_failure: c("replicas.direct_failure"),
+            direct_over_budget: c("replicas.direct_over_budget"),
             peers_gone: c("mesh.peers_gone"),
             usage_reported: c("responses.usage_reported"),
             usage_missing: c("responses.usage_missing"),

@@ -351,6 +351,10 @@ pub struct TopologyArgs {
     /// `share.replicas.from_workers`), not at the scraping service's next tick.
     #[arg(long)]
     direct_placements: bool,
+    /// With --direct-placements: the most POSTs one worker makes a second (the filter's
+    /// `share.replicas.from_workers_per_s`); news past it waits for the service's batch.
+    #[arg(long, default_value_t = 100.0)]
+    direct_per_s: f64,
     /// Experiment: workers send at once only placements that are news; the rest every this
     /// many ms (0: everything at the tick).
     #[arg(long, default_value_t = 0.0)]
@@ -392,6 +396,7 @@ impl TopologyArgs {
             self.gateway_interval_ms >= 0.0,
             "--gateway-interval-ms must not be negative"
         );
+        anyhow::ensure!(self.direct_per_s >= 1.0, "--direct-per-s must be at least 1");
         Ok(Topology {
             gateways: self.gateways,
             workers: self.workers,
@@ -401,6 +406,7 @@ impl TopologyArgs {
             gateway_delay_ms: self.gateway_delay_ms,
             gateway_interval_ms: self.gateway_interval_ms,
             direct_placements: self.direct_placements,
+            direct_per_s: self.direct_per_s,
             news_flush_ms: self.news_flush_ms,
             hits_when_quiet: self.hits_when_quiet,
             read_once_per_ms: self.read_once_per_ms,

@@ -50,6 +50,10 @@ pub struct Topology {
     /// `share.replicas.from_workers`: the worker POSTs it itself), not at the scraping
     /// service's next tick; the rest still leaves with the service's batches.
     pub direct_placements: bool,
+    /// With `direct_placements`: the most POSTs a worker makes a second, a second's worth
+    /// saved (`share.replicas.from_workers_per_s`); a batch holding news costs one per other
+    /// replica, and one past the budget leaves with the service's batches.
+    pub direct_per_s: f64,
     /// 0: a worker's events leave at its next tick. Otherwise only a batch holding a
     /// placement that is news (most of its prompt uncached where it went) leaves then; the
     /// rest leave on this slower grid, to the gateway's other workers and (with
@@ -88,6 +92,7 @@ impl Default for Topology {
             gateway_delay_ms: 0.0,
             gateway_interval_ms: 0.0,
             direct_placements: false,
+            direct_per_s: 100.0,
             news_flush_ms: 0.0,
             hits_when_quiet: false,
             read_once_per_ms: false,
@@ -255,6 +260,8 @@ pub struct Routers {
     last_flush: Vec<f64>,
     /// When each router last read its peers before a decision (`Topology::read_once_per_ms`).
     last_read: Vec<f64>,
+    /// Each router's POSTs left, and when they were counted (`Topology::direct_per_s`).
+    direct_budget: Vec<(f64, f64)>,
 }
 
 impl Routers {
@@ -285,7 +292,28 @@ impl Routers {
             last_forward: vec![f64::NEG_INFINITY; topology.gateways.max(1)],
             last_flush: vec![f64::NEG_INFINITY; topology.routers()],
             last_read: vec![f64::NEG_INFINITY; topology.routers()],
+            direct_budget: vec![(topology.direct_per_s, f64::NEG_INFINITY); topology.routers()],
         }
+    }
+
+    /// Whether `router`'s POST budget covers a batch to every other replica at `now`; if so
+    /// it is spent.
+    fn spend_direct(&mut self, router: usize, now: f64) -> bool {
+        let (per_s, posts) = (
+            self.topology.direct_per_s,
+            self.topology.gateways.saturating_sub(1) as f64,
+        );
+        let Some((left, at)) = self.direct_budget.get_mut(router) else {
+            return false;
+        };
+        let elapsed_ms = if at.is_finite() { (now - *at).max(0.0) } else { 0.0 };
+        *left = (*left + elapsed_ms * per_s / 1000.0).min(per_s);
+        *at = at.max(now);
+        if *left < posts {
+            return false;
+        }
+        *left -= posts;
+        true
     }
 
     /// Every router learns the pool now.
@@ -381,14 +409,16 @@ impl Routers {
             phase + ((now - phase) / t.news_flush_ms).ceil().max(0.0) * t.news_flush_ms
         });
         self.last_flush[router] = self.last_flush[router].max(held.unwrap_or(now));
-        let leaves = (t.gateway_interval_ms > 0.0 && t.share_gateways).then(|| {
-            let flushed = held.unwrap_or_else(|| t.next_tick_ms(router, now));
+        let forwarded = t.gateway_interval_ms > 0.0 && t.share_gateways;
+        let flushed = held.unwrap_or_else(|| t.next_tick_ms(router, now));
+        let direct = forwarded && t.direct_placements && news && self.spend_direct(router, flushed);
+        let leaves = forwarded.then(|| {
             // The service sends everything it holds in one batch (`replicas::Forwarder`): a
             // placement at once; the rest with the batch already due, else `interval` after
             // the last one (not `interval` after every earlier batch, which queued events
             // seconds deep at 200 requests/s). News from the workers does not wait for the
-            // service at all.
-            if t.direct_placements && news {
+            // service at all, while their budget lasts.
+            if direct {
                 return flushed;
             }
             let earliest = if placement {
@@ -485,6 +515,37 @@ mod tests {
             (101.25..101.3).contains(&at),
             "a hit: its worker's flush (100.25), then the service's tick: {at}"
         );
+    }
+
+    #[test]
+    fn news_past_a_workers_post_budget_waits_for_the_service() {
+        let t = Topology {
+            gateways: 2,
+            workers: 4,
+            share_gateways: true,
+            gateway_interval_ms: 5.0,
+            gateway_delay_ms: 0.25,
+            tick_ms: 0.01,
+            news_flush_ms: 2.0,
+            direct_placements: true,
+            direct_per_s: 2.0,
+            ..Topology::default()
+        };
+        let mut routers = build(t);
+        let remote = |to: &[(usize, f64)]| to.iter().find(|(r, _)| *r == 5).map(|(_, at)| *at).unwrap();
+        for k in 0..2 {
+            let at = remote(&routers.arrivals(0, 99.6, &[routed(2 + k, 10)]));
+            assert!((99.85..99.9).contains(&at), "news {k} within the budget: {at}");
+        }
+        let at = remote(&routers.arrivals(0, 99.6, &[routed(4, 10)]));
+        assert!(
+            (100.25..100.3).contains(&at),
+            "the third: the service's next tick (100), then the hop: {at}"
+        );
+        let at = remote(&routers.arrivals(1, 99.6, &[routed(5, 10)]));
+        assert!((99.85..99.9).contains(&at), "another worker has its own budget: {at}");
+        let at = remote(&routers.arrivals(0, 600.0, &[routed(6, 10)]));
+        assert!(at < 600.3, "half a second later worker 0 has a POST again: {at}");
     }
 
     #[test]

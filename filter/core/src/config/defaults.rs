@@ -62,6 +62,10 @@ impl Default for RawReplicas {
             // placements sent within the ms over a 0.25 ms hop, up to +59% with a 5 ms batch.
             at_once: true,
             from_workers: false,
+            // A POST costs about what a proxied request does (BENCHMARKS.md, "Placements
+            // that are news, sent by the workers"): 100 a second bounds a worker's cost at
+            // a few % of a core, above the news rate of one worker in every replayed cell.
+            from_workers_per_s: 100,
             max_body_bytes: 4 << 20,
         }
     }

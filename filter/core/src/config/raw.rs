@@ -333,6 +333,10 @@ pub struct RawReplicas {
     /// to the other replicas itself as it publishes it, instead of leaving it for the
     /// scraping service's next tick.
     pub from_workers: bool,
+    /// With `from_workers`: the most POSTs one worker makes a second (a segment costs one
+    /// per other replica; a burst of a second's worth is allowed). A segment past it is left
+    /// to the scraping service's next batch (`replicas.direct_over_budget`).
+    pub from_workers_per_s: u32,
     pub max_body_bytes: usize,
 }
 

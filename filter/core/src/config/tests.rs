@@ -206,7 +206,16 @@ fn replicas_are_listed_or_discovered_and_need_a_real_secret() {
         "the service sends placements, within the ms"
     );
     let from_workers = parse(r#"{"share": {"replicas": {"secret": "0123456789abcdef", "from_workers": true}}}"#);
-    assert!(from_workers.unwrap().share().replicas.as_ref().unwrap().from_workers);
+    let from_workers = from_workers.unwrap().share().replicas.clone().unwrap();
+    assert!(from_workers.from_workers && from_workers.from_workers_per_s == 100);
+    assert_eq!(
+        parse(
+            r#"{"share": {"replicas": {"secret": "0123456789abcdef", "from_workers": true, "from_workers_per_s": 0}}}"#
+        )
+        .unwrap_err()
+        .field,
+        "share.replicas.from_workers_per_s"
+    );
     assert_eq!(
         parse(r#"{"share": {"replicas": {"peers": ["10.0.0.1:1"], "secret": "short"}}}"#)
             .unwrap_err()

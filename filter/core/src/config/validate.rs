@@ -358,6 +358,12 @@ pub(super) fn validate_replicas(r: &super::RawReplicas) -> Result<(), ConfigErro
             format!("({}) must be in 1..=1000", r.interval_ms),
         ));
     }
+    if r.from_workers && r.from_workers_per_s == 0 {
+        return Err(reject(
+            "share.replicas.from_workers_per_s",
+            "must be at least 1 with from_workers (turn from_workers off to leave every segment to the scraping service)",
+        ));
+    }
     if r.max_body_bytes < 64 * 1024 {
         return Err(reject("share.replicas.max_body_bytes", "must be at least 65536"));
     }
