@@ -33,7 +33,9 @@
 //! is news (a cold or moved prefix, `PeerEvent::is_news`) to the other replicas itself as it
 //! writes it (`DirectSender`; the service publishes where to in shared data), so it does not
 //! wait for the service's tick; the service sends the rest. That is one POST per such
-//! placement per replica, instead of one per batch.
+//! placement per replica, instead of one per batch, at most `from_workers_per_s` a second
+//! per worker (20 by default: then a flood of cold prompts costs what `at_once` alone does;
+//! news past it leaves with the service's next batch).
 //!
 //! Cost: one POST of the batch per replica per batch (at most 1,000 a second while
 //! placements keep coming; empty batches only as a 1 s heartbeat), a 1 ms tick on the main

@@ -415,9 +415,15 @@ fn replicas_with_different_secrets_say_why_their_forwards_fail() {
 
 #[test]
 fn a_placement_leaves_for_the_other_replica_at_once() {
-    // Batches every second: only the workers' notice to the scraping service gets a placement
-    // to B within the 30 ms before its sibling arrives there.
-    let p = pair_every(true, 1000);
+    // Batches every second, and the workers do not POST themselves: only the workers'
+    // notice to the scraping service gets a placement to B within the 30 ms before its
+    // sibling arrives there.
+    let p = pair_edited(true, 1000, |t| {
+        t.replace(
+            r#""interval_ms": 1000}"#,
+            r#""interval_ms": 1000, "from_workers": false}"#,
+        )
+    });
     let pairs = across_after(&p, 6, 30);
     for (i, (first, second, reason)) in pairs.iter().enumerate() {
         assert_eq!(reason, "prefix_hit", "pair {i}: {pairs:?}\n{}", p.b.log_text());
@@ -462,6 +468,37 @@ fn a_worker_posts_its_placement_to_the_other_replica_itself_and_only_once() {
     );
     // The first tokens and completions leave with the service's next batch (1 s).
     thread::sleep(Duration::from_millis(1200));
+    every_event_of_a_taken_once_by_b(&p);
+}
+
+/// `share.replicas.from_workers_per_s`: a worker with one POST a second sends its first
+/// news itself and leaves the rest to the scraping service, which sends it at once: every
+/// sibling still finds its prefix on B, and every event reaches B once.
+#[test]
+fn news_past_a_workers_post_budget_leaves_with_the_service_once() {
+    let p = pair_edited(true, 1000, |t| {
+        t.replace(
+            r#""interval_ms": 1000}"#,
+            r#""interval_ms": 1000, "from_workers_per_s": 1}"#,
+        )
+    });
+    let pairs = across_tagged(&p, "over-budget", 6, 30);
+    for (i, (first, second, reason)) in pairs.iter().enumerate() {
+        assert_eq!(reason, "prefix_hit", "pair {i}: {pairs:?}\n{}", p.b.log_text());
+        assert_eq!(first, second, "pair {i}: {pairs:?}");
+    }
+    let (sent, over) = (
+        p.a.stat("wasmcustom.kvroute.replicas.direct_sent"),
+        p.a.stat("wasmcustom.kvroute.replicas.direct_over_budget"),
+    );
+    assert!(sent >= 1 && over >= 1, "direct_sent {sent}, direct_over_budget {over}");
+    thread::sleep(Duration::from_millis(1200));
+    every_event_of_a_taken_once_by_b(&p);
+}
+
+/// Waits up to 5 s for B to have taken every event A's workers published, and fails,
+/// naming both sides' counters, if the counts differ.
+fn every_event_of_a_taken_once_by_b(p: &Pair) {
     let counts = || {
         (
             p.a.stat("wasmcustom.kvroute.mesh.events_published"),

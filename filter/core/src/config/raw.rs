@@ -334,8 +334,8 @@ pub struct RawReplicas {
     /// scraping service's next tick.
     pub from_workers: bool,
     /// With `from_workers`: the most POSTs one worker makes a second (a segment costs one
-    /// per other replica; a burst of a second's worth is allowed). A segment past it is left
-    /// to the scraping service's next batch (`replicas.direct_over_budget`).
+    /// per other replica; a second's worth may be saved for a burst). A segment past it is
+    /// left to the scraping service's next batch (`replicas.direct_over_budget`).
     pub from_workers_per_s: u32,
     pub max_body_bytes: usize,
 }

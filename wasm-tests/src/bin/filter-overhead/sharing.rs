@@ -186,6 +186,14 @@ pub fn replicas_cost(rounds: usize, unique: bool) -> Result<(), String> {
     let fragment = std::fs::read_to_string(repo_root().join("envoy/fragments/replicas-cluster.yaml"))
         .map_err(|e| e.to_string())?;
     const SECONDS: f64 = 4.0;
+    // The workers' POST budget (`share.replicas.from_workers_per_s`) of the fourth side.
+    let per_s: u32 = match std::env::var("FROM_WORKERS_PER_S") {
+        Ok(v) => v
+            .parse()
+            .map_err(|_| format!("FROM_WORKERS_PER_S={v:?}: expected a whole number of POSTs a second"))?,
+        Err(_) => 100,
+    };
+    println!("the workers' POST budget: {per_s} a second each (FROM_WORKERS_PER_S)");
     let mut runs: [Vec<(WrkResult, f64)>; 4] = Default::default();
     let mut batches: [Vec<f64>; 4] = Default::default();
     for side in [0usize, 1, 2, 3, 3, 2, 1, 0].repeat(rounds.max(1)) {
@@ -205,7 +213,7 @@ pub fn replicas_cost(rounds: usize, unique: bool) -> Result<(), String> {
                 return t;
             }
             let share = format!(
-                r#""policy": "cost", "share": {{"replicas": {{"peers": ["127.0.0.1:{}", "127.0.0.1:{}"], "secret": "bench-replicas-secret-0123", "at_once": {}, "from_workers": {}}}}},"#,
+                r#""policy": "cost", "share": {{"replicas": {{"peers": ["127.0.0.1:{}", "127.0.0.1:{}"], "secret": "bench-replicas-secret-0123", "at_once": {}, "from_workers": {}, "from_workers_per_s": {per_s}}}}},"#,
                 listen[0],
                 listen[1],
                 side >= 2,
