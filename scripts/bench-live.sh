@@ -15,7 +15,8 @@
 #
 # Knobs (environment): RUNS, CONCURRENCIES, REPLICA_CONCURRENCY, RATE (100), DURATION (120),
 # COLD_S (15), WORKLOADS ("steady burst"), PEER (1: include smg), REPLICAS (1: include the
-# two-Envoy case), OUT (target/bench-live); ports as in scripts/lib.sh. Every process it
+# two-Envoy case), REPLICAS_OPTIONS (more of that case's share.replicas, e.g.
+# '"from_workers": false'), OUT (target/bench-live); ports as in scripts/lib.sh. Every process it
 # starts listens on 127.0.0.1 only and is stopped on exit, failure and Ctrl-C.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -161,7 +161,8 @@ add_replicas() {
   cluster=$(grep -v '^#' envoy/fragments/replicas-cluster.yaml |
     sed -e "s/port_value: 10100\b/port_value: $a/" -e "s/port_value: 10200\b/port_value: $b/")
   # No peers list: each replica reads them from the cluster (the shipped Kubernetes shape).
-  local share="\"share\": {\"replicas\": {\"secret\": \"bench-live-replica-secret\"}},"
+  # REPLICAS_OPTIONS: more of share.replicas, e.g. '"from_workers": false'.
+  local share="\"share\": {\"replicas\": {\"secret\": \"bench-live-replica-secret\"${REPLICAS_OPTIONS:+, $REPLICAS_OPTIONS}}},"
   python3 - "$dst" "$cluster" "$share" <<'PY'
 import sys
 path, cluster, share = sys.argv[1:4]
