@@ -15,6 +15,7 @@ pub mod lease;
 pub mod mesh;
 pub mod peers;
 pub mod poller;
+pub mod post_budget;
 pub mod replicas;
 pub mod stats;
 pub mod worker;

@@ -21,7 +21,7 @@ use proxy_wasm::types::LogLevel;
 
 use crate::host;
 use crate::mesh::{Mesh, Published, Segment};
-use crate::replicas::DirectSender;
+use crate::replicas::{DirectSender, NotSent};
 use crate::stats::{self_clock, RequestStats};
 
 const IDLE_AFTER_MS: u64 = 1000;
@@ -252,12 +252,20 @@ impl Peers {
             .direct
             .as_ref()
             .filter(|_| out.iter().any(PeerEvent::is_news))
-            .and_then(|d| d.ready(now, stats).map(|to| (d, to)));
+            .map(|d| d.ready(now).map(|to| (d, to)));
+        let over_budget = matches!(direct, Some(Err(NotSent::OverBudget)));
         let send = direct
             .as_ref()
+            .and_then(|r| r.as_ref().ok())
             .map(|(d, to)| |segment: &Segment| d.post(to, segment, stats));
         match mesh.publish(&out, now, send) {
-            Published::Written if count > 0 => stats.peer_events_published.add(count),
+            Published::Written if count > 0 => {
+                stats.peer_events_published.add(count);
+                // Counted once written: a refused write is tried again, and counted then.
+                if over_budget {
+                    stats.direct_over_budget.inc();
+                }
+            }
             Published::Written | Published::NotDue => {}
             // Kept for the next push: a completion peers never hear of pins its load in
             // their views for `PEER_REQUEST_MAX_MS`.

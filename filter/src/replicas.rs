@@ -34,8 +34,8 @@
 //! writes it (`DirectSender`; the service publishes where to in shared data), so it does not
 //! wait for the service's tick; the service sends the rest. That is one POST per such
 //! placement per replica, instead of one per batch, at most `from_workers_per_s` a second
-//! per worker (20 by default: then a flood of cold prompts costs what `at_once` alone does;
-//! news past it leaves with the service's next batch).
+//! per worker (`post_budget`; 20 by default: then a flood of cold prompts costs what
+//! `at_once` alone does; news past it leaves with the service's next batch).
 //!
 //! Cost: one POST of the batch per replica per batch (at most 1,000 a second while
 //! placements keep coming; empty batches only as a 1 s heartbeat), a 1 ms tick on the main
@@ -53,6 +53,7 @@ use prost::Message;
 
 use crate::host;
 use crate::mesh::{increment, read_u64, slot_key, Cursor, Segment, HEAD_KEY, HEARTBEAT_MS, MAX_PEERS};
+use crate::post_budget::PostBudget;
 use crate::stats::{Metric, RequestStats};
 
 /// What one replica forwards to the others: its workers' segments since its last batch.
@@ -193,41 +194,13 @@ pub struct DirectSender {
     budget: Cell<PostBudget>,
 }
 
-/// A token bucket of POSTs: `per_s` a second, at most a second's worth saved.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct PostBudget {
-    per_s: f64,
-    left: f64,
-    at: Option<Millis>,
-}
-
-impl PostBudget {
-    pub fn new(per_s: u32) -> PostBudget {
-        let per_s = f64::from(per_s);
-        PostBudget {
-            per_s,
-            left: per_s,
-            at: None,
-        }
-    }
-
-    /// The POSTs left at `now`.
-    fn refill(&mut self, now: Millis) -> f64 {
-        let elapsed_ms = self.at.map_or(0, |at| now.0.saturating_sub(at.0));
-        self.left = (self.left + elapsed_ms as f64 * self.per_s / 1000.0).min(self.per_s);
-        self.at = Some(self.at.map_or(now, |at| Millis(at.0.max(now.0))));
-        self.left
-    }
-
-    /// Whether `posts` POSTs fit at `now` (nothing is spent).
-    pub fn covers(&mut self, posts: usize, now: Millis) -> bool {
-        self.refill(now) >= posts as f64
-    }
-
-    /// Spends `posts` POSTs made at `now`.
-    pub fn spend(&mut self, posts: usize, now: Millis) {
-        self.left = (self.refill(now) - posts as f64).max(0.0);
-    }
+/// Why a worker leaves a segment with news to the scraping service.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NotSent {
+    /// The service has not named this replica or listed another yet.
+    NotReady,
+    /// This worker's POSTs for the second are spent (`replicas.direct_over_budget`).
+    OverBudget,
 }
 
 /// Where a worker's segment goes: this replica's name and the other replicas, as the
@@ -252,36 +225,34 @@ impl DirectSender {
         })
     }
 
-    /// Where to send now; `None` while the service has not named this replica or listed
-    /// another, or when this worker's POST budget does not cover every replica listed (the
-    /// service then forwards the segment). The list is read at every news placement (one
-    /// host call, against the POSTs it precedes), so a replica the service just listed
-    /// gets it.
-    pub fn ready(&self, now: Millis, stats: &RequestStats) -> Option<Outbound> {
+    /// Where to send now, or why the service forwards the segment instead: it has not
+    /// named this replica or listed another, or this worker's POST budget does not cover
+    /// the replicas listed. The list is read at every news placement (one host call,
+    /// against the POSTs it precedes), so a replica the service just listed gets it.
+    pub fn ready(&self, now: Millis) -> Result<Outbound, NotSent> {
         if self.nonce.get().is_none() {
             self.nonce.set(replica_nonce());
         }
-        let replica = self.nonce.get()?;
+        let replica = self.nonce.get().ok_or(NotSent::NotReady)?;
         let mut budget = self.budget.get();
-        let over = |budget: PostBudget| {
-            self.budget.set(budget);
-            stats.direct_over_budget.inc();
-            None
-        };
-        if !budget.covers(1, now) {
-            return over(budget);
+        let covered = budget.covers(1, now);
+        self.budget.set(budget);
+        if !covered {
+            return Err(NotSent::OverBudget);
         }
-        let bytes = host::shared_data(TARGETS_KEY).ok().flatten()?;
+        let bytes = host::shared_data(TARGETS_KEY).ok().flatten().ok_or(NotSent::NotReady)?;
         let targets: Vec<String> = String::from_utf8_lossy(&bytes)
             .split('\n')
             .filter(|t| !t.is_empty())
             .map(str::to_string)
             .collect();
-        if !budget.covers(targets.len(), now) {
-            return over(budget);
+        if targets.is_empty() {
+            return Err(NotSent::NotReady);
         }
-        self.budget.set(budget);
-        (!targets.is_empty()).then_some(Outbound {
+        if !budget.covers(targets.len(), now) {
+            return Err(NotSent::OverBudget);
+        }
+        Ok(Outbound {
             replica,
             targets,
             at: now,
@@ -497,26 +468,6 @@ fn restamp(segment: &mut Segment, replica: u64, now: Millis) {
 mod tests {
     use super::*;
     use crate::mesh::WireEvent;
-
-    #[test]
-    fn a_workers_post_budget_allows_a_seconds_burst_then_its_rate() {
-        let mut b = PostBudget::new(100);
-        assert!(b.covers(100, Millis(5_000)) && !b.covers(101, Millis(5_000)));
-        b.spend(100, Millis(5_000));
-        assert!(!b.covers(1, Millis(5_000)), "spent");
-        assert!(!b.covers(1, Millis(5_009)), "9 ms give 0.9 of a POST");
-        assert!(b.covers(1, Millis(5_010)) && !b.covers(2, Millis(5_010)));
-        b.spend(1, Millis(5_010));
-        assert!(
-            b.covers(100, Millis(60_000)) && !b.covers(101, Millis(60_000)),
-            "at most a second saved"
-        );
-        // A clock that steps back spends nothing twice and refills nothing.
-        b.spend(100, Millis(60_000));
-        assert!(!b.covers(1, Millis(59_000)));
-        assert!(!b.covers(1, Millis(60_005)));
-        assert!(b.covers(1, Millis(60_010)));
-    }
 
     #[test]
     fn a_forwarded_key_keeps_its_own_origin_under_the_senders_remote_one() {

@@ -353,7 +353,7 @@ pub struct TopologyArgs {
     direct_placements: bool,
     /// With --direct-placements: the most POSTs one worker makes a second (the filter's
     /// `share.replicas.from_workers_per_s`); news past it waits for the service's batch.
-    #[arg(long, default_value_t = 100.0)]
+    #[arg(long, default_value_t = 20.0)]
     direct_per_s: f64,
     /// Experiment: workers send at once only placements that are news; the rest every this
     /// many ms (0: everything at the tick).

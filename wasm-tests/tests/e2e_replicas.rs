@@ -429,6 +429,11 @@ fn a_placement_leaves_for_the_other_replica_at_once() {
         assert_eq!(reason, "prefix_hit", "pair {i}: {pairs:?}\n{}", p.b.log_text());
         assert_eq!(first, second, "pair {i}: {pairs:?}");
     }
+    assert_eq!(
+        p.a.stat("wasmcustom.kvroute.replicas.direct_sent"),
+        0,
+        "the service carried every placement"
+    );
 }
 
 /// `share.replicas.from_workers`: with the scraping service's batches a second apart and

@@ -51,8 +51,9 @@ pub struct Topology {
     /// service's next tick; the rest still leaves with the service's batches.
     pub direct_placements: bool,
     /// With `direct_placements`: the most POSTs a worker makes a second, a second's worth
-    /// saved (`share.replicas.from_workers_per_s`); a batch holding news costs one per other
-    /// replica, and one past the budget leaves with the service's batches.
+    /// saved (`share.replicas.from_workers_per_s`, 20 by default as there); a batch holding
+    /// news costs one per other replica, and one past the budget leaves with the service's
+    /// batches.
     pub direct_per_s: f64,
     /// 0: a worker's events leave at its next tick. Otherwise only a batch holding a
     /// placement that is news (most of its prompt uncached where it went) leaves then; the
@@ -92,7 +93,7 @@ impl Default for Topology {
             gateway_delay_ms: 0.0,
             gateway_interval_ms: 0.0,
             direct_placements: false,
-            direct_per_s: 100.0,
+            direct_per_s: 20.0,
             news_flush_ms: 0.0,
             hits_when_quiet: false,
             read_once_per_ms: false,
@@ -296,8 +297,9 @@ impl Routers {
         }
     }
 
-    /// Whether `router`'s POST budget covers a batch to every other replica at `now`; if so
-    /// it is spent.
+    /// Whether `router`'s POST budget covers a batch to every other replica at `now` (as
+    /// the filter's `PostBudget`: a full bucket covers more replicas than a second's worth,
+    /// and the rest is owed); if so it is spent.
     fn spend_direct(&mut self, router: usize, now: f64) -> bool {
         let (per_s, posts) = (
             self.topology.direct_per_s,
@@ -309,7 +311,7 @@ impl Routers {
         let elapsed_ms = if at.is_finite() { (now - *at).max(0.0) } else { 0.0 };
         *left = (*left + elapsed_ms * per_s / 1000.0).min(per_s);
         *at = at.max(now);
-        if *left < posts {
+        if *left < posts.min(per_s) {
             return false;
         }
         *left -= posts;

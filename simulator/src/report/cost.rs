@@ -3,7 +3,9 @@
 //!
 //! The fleet is paid for by the hour whether a server is busy or idle (reserved or
 //! on-demand instances), so a run's cost per token is the fleet's price per hour over the
-//! input and output tokens it served per hour over the run's span. Two routings of one
+//! input and output tokens it served per hour over the run's span. Every server is billed
+//! for the whole span, also one that joins or leaves the pool mid-run (`--join`,
+//! `--leave`): such a run's cost is the fleet's at its largest. Two routings of one
 //! fleet at one load therefore differ in cost only through what they complete; where the
 //! work lands shows in the share of requests each GPU type served, and in the objective.
 
@@ -85,9 +87,12 @@ pub fn median_cost(runs: &[RunCost]) -> RunCost {
 
 /// The lines `replay --price` prints under the latency table.
 pub fn table(costs: &[RunCost], prices: &Prices, fleet_usd_per_hour: f64, ttft_objective_ms: f64) -> String {
+    let in_fleet = |gpu: &str| costs.iter().any(|c| c.share_by_gpu.contains_key(gpu));
     let priced: Vec<String> = prices
         .iter()
-        .map(|(g, p)| format!("{} at ${p:.2}", gpu_name(*g)))
+        .map(|(g, p)| (gpu_name(*g), p))
+        .filter(|(g, _)| in_fleet(g))
+        .map(|(g, p)| format!("{g} at ${p:.2}"))
         .collect();
     let mut out = format!(
         "cost: {} per GPU-hour, the fleet {:.2} USD an hour, paid whether busy or idle; objective: TTFT ≤ {} ms\n",

@@ -186,12 +186,13 @@ pub fn replicas_cost(rounds: usize, unique: bool) -> Result<(), String> {
     let fragment = std::fs::read_to_string(repo_root().join("envoy/fragments/replicas-cluster.yaml"))
         .map_err(|e| e.to_string())?;
     const SECONDS: f64 = 4.0;
-    // The workers' POST budget (`share.replicas.from_workers_per_s`) of the fourth side.
+    // The workers' POST budget (`share.replicas.from_workers_per_s`) of the fourth side:
+    // the filter's default unless FROM_WORKERS_PER_S says otherwise.
     let per_s: u32 = match std::env::var("FROM_WORKERS_PER_S") {
         Ok(v) => v
             .parse()
             .map_err(|_| format!("FROM_WORKERS_PER_S={v:?}: expected a whole number of POSTs a second"))?,
-        Err(_) => 100,
+        Err(_) => 20,
     };
     println!("the workers' POST budget: {per_s} a second each (FROM_WORKERS_PER_S)");
     let mut runs: [Vec<(WrkResult, f64)>; 4] = Default::default();
