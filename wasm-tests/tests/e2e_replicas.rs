@@ -102,6 +102,15 @@ fn pair_sharing(share: Share, interval_ms: u64, edit: fn(String) -> String) -> P
     settled(Pair { servers, a, b })
 }
 
+/// A config of `pair_every(_, 1000)` with more of `share.replicas` (`options`, JSON members).
+fn with_replicas_options(text: String, options: &str) -> String {
+    assert!(text.contains(r#""interval_ms": 1000}"#), "no replicas' config to edit");
+    text.replace(
+        r#""interval_ms": 1000}"#,
+        &format!(r#""interval_ms": 1000, {options}}}"#),
+    )
+}
+
 /// The pair once every server was scraped a few times and the replicas had time to hear
 /// from each other: a first request routed sooner may find the other replica's workers not
 /// reading their log yet.
@@ -418,12 +427,7 @@ fn a_placement_leaves_for_the_other_replica_at_once() {
     // Batches every second, and the workers do not POST themselves: only the workers'
     // notice to the scraping service gets a placement to B within the 30 ms before its
     // sibling arrives there.
-    let p = pair_edited(true, 1000, |t| {
-        t.replace(
-            r#""interval_ms": 1000}"#,
-            r#""interval_ms": 1000, "from_workers": false}"#,
-        )
-    });
+    let p = pair_edited(true, 1000, |t| with_replicas_options(t, r#""from_workers": false"#));
     let pairs = across_after(&p, 6, 30);
     for (i, (first, second, reason)) in pairs.iter().enumerate() {
         assert_eq!(reason, "prefix_hit", "pair {i}: {pairs:?}\n{}", p.b.log_text());
@@ -448,10 +452,7 @@ fn a_placement_leaves_for_the_other_replica_at_once() {
 #[test]
 fn a_worker_posts_its_placement_to_the_other_replica_itself_and_only_once() {
     let p = pair_edited(true, 1000, |t| {
-        t.replace(
-            r#""interval_ms": 1000}"#,
-            r#""interval_ms": 1000, "at_once": false, "from_workers": true}"#,
-        )
+        with_replicas_options(t, r#""at_once": false, "from_workers": true"#)
     });
     let pairs: Vec<_> = (0..6)
         .map(|i| {
@@ -481,12 +482,7 @@ fn a_worker_posts_its_placement_to_the_other_replica_itself_and_only_once() {
 /// sibling still finds its prefix on B, and every event reaches B once.
 #[test]
 fn news_past_a_workers_post_budget_leaves_with_the_service_once() {
-    let p = pair_edited(true, 1000, |t| {
-        t.replace(
-            r#""interval_ms": 1000}"#,
-            r#""interval_ms": 1000, "from_workers_per_s": 1}"#,
-        )
-    });
+    let p = pair_edited(true, 1000, |t| with_replicas_options(t, r#""from_workers_per_s": 1"#));
     let pairs = across_tagged(&p, "over-budget", 6, 30);
     for (i, (first, second, reason)) in pairs.iter().enumerate() {
         assert_eq!(reason, "prefix_hit", "pair {i}: {pairs:?}\n{}", p.b.log_text());

@@ -492,9 +492,9 @@ mod tests {
         assert_eq!(queues(per_worker), (0..8).collect::<Vec<_>>());
     }
 
-    #[test]
-    fn news_from_the_workers_leaves_with_their_flush_and_hits_with_the_service() {
-        let t = Topology {
+    /// 2 replicas × 4 workers forwarding as the filter does, news from the workers.
+    fn news_from_the_workers() -> Topology {
+        Topology {
             gateways: 2,
             workers: 4,
             share_gateways: true,
@@ -504,8 +504,12 @@ mod tests {
             news_flush_ms: 2.0,
             direct_placements: true,
             ..Topology::default()
-        };
-        let mut routers = build(t);
+        }
+    }
+
+    #[test]
+    fn news_from_the_workers_leaves_with_their_flush_and_hits_with_the_service() {
+        let mut routers = build(news_from_the_workers());
         let remote = |to: &[(usize, f64)]| to.iter().find(|(r, _)| *r == 5).map(|(_, at)| *at).unwrap();
         let at = remote(&routers.arrivals(0, 99.6, &[routed(2, 10)]));
         assert!(
@@ -521,19 +525,10 @@ mod tests {
 
     #[test]
     fn news_past_a_workers_post_budget_waits_for_the_service() {
-        let t = Topology {
-            gateways: 2,
-            workers: 4,
-            share_gateways: true,
-            gateway_interval_ms: 5.0,
-            gateway_delay_ms: 0.25,
-            tick_ms: 0.01,
-            news_flush_ms: 2.0,
-            direct_placements: true,
+        let mut routers = build(Topology {
             direct_per_s: 2.0,
-            ..Topology::default()
-        };
-        let mut routers = build(t);
+            ..news_from_the_workers()
+        });
         let remote = |to: &[(usize, f64)]| to.iter().find(|(r, _)| *r == 5).map(|(_, at)| *at).unwrap();
         for k in 0..2 {
             let at = remote(&routers.arrivals(0, 99.6, &[routed(2 + k, 10)]));
