@@ -122,9 +122,9 @@ impl std::fmt::Display for Topology {
         if self.gateways > 1 && self.share_gateways {
             if self.gateway_interval_ms > 0.0 {
                 let by = if self.direct_placements {
-                    " (news from the workers)"
+                    format!(" (news from the workers, {} POSTs/s each)", self.direct_per_s)
                 } else {
-                    ""
+                    String::new()
                 };
                 write!(
                     f,
