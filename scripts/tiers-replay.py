@@ -5,7 +5,8 @@ A workload at RATE req/s on all-H100 fleets and on 4 A100 (tier 0, cheap) + k H1
 fleets, kvroute with and without `tiers` (objective TTFT <= 500 ms), seeds 0-2: objective
 attainment (share of the requests with TTFT <= 500 ms), TTFT p95, ITL p95, the premium
 tier's share of requests, and $/Mtok = fleet $/h / (input + output tokens per hour): the
-attainment, share and cost as `kvroute-sim replay --price` reports them. WORKLOAD: `rag` (prefill-heavy: 4,800-token prompts, 200 out; default) or
+attainment, share and cost as `kvroute-sim replay --price` reports them. WORKLOAD: `rag`
+(prefill-heavy: 4,800-token prompts, 200 out; default) or
 `chat` (decode-heavy: 128 system prompts of 512 tokens, 128-token questions, 1,024 out;
 4,096 requests), where the A100's gap to the H100 is memory bandwidth rather than compute.
 Prices: USD per GPU-hour, default the middle of the 2026 "specialty provider" on-demand

@@ -31,22 +31,21 @@ impl PostBudget {
     }
 
     /// The POSTs left at `now`.
-    fn refill(&mut self, now: Millis) -> f64 {
+    fn left_at(&self, now: Millis) -> f64 {
         let elapsed_ms = self.at.map_or(0, |at| now.0.saturating_sub(at.0));
-        self.left = (self.left + elapsed_ms as f64 * self.per_s / 1000.0).min(self.per_s);
-        self.at = Some(self.at.map_or(now, |at| Millis(at.0.max(now.0))));
-        self.left
+        (self.left + elapsed_ms as f64 * self.per_s / 1000.0).min(self.per_s)
     }
 
-    /// Whether a segment costing `posts` POSTs may go at `now` (nothing is spent): the
-    /// bucket holds them, or is full when they are more than a second's worth.
-    pub fn covers(&mut self, posts: usize, now: Millis) -> bool {
-        self.refill(now) >= (posts as f64).min(self.per_s)
+    /// Whether a segment costing `posts` POSTs may go at `now`: the bucket holds them, or
+    /// is full when they are more than a second's worth.
+    pub fn covers(&self, posts: usize, now: Millis) -> bool {
+        self.left_at(now) >= (posts as f64).min(self.per_s)
     }
 
     /// Spends `posts` POSTs made at `now`.
     pub fn spend(&mut self, posts: usize, now: Millis) {
-        self.left = self.refill(now) - posts as f64;
+        self.left = self.left_at(now) - posts as f64;
+        self.at = Some(self.at.map_or(now, |at| Millis(at.0.max(now.0))));
     }
 }
 

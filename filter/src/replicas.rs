@@ -234,10 +234,8 @@ impl DirectSender {
             self.nonce.set(replica_nonce());
         }
         let replica = self.nonce.get().ok_or(NotSent::NotReady)?;
-        let mut budget = self.budget.get();
-        let covered = budget.covers(1, now);
-        self.budget.set(budget);
-        if !covered {
+        let budget = self.budget.get();
+        if !budget.covers(1, now) {
             return Err(NotSent::OverBudget);
         }
         let bytes = host::shared_data(TARGETS_KEY).ok().flatten().ok_or(NotSent::NotReady)?;

@@ -125,7 +125,7 @@ pub fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
     print!("{}", report::table(&runs));
     let mut costs = serde_json::Value::Null;
     if let Some(prices) = &prices {
-        costs = print_costs(&setup, prices, &replicas, a.ttft_slo_ms)?;
+        costs = print_costs(&setup, prices, &replicas, a.ttft_slo_ms);
     }
     if setup.classes.is_some() || runs.iter().any(|r| !r.rejections.is_empty()) {
         print_classes(&runs, a.ttft_slo_ms, span_s.max(1e-3));
@@ -168,11 +168,7 @@ fn parse_prices(spec: &str, setup: &ReplaySetup) -> anyhow::Result<Prices> {
 
 /// One profile per server, in server order.
 fn servers(setup: &ReplaySetup) -> Vec<Profile> {
-    if setup.mixed.is_empty() {
-        vec![setup.profile.clone(); setup.servers]
-    } else {
-        setup.mixed.clone()
-    }
+    (0..setup.servers).map(|i| setup.profile_of(i)).collect()
 }
 
 /// Each policy's cost and objective (medians over its replicas), printed; returned as JSON.
@@ -181,7 +177,7 @@ fn print_costs(
     prices: &Prices,
     replicas: &[Vec<RunReport>],
     ttft_objective_ms: f64,
-) -> anyhow::Result<serde_json::Value> {
+) -> serde_json::Value {
     let servers = servers(setup);
     let costs: Vec<RunCost> = replicas
         .iter()
@@ -199,12 +195,12 @@ fn print_costs(
         .iter()
         .map(|(g, p)| (kvroute_sim::plan::gpu_name(*g), *p))
         .collect();
-    Ok(serde_json::json!({
+    serde_json::json!({
         "usd_per_gpu_hour": priced,
         "fleet_usd_per_hour": usd_per_hour,
         "ttft_objective_ms": ttft_objective_ms,
         "runs": costs,
-    }))
+    })
 }
 
 /// The fleet, router, topology, classes and pool changes the arguments describe.
