@@ -5,6 +5,11 @@
 #   OUT=target/overload bash scripts/bench-overload.sh
 # With WORKERS=1 it then runs kvroute with holding on 2 gateways x 8 workers at 130%, with
 # one hold queue per process (the filter) and with one per worker (--hold-per-worker).
+# That topology models today's filter: placements that are news leave for the other replica
+# from the workers (share.replicas.from_workers, 20 POSTs a second) and the rest every 2 ms.
+# FORWARDING=service gives the model before 2026-11-29 (every event through the scraping
+# service's 5 ms batches), which the figures in BENCHMARKS.md up to then used.
+# ONE_ROUTER=0 skips the one-router cells.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SIM=${SIM:-target/release/kvroute-sim}
@@ -29,6 +34,7 @@ cell() { # name, slo_ms, workload args...
 # capacity about 160 req/s (kvroute, measured with --rate sweeps on the engine before
 # 2026-11-28).
 SP=(--workload shared-prefix --groups 400 --per-group 30 --servers 4)
+if [ "${ONE_ROUTER:-1}" = 1 ]; then
 for load in 80:130 110:175 130:210; do
   cell "shared-prefix-400-${load%%:*}" 2000 "${SP[@]}" --rate "${load##*:}"
 done
@@ -47,9 +53,15 @@ for load in 110:111.6 130:131.9; do
   cell "azure-${load%%:*}" 2000 --trace simulator/traces/azure_code_2023.csv --format azure --prefix-overlay 32 \
     --rate-scale "${load##*:}" --servers 8
 done
+fi
 
 if [ "${WORKERS:-0}" = 1 ]; then
   TOPO=(--gateways 2 --workers 8 --share-gateways --gateway-interval-ms 5 --gateway-delay-ms 0.25 --tick-ms 2)
+  case "${FORWARDING:-workers}" in
+    workers) TOPO+=(--news-flush-ms 2 --hits-when-quiet --read-once-per-ms --direct-placements) ;;
+    service) ;;
+    *) echo "FORWARDING must be workers or service" >&2; exit 2 ;;
+  esac
   for queues in process worker; do
     per=(); [ $queues = worker ] && per=(--hold-per-worker)
     hold28() { # name, slo_ms, workload args...

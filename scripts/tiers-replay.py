@@ -2,8 +2,8 @@
 """Price tiers in replay (BENCHMARKS.md, "Price tiers with spillover").
 
 A workload at RATE req/s on all-H100 fleets and on 4 A100 (tier 0, cheap) + k H100 (tier 1)
-fleets, kvroute with and without `tiers` (objective TTFT <= 500 ms), seeds 0-2: objective
-attainment (share of the requests with TTFT <= 500 ms), TTFT p95, ITL p95, the premium
+fleets, kvroute with and without `tiers` (objective TTFT <= OBJECTIVE_MS, default 500 ms),
+seeds 0-2: objective attainment (share of the requests within it), TTFT p95, ITL p95, the premium
 tier's share of requests, and $/Mtok = fleet $/h / (input + output tokens per hour): the
 attainment, share and cost as `kvroute-sim replay --price` reports them. WORKLOAD: `rag`
 (prefill-heavy: 4,800-token prompts, 200 out; default) or
@@ -16,7 +16,11 @@ ranges (A100 80GB $1.10-1.50, H100 SXM $2.50-3.50; mercatus-ai.com, "Cloud GPU p
 The tiered runs give each tier's sequence slots (`tiers.max_num_seqs`, vLLM's defaults the
 simulator's profiles follow: 256 on the A100, 1024 on the H100); SLOTS=none leaves them out.
 
-Usage: [SIM=path] [SLOTS=none] python3 scripts/tiers-replay.py RATE [WORKLOAD]   (needs `cargo build --release -p kvroute-sim`)
+SHARE sets `tiers.objective_share`, the share of the objective the tier rule plans for
+(default: the filter's, 0.6; 1 is the rule before 2026-11-29). SEEDS (default 0,1,2) picks
+the seeds.
+
+Usage: [SIM=path] [SLOTS=none] [OBJECTIVE_MS=500] [SHARE=0.6] [SEEDS=0,1,2] python3 scripts/tiers-replay.py RATE [WORKLOAD]   (needs `cargo build --release -p kvroute-sim`)
 """
 import json, os, subprocess, statistics, sys
 SIM = os.environ.get("SIM", "target/release/kvroute-sim")
@@ -26,12 +30,17 @@ WORKLOADS = {
              "--output-tokens", "1024", "--groups", "128", "--per-group", "32"],
 }
 PRICE = {"a100-80g": float(os.environ.get("A100_PRICE", 1.30)), "h100-80g": float(os.environ.get("H100_PRICE", 3.00))}
+OBJECTIVE_MS = float(os.environ.get("OBJECTIVE_MS", 500))
+SHARE = os.environ.get("SHARE")
+SEEDS = [int(x) for x in os.environ.get("SEEDS", "0,1,2").split(",")]
 os.makedirs("target/tiers", exist_ok=True)
 def cfg(n_cheap, n_prem, tiered):
     if not tiered: return None
     eps = {f"127.0.0.1:{8001 + n_cheap + i}": 1 for i in range(n_prem)}
     path = f"target/tiers/cfg-{n_cheap}-{n_prem}.json"
-    tiers = {"endpoints": eps, "ttft_objective_ms": 500}
+    tiers = {"endpoints": eps, "ttft_objective_ms": OBJECTIVE_MS}
+    if SHARE is not None:
+        tiers["objective_share"] = float(SHARE)
     if os.environ.get("SLOTS") != "none":
         tiers["max_num_seqs"] = [256, 1024]
     json.dump({"tiers": tiers}, open(path, "w"))
@@ -40,7 +49,7 @@ def run(n_cheap, n_prem, tiered, rate, seed):
     parts = ([f"{n_cheap}xa100-80g:llama-3.1-8b"] if n_cheap else []) + ([f"{n_prem}xh100-80g:llama-3.1-8b"] if n_prem else [])
     args = [SIM, "replay", "--fleet", ",".join(parts), *WORKLOADS[workload], "--rate", str(rate), "--seed", str(seed),
             "--policy", "kvroute", "--json", "target/tiers/run.json",
-            "--price", f"a100-80g={PRICE['a100-80g']},h100-80g={PRICE['h100-80g']}", "--ttft-slo-ms", "500"]
+            "--price", f"a100-80g={PRICE['a100-80g']},h100-80g={PRICE['h100-80g']}", "--ttft-slo-ms", f"{OBJECTIVE_MS:g}"]
     c = cfg(n_cheap, n_prem, tiered)
     if c: args += ["--router-config", c]
     subprocess.run(args, check=True, capture_output=True)
@@ -52,10 +61,11 @@ rate = float(sys.argv[1])
 workload = sys.argv[2] if len(sys.argv) > 2 else "rag"
 if workload not in WORKLOADS:
     sys.exit(f"unknown workload {workload!r}: one of {', '.join(WORKLOADS)}")
-print(f"{workload} at {rate:g} req/s, objective TTFT ≤ 500 ms, 3 seeds, medians [min–max]")
-print("| fleet | routing | attainment (TTFT ≤ 500 ms) | TTFT p95 | ITL p95 | premium share of requests | $/h | $/Mtok (in+out) |\n|---|---|---|---|---|---|---|---|")
+tier_note = f", tiers.objective_share {SHARE}" if SHARE is not None else ""
+print(f"{workload} at {rate:g} req/s, objective TTFT ≤ {OBJECTIVE_MS:g} ms{tier_note}, seeds {','.join(map(str, SEEDS))}, medians [min–max]")
+print(f"| fleet | routing | attainment (TTFT ≤ {OBJECTIVE_MS:g} ms) | TTFT p95 | ITL p95 | premium share of requests | $/h | $/Mtok (in+out) |\n|---|---|---|---|---|---|---|---|")
 for n_cheap, n_prem, tiered in [(0, 3, False), (0, 4, False), (0, 5, False), (4, 4, False), (4, 4, True), (4, 3, False), (4, 3, True), (4, 2, True)]:
-    rs = [run(n_cheap, n_prem, tiered, rate, s) for s in (0, 1, 2)]
+    rs = [run(n_cheap, n_prem, tiered, rate, s) for s in SEEDS]
     col = list(zip(*rs))
     m = lambda v, f: f"{f.format(statistics.median(v))} [{f.format(min(v))}–{f.format(max(v))}]"
     name = " + ".join(x for x in [f"{n_cheap} A100" if n_cheap else "", f"{n_prem} H100" if n_prem else ""] if x)

@@ -31,6 +31,7 @@ impl Default for RawTiers {
             from_priority: false,
             ttft_objective_ms: 1000.0,
             objective_header: "x-kvroute-ttft-objective-ms".into(),
+            objective_share: 0.6,
             max_num_seqs: Vec::new(),
         }
     }

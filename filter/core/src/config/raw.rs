@@ -93,6 +93,10 @@ pub struct RawTiers {
     pub ttft_objective_ms: f64,
     /// A request's own objective in ms (a positive number; others are ignored).
     pub objective_header: String,
+    /// The share of each request's objective the tier rule plans for (0 < share ≤ 1): a
+    /// server meets the objective when its scaled prediction is within objective × share,
+    /// a margin for the prediction's error.
+    pub objective_share: f64,
     /// The most sequences each tier's servers run at once (vLLM's `--max-num-seqs`), by tier
     /// (the first number is tier 0's; 0 or a tier past the list: no limit). A server with
     /// that many requests of this gateway in flight does not meet the objective: a new

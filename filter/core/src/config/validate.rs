@@ -439,6 +439,12 @@ pub(super) fn validate_tiers(raw: &RawConfig) -> Result<(), ConfigError> {
     if t.objective_header.is_empty() {
         return Err(reject("tiers.objective_header", "must not be empty"));
     }
+    if !(t.objective_share > 0.0 && t.objective_share <= 1.0) {
+        return Err(reject(
+            "tiers.objective_share",
+            format!("({}) must be above 0 and at most 1", t.objective_share),
+        ));
+    }
     validate_tier_slots(t)?;
     if !t.on() {
         return Ok(());

@@ -200,7 +200,8 @@ impl Router {
         if !tiers.on() {
             return None;
         }
-        let objective = req.ttft_objective_ms.unwrap_or(tiers.ttft_objective_ms);
+        // The share of the objective planned for leaves a margin for the prediction's error.
+        let objective = req.ttft_objective_ms.unwrap_or(tiers.ttft_objective_ms) * tiers.objective_share;
         let tier_of = |i: &usize| tiers.tier_of(&cands[*i].endpoint.id, cands[*i].endpoint.priority);
         let cheapest = order.iter().map(tier_of).min()?;
         // Predictions are scaled by how far off they have been on each server, and are never

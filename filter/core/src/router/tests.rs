@@ -1371,6 +1371,42 @@ fn tiers_fill_the_cheap_tier_first_and_spill_only_when_it_would_miss() {
     assert_eq!(d.tier.map(|t| (t.tier, t.spilled, t.met)), Some((0, false, false)));
 }
 
+#[test]
+fn tiers_plan_for_the_share_of_the_objective_given() {
+    // Predicted TTFT ≈ 1236 ms on the busy cheap servers, ≈ 206 ms on the idle premium ones.
+    let swamped = [load(60, 40, 0.7), load(60, 40, 0.7), load(0, 0, 0.0), load(0, 0, 0.0)];
+    let tier = |share: f64, own: Option<f64>| {
+        let mut raw = RawConfig {
+            endpoints: (0..4).map(|i| format!("10.0.0.{i}:8000")).collect(),
+            ..RawConfig::default()
+        };
+        raw.tiers.endpoints = [(2, 1), (3, 1)].map(|(i, t)| (format!("10.0.0.{i}:8000"), t)).into();
+        raw.tiers.ttft_objective_ms = 1500.0;
+        raw.tiers.objective_share = share;
+        let mut r = Router::new(Config::try_from(raw).unwrap());
+        for (i, m) in swamped.iter().enumerate() {
+            r.on_metrics(&ep(i), m.clone(), T0);
+        }
+        let mut q = req(1, 32);
+        q.ttft_objective_ms = own;
+        r.route(&q, T0).tier.map(|t| (t.tier, t.spilled))
+    };
+    assert_eq!(tier(1.0, None), Some((0, false)), "1236 ms meets 1500 ms");
+    assert_eq!(tier(0.6, None), Some((1, true)), "1236 ms misses 60% of 1500 ms");
+    assert_eq!(
+        tier(0.6, Some(1500.0)),
+        Some((1, true)),
+        "a request's own objective too"
+    );
+    assert_eq!(tier(0.6, Some(3000.0)), Some((0, false)));
+
+    for bad in [0.0, -0.5, 1.5, f64::NAN] {
+        let mut raw = RawConfig::default();
+        raw.tiers.objective_share = bad;
+        assert_eq!(Config::try_from(raw).unwrap_err().field, "tiers.objective_share");
+    }
+}
+
 /// Servers 0 and 1 (the cheap tier) each given one request of `req(id, 32)`'s size at T0:
 /// this router's own (`timed`: a stream), or a peer's.
 fn cheap_servers_with_a_request_each(own: bool, timed: bool) -> Router {
