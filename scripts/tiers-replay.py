@@ -16,11 +16,12 @@ ranges (A100 80GB $1.10-1.50, H100 SXM $2.50-3.50; mercatus-ai.com, "Cloud GPU p
 The tiered runs give each tier's sequence slots (`tiers.max_num_seqs`, vLLM's defaults the
 simulator's profiles follow: 256 on the A100, 1024 on the H100); SLOTS=none leaves them out.
 
-SHARE sets `tiers.objective_share`, the share of the objective the tier rule plans for
+TOPOLOGY adds replay's gateway-topology arguments to every run (e.g. the production topology
+`--gateways 2 --workers 8 --share-gateways ...`). SHARE sets `tiers.objective_share`, the share of the objective the tier rule plans for
 (default: the filter's, 0.6; 1 is the rule before 2026-11-29). SEEDS (default 0,1,2) picks
 the seeds.
 
-Usage: [SIM=path] [SLOTS=none] [OBJECTIVE_MS=500] [SHARE=0.6] [SEEDS=0,1,2] python3 scripts/tiers-replay.py RATE [WORKLOAD]   (needs `cargo build --release -p kvroute-sim`)
+Usage: [SIM=path] [SLOTS=none] [OBJECTIVE_MS=500] [SHARE=0.6] [SEEDS=0,1,2] [TOPOLOGY="…"] python3 scripts/tiers-replay.py RATE [WORKLOAD]   (needs `cargo build --release -p kvroute-sim`)
 """
 import json, os, subprocess, statistics, sys
 SIM = os.environ.get("SIM", "target/release/kvroute-sim")
@@ -32,6 +33,7 @@ WORKLOADS = {
 PRICE = {"a100-80g": float(os.environ.get("A100_PRICE", 1.30)), "h100-80g": float(os.environ.get("H100_PRICE", 3.00))}
 OBJECTIVE_MS = float(os.environ.get("OBJECTIVE_MS", 500))
 SHARE = os.environ.get("SHARE")
+TOPOLOGY = os.environ.get("TOPOLOGY", "").split()
 SEEDS = [int(x) for x in os.environ.get("SEEDS", "0,1,2").split(",")]
 os.makedirs("target/tiers", exist_ok=True)
 def cfg(n_cheap, n_prem, tiered):
@@ -50,6 +52,7 @@ def run(n_cheap, n_prem, tiered, rate, seed):
     args = [SIM, "replay", "--fleet", ",".join(parts), *WORKLOADS[workload], "--rate", str(rate), "--seed", str(seed),
             "--policy", "kvroute", "--json", "target/tiers/run.json",
             "--price", f"a100-80g={PRICE['a100-80g']},h100-80g={PRICE['h100-80g']}", "--ttft-slo-ms", f"{OBJECTIVE_MS:g}"]
+    args += TOPOLOGY
     c = cfg(n_cheap, n_prem, tiered)
     if c: args += ["--router-config", c]
     subprocess.run(args, check=True, capture_output=True)
@@ -61,10 +64,10 @@ rate = float(sys.argv[1])
 workload = sys.argv[2] if len(sys.argv) > 2 else "rag"
 if workload not in WORKLOADS:
     sys.exit(f"unknown workload {workload!r}: one of {', '.join(WORKLOADS)}")
-tier_note = f", tiers.objective_share {SHARE}" if SHARE is not None else ""
+tier_note = (f", tiers.objective_share {SHARE}" if SHARE is not None else "") + (f", {' '.join(TOPOLOGY)}" if TOPOLOGY else "")
 print(f"{workload} at {rate:g} req/s, objective TTFT ≤ {OBJECTIVE_MS:g} ms{tier_note}, seeds {','.join(map(str, SEEDS))}, medians [min–max]")
 print(f"| fleet | routing | attainment (TTFT ≤ {OBJECTIVE_MS:g} ms) | TTFT p95 | ITL p95 | premium share of requests | $/h | $/Mtok (in+out) |\n|---|---|---|---|---|---|---|---|")
-for n_cheap, n_prem, tiered in [(0, 3, False), (0, 4, False), (0, 5, False), (4, 4, False), (4, 4, True), (4, 3, False), (4, 3, True), (4, 2, True)]:
+for n_cheap, n_prem, tiered in [(0, 3, False), (0, 4, False), (0, 5, False), (4, 4, False), (4, 4, True), (4, 3, False), (4, 3, True), (4, 2, False), (4, 2, True)]:
     rs = [run(n_cheap, n_prem, tiered, rate, s) for s in SEEDS]
     col = list(zip(*rs))
     m = lambda v, f: f"{f.format(statistics.median(v))} [{f.format(min(v))}–{f.format(max(v))}]"
