@@ -39,7 +39,7 @@ pub use decision::{Decision, EndpointScore, FilterReason, Outcome, Tiering};
 pub use fleet::{EnvoyHealth, Fleet, FleetState};
 pub use hashing::PrefixHasher;
 pub use metrics::{parse_metrics, MetricsError, VllmMetrics};
-pub use peer::PeerEvent;
+pub use peer::{PeerEvent, TtftSample};
 pub use request::{parse as parse_request, ApiKind, ParsedRequest, RequestError};
 pub use router::{Completion, RouteRequest, Router};
 pub use types::{BlockHash, Cost, EndpointId, Millis, Tokens};

@@ -36,6 +36,29 @@ pub fn local_id_of(key: u64) -> u64 {
     key & ((1 << LOCAL_ID_BITS) - 1)
 }
 
+/// A first token's time against its router's prediction, in ms: each router's tiers learn
+/// how far off predictions run on each server from every router's streams, not only its
+/// own (`TtftBias`). With many routers (Envoy workers, gateway replicas), each sees a small
+/// share of the first tokens and would learn slowly alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TtftSample {
+    pub predicted_ms: u32,
+    pub observed_ms: u32,
+}
+
+impl TtftSample {
+    /// A sample worth sending: the prediction long enough to be learned from
+    /// (`BIAS_MIN_PREDICTED_MS`).
+    pub fn new(predicted_ms: f64, observed_ms: f64) -> Option<TtftSample> {
+        let ms = |x: f64| x.round().clamp(0.0, f64::from(u32::MAX)) as u32;
+        (predicted_ms.is_finite() && predicted_ms >= crate::speed::BIAS_MIN_PREDICTED_MS && observed_ms.is_finite())
+            .then(|| TtftSample {
+                predicted_ms: ms(predicted_ms),
+                observed_ms: ms(observed_ms),
+            })
+    }
+}
+
 /// One change to a router's view, for its peers to apply.
 #[derive(Clone, Debug, PartialEq)]
 pub enum PeerEvent {
@@ -49,8 +72,9 @@ pub enum PeerEvent {
         uncached: Tokens,
         at: Millis,
     },
-    /// `key` produced its first token: its prefill is done.
-    FirstToken { key: u64 },
+    /// `key` produced its first token: its prefill is done. `ttft` is how long it took
+    /// against what its router predicted, when that router timed it (tiers learn from it).
+    FirstToken { key: u64, ttft: Option<TtftSample> },
     /// `key` ended; `served_by` names the endpoint that answered when a retry moved it, and
     /// `cached_tokens` is what vLLM reported (every router corrects its index with it).
     Completed {
@@ -63,7 +87,9 @@ pub enum PeerEvent {
 impl PeerEvent {
     pub fn key(&self) -> u64 {
         match self {
-            PeerEvent::Routed { key, .. } | PeerEvent::FirstToken { key } | PeerEvent::Completed { key, .. } => *key,
+            PeerEvent::Routed { key, .. } | PeerEvent::FirstToken { key, .. } | PeerEvent::Completed { key, .. } => {
+                *key
+            }
         }
     }
 

@@ -1,7 +1,7 @@
 //! The log's wire format: a segment and its events as protobuf (`prost`), and the
 //! conversion from and to `kvroute_core::PeerEvent`.
 
-use kvroute_core::{BlockHash, EndpointId, Millis, PeerEvent, Tokens};
+use kvroute_core::{BlockHash, EndpointId, Millis, PeerEvent, Tokens, TtftSample};
 
 /// One segment of the process's log, as it sits in shared data.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -44,6 +44,11 @@ pub struct WireEvent {
     pub at_ms: u64,
     #[prost(uint64, optional, tag = "8")]
     pub cached_tokens: Option<u64>,
+    /// A first token's time and its router's prediction (`TtftSample`), both or neither.
+    #[prost(uint32, optional, tag = "9")]
+    pub ttft_predicted_ms: Option<u32>,
+    #[prost(uint32, optional, tag = "10")]
+    pub ttft_observed_ms: Option<u32>,
 }
 
 impl From<&PeerEvent> for WireEvent {
@@ -66,7 +71,11 @@ impl From<&PeerEvent> for WireEvent {
                 w.blocks = blocks.iter().map(|b| b.0).collect();
                 (w.prompt_tokens, w.uncached, w.at_ms) = (prompt_tokens.0, uncached.0, at.0);
             }
-            PeerEvent::FirstToken { .. } => w.kind = FIRST_TOKEN,
+            PeerEvent::FirstToken { ttft, .. } => {
+                w.kind = FIRST_TOKEN;
+                w.ttft_predicted_ms = ttft.map(|s| s.predicted_ms);
+                w.ttft_observed_ms = ttft.map(|s| s.observed_ms);
+            }
             PeerEvent::Completed {
                 served_by,
                 cached_tokens,
@@ -101,7 +110,16 @@ impl WireEvent {
                 uncached: Tokens(self.uncached),
                 at: Millis(self.at_ms),
             }),
-            FIRST_TOKEN => Some(PeerEvent::FirstToken { key }),
+            FIRST_TOKEN => Some(PeerEvent::FirstToken {
+                key,
+                ttft: match (self.ttft_predicted_ms, self.ttft_observed_ms) {
+                    (Some(predicted_ms), Some(observed_ms)) => Some(TtftSample {
+                        predicted_ms,
+                        observed_ms,
+                    }),
+                    _ => None,
+                },
+            }),
             COMPLETED => Some(PeerEvent::Completed {
                 key,
                 served_by: (!self.endpoint.is_empty()).then(|| EndpointId::new(self.endpoint)),
@@ -132,7 +150,14 @@ pub(super) mod tests {
     fn every_event_kind_survives_the_wire() {
         let events = vec![
             routed(7),
-            PeerEvent::FirstToken { key: 7 },
+            PeerEvent::FirstToken { key: 7, ttft: None },
+            PeerEvent::FirstToken {
+                key: 7,
+                ttft: Some(TtftSample {
+                    predicted_ms: 120,
+                    observed_ms: 360,
+                }),
+            },
             PeerEvent::Completed {
                 key: 7,
                 served_by: Some(EndpointId::new("10.0.0.2:8000")),
@@ -157,7 +182,7 @@ pub(super) mod tests {
             origin: 2,
             nonce: 5,
             written_ms: 0,
-            events: [routed(1), PeerEvent::FirstToken { key: 1 }]
+            events: [routed(1), PeerEvent::FirstToken { key: 1, ttft: None }]
                 .iter()
                 .map(WireEvent::from)
                 .collect(),

@@ -585,7 +585,7 @@ mod tests {
         };
         let mut routers = build(leading);
         let placed = routed(1, 10);
-        let first_token = PeerEvent::FirstToken { key: 1 };
+        let first_token = PeerEvent::FirstToken { key: 1, ttft: None };
         let remote = |to: &[(usize, f64)]| to.iter().find(|(r, _)| *r == 5).map(|(_, at)| *at).unwrap();
         let at = remote(&routers.arrivals(0, 99.6, std::slice::from_ref(&placed)));
         assert!(
@@ -596,9 +596,9 @@ mod tests {
         assert!((101.25..101.3).contains(&at), "the next one at the tick after: {at}");
         let at = remote(&routers.arrivals(2, 101.2, &[first_token]));
         assert!((106.25..106.3).contains(&at), "the rest waits for the interval: {at}");
-        let at = remote(&routers.arrivals(3, 102.0, &[PeerEvent::FirstToken { key: 2 }]));
+        let at = remote(&routers.arrivals(3, 102.0, &[PeerEvent::FirstToken { key: 2, ttft: None }]));
         assert!((106.25..106.3).contains(&at), "and more of it joins that batch: {at}");
-        let at = remote(&routers.arrivals(3, 107.0, &[PeerEvent::FirstToken { key: 3 }]));
+        let at = remote(&routers.arrivals(3, 107.0, &[PeerEvent::FirstToken { key: 3, ttft: None }]));
         assert!((111.25..111.3).contains(&at), "after it left, the next interval: {at}");
         // Hits on the tick: a hit reaches the log (and so the service) only at its worker's
         // flush; news leaves as before.

@@ -11,7 +11,7 @@ use crate::endpoint::Prefill;
 use crate::fleet::FleetState;
 use crate::health::Flip;
 use crate::metrics::VllmMetrics;
-use crate::peer::{request_key, PeerEvent};
+use crate::peer::{request_key, PeerEvent, TtftSample};
 use crate::speed;
 use crate::types::{BlockHash, EndpointId, Millis, Tokens};
 
@@ -274,14 +274,16 @@ impl Router {
     pub fn on_first_token(&mut self, request_id: u64, now: Millis) {
         let key = request_key(self.origin, request_id);
         let learn = self.config.tiers().on();
+        let mut ttft = None;
         if let Some(r) = self.inflight.get(&key).filter(|r| learn && r.prefilling) {
             let observed = now.since(r.routed_at) as f64;
             if let Some(e) = self.table.get_mut(&r.endpoint) {
                 e.ttft_bias.observe(r.predicted_ttft_ms, observed, now);
             }
+            ttft = TtftSample::new(r.predicted_ttft_ms, observed);
         }
         if self.prefill_done(key, now) {
-            self.tell_peers(|| PeerEvent::FirstToken { key });
+            self.tell_peers(|| PeerEvent::FirstToken { key, ttft });
         }
     }
 

@@ -51,7 +51,7 @@ impl Router {
                 at: record.routed_at,
             });
             if !record.prefilling {
-                self.tell_peers(|| PeerEvent::FirstToken { key: new });
+                self.tell_peers(|| PeerEvent::FirstToken { key: new, ttft: None });
             }
             if let Some(stale) = self.inflight.insert(new, record) {
                 self.release(&stale);
@@ -118,7 +118,16 @@ impl Router {
                     self.place(*key, endpoint, blocks, *prompt_tokens, *uncached, *at);
                 }
             }
-            PeerEvent::FirstToken { key } => {
+            PeerEvent::FirstToken { key, ttft } => {
+                // The peer's sample teaches this router's tiers too (they alone read it).
+                if let (true, Some(s)) = (self.config.tiers().on(), ttft) {
+                    if let Some(r) = self.inflight.get(key).filter(|r| r.prefilling) {
+                        if let Some(e) = self.table.get_mut(&r.endpoint) {
+                            e.ttft_bias
+                                .observe(f64::from(s.predicted_ms), f64::from(s.observed_ms), now);
+                        }
+                    }
+                }
                 self.prefill_done(*key, now);
             }
             PeerEvent::Completed {

@@ -1561,6 +1561,47 @@ fn only_streamed_first_tokens_teach_the_tiers_scaling() {
     }
 }
 
+#[test]
+fn a_peers_streamed_first_tokens_teach_the_tiers_scaling_too() {
+    // Router a sends five streams to server 0 whose first tokens come 5 s after routing;
+    // router b, its peer, learns the same scaling from a's events, and nothing from them
+    // when they carry no sample.
+    for with_samples in [true, false] {
+        let light = [load(1, 0, 0.2), load(1, 0, 0.2), load(0, 0, 0.0), load(0, 0, 0.0)];
+        let (mut a, mut b) = (tiered(500.0, &light), tiered(500.0, &light));
+        a.share_with_peers(1);
+        b.share_with_peers(2);
+        let mut at = T0;
+        for id in 1..=5 {
+            for (i, m) in light.iter().enumerate() {
+                a.on_metrics(&ep(i), m.clone(), at);
+                b.on_metrics(&ep(i), m.clone(), at);
+            }
+            let q = req(id, 32);
+            let mut d = a.route(&q, at);
+            d.endpoints = vec![ep(0)];
+            a.on_routed(id, &q, &d, at);
+            a.on_first_token(id, at.plus(5_000));
+            a.on_completed(id, &Completion::default(), at.plus(5_000));
+            at = at.plus(5_000);
+            for mut ev in a.take_peer_events() {
+                if let (false, PeerEvent::FirstToken { ttft, .. }) = (with_samples, &mut ev) {
+                    *ttft = None;
+                }
+                b.on_peer_event(&ev, at);
+            }
+        }
+        let own = a.endpoints()[0].ttft_bias.factor(at);
+        let learned = b.endpoints()[0].ttft_bias.factor(at);
+        assert!(own > 1.0, "a's own factor {own}");
+        if with_samples {
+            assert!((learned - own).abs() < 1e-9, "b learned {learned}, a {own}");
+        } else {
+            assert_eq!(learned, 1.0);
+        }
+    }
+}
+
 /// A pool learned from Envoy whose servers 2-3 sit at priority 1, tiers from priorities.
 fn tiered_by_priority(objective_ms: f64, loads: &[VllmMetrics]) -> Router {
     let mut raw = RawConfig::default();
