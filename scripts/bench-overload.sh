@@ -6,7 +6,8 @@
 # With WORKERS=1 it then runs kvroute with holding on 2 gateways x 8 workers at 130%, with
 # one hold queue per process (the filter) and with one per worker (--hold-per-worker).
 # That topology models today's filter: placements that are news leave for the other replica
-# from the workers (share.replicas.from_workers, 20 POSTs a second) and the rest every 2 ms.
+# from the workers (share.replicas.from_workers, 20 POSTs a second); the rest is flushed every
+# 2 ms and reaches the other replica with the scraping service's batches (every 5 ms).
 # FORWARDING=service gives the model before 2026-11-29 (every event through the scraping
 # service's 5 ms batches), which the figures in BENCHMARKS.md up to then used.
 # ONE_ROUTER=0 skips the one-router cells.

@@ -82,7 +82,11 @@ print("|---|---|---|---|---|---|---|")
 for name, (cheap, premium) in fleets.items():
     rows = []
     for n in range(1, runs + 1):
-        doc = json.load(open(f"{out}/{name}-{n}.json"))
+        try:
+            doc = json.load(open(f"{out}/{name}-{n}.json"))
+        except (OSError, ValueError) as e:
+            print(f"  {name} run {n}: no result ({e})", file=sys.stderr)
+            continue
         r = doc["runs"][0]
         cdf = r["ttft_cdf_ms"]  # quantiles 0, 0.01, ..., 1 of the completed requests
         done = r["completed"]
@@ -94,6 +98,8 @@ for name, (cheap, premium) in fleets.items():
         rows.append((met, r["ttft_ms"]["p95"], prem, r["requests"], r["failed"]))
         print(f"  {name} run {n}: {r['requests']} requests, {r['failed']} failed, met {100 * met:.1f}%, "
               f"TTFT p95 {r['ttft_ms']['p95']:.0f} ms, max {cdf[-1]:.0f} ms, H100s {100 * prem:.0f}%", file=sys.stderr)
+    if not rows:
+        continue
     col = list(zip(*rows))
     m = lambda v, f: f"{f.format(statistics.median(v))} [{f.format(min(v))}–{f.format(max(v))}]"
     label = {"premium": "3 H100", "mixed": "4 A100 + 2 H100", "tiered": "4 A100 + 2 H100"}[name]

@@ -23,7 +23,7 @@ the seeds.
 
 Usage: [SIM=path] [SLOTS=none] [OBJECTIVE_MS=500] [SHARE=0.6] [SEEDS=0,1,2] [TOPOLOGY="…"] python3 scripts/tiers-replay.py RATE [WORKLOAD]   (needs `cargo build --release -p kvroute-sim`)
 """
-import json, os, subprocess, statistics, sys
+import json, os, subprocess, statistics, sys, tempfile
 SIM = os.environ.get("SIM", "target/release/kvroute-sim")
 WORKLOADS = {
     "rag": ["--workload", "rag"],
@@ -36,10 +36,11 @@ SHARE = os.environ.get("SHARE")
 TOPOLOGY = os.environ.get("TOPOLOGY", "").split()
 SEEDS = [int(x) for x in os.environ.get("SEEDS", "0,1,2").split(",")]
 os.makedirs("target/tiers", exist_ok=True)
+WORK = tempfile.mkdtemp(prefix="run-", dir="target/tiers")  # this run's own files
 def cfg(n_cheap, n_prem, tiered):
     if not tiered: return None
     eps = {f"127.0.0.1:{8001 + n_cheap + i}": 1 for i in range(n_prem)}
-    path = f"target/tiers/cfg-{n_cheap}-{n_prem}.json"
+    path = f"{WORK}/cfg-{n_cheap}-{n_prem}.json"
     tiers = {"endpoints": eps, "ttft_objective_ms": OBJECTIVE_MS}
     if SHARE is not None:
         tiers["objective_share"] = float(SHARE)
@@ -50,13 +51,13 @@ def cfg(n_cheap, n_prem, tiered):
 def run(n_cheap, n_prem, tiered, rate, seed):
     parts = ([f"{n_cheap}xa100-80g:llama-3.1-8b"] if n_cheap else []) + ([f"{n_prem}xh100-80g:llama-3.1-8b"] if n_prem else [])
     args = [SIM, "replay", "--fleet", ",".join(parts), *WORKLOADS[workload], "--rate", str(rate), "--seed", str(seed),
-            "--policy", "kvroute", "--json", "target/tiers/run.json",
+            "--policy", "kvroute", "--json", f"{WORK}/run.json",
             "--price", f"a100-80g={PRICE['a100-80g']},h100-80g={PRICE['h100-80g']}", "--ttft-slo-ms", f"{OBJECTIVE_MS:g}"]
     args += TOPOLOGY
     c = cfg(n_cheap, n_prem, tiered)
     if c: args += ["--router-config", c]
     subprocess.run(args, check=True, capture_output=True)
-    doc = json.load(open("target/tiers/run.json"))
+    doc = json.load(open(f"{WORK}/run.json"))
     r, c = doc["runs"][0], doc["cost"]["runs"][0]
     prem = c["share_by_gpu"].get("h100-80g", 0.0)
     return c["objective_met"], r["ttft_ms"]["p95"], prem, c["usd_per_mtok"], r["itl_ms"]["p95"]

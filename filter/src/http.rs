@@ -230,11 +230,18 @@ fn tenant_key(value: &[u8]) -> String {
 }
 
 impl Http {
-    /// The routed request's prefill is done (see `Router::on_first_token`).
+    /// The routed request's prefill is done (see `Router::on_first_token`); when a retry
+    /// moved it to another server, its time is not learned from.
     fn first_token(&self) {
         if let (Phase::Routed { request_id }, Some(shared)) = (&self.phase, &self.shared) {
             if let Ok(mut router) = shared.router.try_borrow_mut() {
-                router.on_first_token(*request_id, host::now());
+                let served_by = host::property_string(&["upstream", "address"]);
+                let moved = matches!((&served_by, &self.chosen), (Some(s), Some(c)) if s != c);
+                if moved {
+                    router.on_first_token_elsewhere(*request_id, host::now());
+                } else {
+                    router.on_first_token(*request_id, host::now());
+                }
             }
         }
     }

@@ -24,6 +24,9 @@ impl Default for RawDiscovery {
     }
 }
 
+/// The share of each request's TTFT objective the tier rule plans for (`tiers.objective_share`).
+pub const OBJECTIVE_SHARE: f64 = 0.6;
+
 impl Default for RawTiers {
     fn default() -> Self {
         Self {
@@ -31,7 +34,7 @@ impl Default for RawTiers {
             from_priority: false,
             ttft_objective_ms: 1000.0,
             objective_header: "x-kvroute-ttft-objective-ms".into(),
-            objective_share: 0.6,
+            objective_share: OBJECTIVE_SHARE,
             max_num_seqs: Vec::new(),
         }
     }

@@ -439,10 +439,10 @@ pub(super) fn validate_tiers(raw: &RawConfig) -> Result<(), ConfigError> {
     if t.objective_header.is_empty() {
         return Err(reject("tiers.objective_header", "must not be empty"));
     }
-    if !(t.objective_share > 0.0 && t.objective_share <= 1.0) {
+    if !(t.objective_share >= 0.1 && t.objective_share <= 1.0) {
         return Err(reject(
             "tiers.objective_share",
-            format!("({}) must be above 0 and at most 1", t.objective_share),
+            format!("({}) must be from 0.1 to 1", t.objective_share),
         ));
     }
     validate_tier_slots(t)?;
@@ -490,6 +490,12 @@ fn validate_tier_slots(t: &super::RawTiers) -> Result<(), ConfigError> {
     if !t.on() && !t.max_num_seqs.is_empty() {
         return Err(reject(
             "tiers.max_num_seqs",
+            "has no effect without tiers: give tiers.endpoints or tiers.from_priority",
+        ));
+    }
+    if !t.on() && t.objective_share != super::defaults::OBJECTIVE_SHARE {
+        return Err(reject(
+            "tiers.objective_share",
             "has no effect without tiers: give tiers.endpoints or tiers.from_priority",
         ));
     }

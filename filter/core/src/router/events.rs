@@ -272,8 +272,19 @@ impl Router {
     /// The first token (or the response headers of a stream) of `request_id` arrived: its
     /// prefill is done.
     pub fn on_first_token(&mut self, request_id: u64, now: Millis) {
+        self.first_token(request_id, true, now);
+    }
+
+    /// The first token of `request_id` came from another server than the one it was routed
+    /// to (a retry moved it): its prefill is done, but its time says nothing of the routed
+    /// server's predictions, so neither this router nor its peers learn from it.
+    pub fn on_first_token_elsewhere(&mut self, request_id: u64, now: Millis) {
+        self.first_token(request_id, false, now);
+    }
+
+    fn first_token(&mut self, request_id: u64, timed_here: bool, now: Millis) {
         let key = request_key(self.origin, request_id);
-        let learn = self.config.tiers().on();
+        let learn = timed_here && self.config.tiers().on();
         let mut ttft = None;
         if let Some(r) = self.inflight.get(&key).filter(|r| learn && r.prefilling) {
             let observed = now.since(r.routed_at) as f64;

@@ -1400,11 +1400,16 @@ fn tiers_plan_for_the_share_of_the_objective_given() {
     );
     assert_eq!(tier(0.6, Some(3000.0)), Some((0, false)));
 
-    for bad in [0.0, -0.5, 1.5, f64::NAN] {
+    for bad in [0.0, 0.05, -0.5, 1.5, f64::NAN] {
         let mut raw = RawConfig::default();
+        raw.tiers.endpoints = [("10.0.0.2:8000".to_string(), 1)].into();
         raw.tiers.objective_share = bad;
         assert_eq!(Config::try_from(raw).unwrap_err().field, "tiers.objective_share");
     }
+    let mut untiered = RawConfig::default();
+    untiered.tiers.objective_share = 0.8;
+    let err = Config::try_from(untiered).unwrap_err();
+    assert_eq!(err.field, "tiers.objective_share", "no effect without tiers");
 }
 
 /// Servers 0 and 1 (the cheap tier) each given one request of `req(id, 32)`'s size at T0:
@@ -1456,8 +1461,8 @@ fn a_cheap_server_whose_request_waits_past_the_objective_no_longer_meets_it() {
     spilled_though_the_cheap_prediction_meets(&r.route(&req(4, 32), T0.plus(600)));
 }
 
-/// `d` went to a premium server (2 or 3) though server 0's predicted TTFT meets the 500 ms
-/// objective.
+/// `d` went to a premium server (2 or 3) though server 0's predicted TTFT meets the share of
+/// the 500 ms objective the rule plans for.
 fn spilled_though_the_cheap_prediction_meets(d: &Decision) {
     assert_eq!(
         d.tier.map(|t| (t.tier, t.spilled, t.met)),
@@ -1467,7 +1472,7 @@ fn spilled_though_the_cheap_prediction_meets(d: &Decision) {
     );
     assert!([ep(2), ep(3)].contains(d.best().unwrap()));
     let cheap = d.breakdown.iter().find(|s| s.endpoint == ep(0)).unwrap();
-    assert!(cheap.ttft_ms < 500.0, "{}", cheap.ttft_ms);
+    assert!(cheap.ttft_ms < 500.0 * 0.6, "{}", cheap.ttft_ms);
 }
 
 #[test]
@@ -1563,9 +1568,10 @@ fn only_streamed_first_tokens_teach_the_tiers_scaling() {
 
 #[test]
 fn a_peers_streamed_first_tokens_teach_the_tiers_scaling_too() {
-    // Router a sends five streams to server 0 whose first tokens come 5 s after routing;
-    // router b, its peer, learns the same scaling from a's events, and nothing from them
-    // when they carry no sample.
+    // Router a sends five streams to server 0 whose first tokens come 600 ms after routing
+    // (a few times the prediction); router b, its peer, learns the same scaling from a's
+    // events (within the samples' rounding to whole ms), and nothing from them when they
+    // carry no sample.
     for with_samples in [true, false] {
         let light = [load(1, 0, 0.2), load(1, 0, 0.2), load(0, 0, 0.0), load(0, 0, 0.0)];
         let (mut a, mut b) = (tiered(500.0, &light), tiered(500.0, &light));
@@ -1581,9 +1587,9 @@ fn a_peers_streamed_first_tokens_teach_the_tiers_scaling_too() {
             let mut d = a.route(&q, at);
             d.endpoints = vec![ep(0)];
             a.on_routed(id, &q, &d, at);
-            a.on_first_token(id, at.plus(5_000));
-            a.on_completed(id, &Completion::default(), at.plus(5_000));
-            at = at.plus(5_000);
+            a.on_first_token(id, at.plus(600));
+            a.on_completed(id, &Completion::default(), at.plus(600));
+            at = at.plus(600);
             for mut ev in a.take_peer_events() {
                 if let (false, PeerEvent::FirstToken { ttft, .. }) = (with_samples, &mut ev) {
                     *ttft = None;
@@ -1593,13 +1599,45 @@ fn a_peers_streamed_first_tokens_teach_the_tiers_scaling_too() {
         }
         let own = a.endpoints()[0].ttft_bias.factor(at);
         let learned = b.endpoints()[0].ttft_bias.factor(at);
-        assert!(own > 1.0, "a's own factor {own}");
+        assert!(own > 1.5 && own < 7.9, "a's own factor {own}, below the clamp");
         if with_samples {
-            assert!((learned - own).abs() < 1e-9, "b learned {learned}, a {own}");
+            assert!((learned / own - 1.0).abs() < 0.02, "b learned {learned}, a {own}");
         } else {
             assert_eq!(learned, 1.0);
         }
     }
+}
+
+#[test]
+fn a_first_token_from_another_server_teaches_nothing() {
+    // A retry moved each stream off server 0: its late first token says nothing of server
+    // 0's predictions, for this router or its peers.
+    let light = [load(1, 0, 0.2), load(1, 0, 0.2), load(0, 0, 0.0), load(0, 0, 0.0)];
+    let mut a = tiered(500.0, &light);
+    a.share_with_peers(1);
+    let mut at = T0;
+    for id in 1..=5 {
+        let q = req(id, 32);
+        let mut d = a.route(&q, at);
+        d.endpoints = vec![ep(0)];
+        a.on_routed(id, &q, &d, at);
+        a.on_first_token_elsewhere(id, at.plus(600));
+        at = at.plus(600);
+    }
+    assert_eq!(a.endpoints()[0].ttft_bias.factor(at), 1.0);
+    let firsts: Vec<_> = a
+        .take_peer_events()
+        .into_iter()
+        .filter_map(|e| match e {
+            PeerEvent::FirstToken { ttft, .. } => Some(ttft),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        firsts,
+        vec![None; 5],
+        "the peers hear of the first tokens, with no sample"
+    );
 }
 
 /// A pool learned from Envoy whose servers 2-3 sit at priority 1, tiers from priorities.

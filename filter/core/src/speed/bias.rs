@@ -5,7 +5,8 @@ use super::{CLAMP, FORGET_MS, MIN_SAMPLES};
 use crate::types::Millis;
 
 /// How far off a server's predicted TTFT has been: observed ÷ predicted first-token times of
-/// this router's own requests there, averaged in the log domain. The cost policy predicts
+/// streamed requests there (this router's own, and its peers' samples when it shares:
+/// `PeerEvent::FirstToken`), averaged in the log domain. The cost policy predicts
 /// from lower bounds of the work queued ahead (`policy::predicted_ttft`), good for ranking
 /// servers but short in absolute terms on a busy server; tiers compare a prediction with an
 /// objective, so they scale it by this. It never changes the ranking itself (a busier server
