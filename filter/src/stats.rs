@@ -221,6 +221,14 @@ impl RequestStats {
         self.per_endpoint_gauge(endpoint, "unseen_permille", permille);
     }
 
+    /// Sets how far tiers scale `endpoint`'s predicted TTFT, in thousandths
+    /// (`kvroute.endpoint.<ip_port>.ttft_scale_permille`; `speed::TtftBias`, learned from
+    /// the streamed first tokens of this worker and the routers it shares with; 1000 until
+    /// there are enough). Reported only with tiers.
+    pub fn ttft_scale(&self, endpoint: &str, permille: u64) {
+        self.per_endpoint_gauge(endpoint, "ttft_scale_permille", permille);
+    }
+
     /// Sets to 0 and forgets the per-server gauges of servers no longer in the pool: a
     /// metric cannot be removed, and a departed server's last prefill rate or step time
     /// would read as a live server's in every dashboard (with pod IPs, one per pod that

@@ -314,6 +314,9 @@ impl Worker {
                 if let Some(share) = e.seen.unseen().filter(|_| places) {
                     stats.unseen(e.id.as_str(), (share * 1000.0) as u64);
                 }
+                if places && router.config().tiers().on() {
+                    stats.ttft_scale(e.id.as_str(), (e.ttft_bias.factor(now) * 1000.0).round() as u64);
+                }
             }
             stats.forget_departed(router.endpoints());
         }

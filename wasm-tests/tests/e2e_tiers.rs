@@ -4,6 +4,8 @@
 //! objective there); without tiers kvroute spreads cold prompts over all four, which also
 //! shows that Envoy's `override_host` reaches hosts at priority 1. With each tier's sequence
 //! slots given (`tiers.max_num_seqs`), a request spills once the cheap servers' are taken.
+//! With two workers, each learns how far off a server's predictions run from the other's
+//! streamed first tokens too (`ttft_scale_permille`).
 
 #![allow(clippy::disallowed_methods)] // wall-time end-to-end tests read the clock
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] functions
@@ -150,4 +152,63 @@ fn a_cheap_tier_whose_sequence_slots_are_taken_spills() {
         );
     });
     assert_eq!(envoy.stat("wasmcustom.kvroute.tiers.spilled"), 1);
+}
+
+/// Every reading of server `port`'s `ttft_scale_permille` gauge over `ms` (each of Envoy's
+/// workers reports its own every 100 ms; the latest report wins).
+fn ttft_scales(envoy: &Envoy, port: u16, ms: u64) -> Vec<u64> {
+    let name = format!("wasmcustom.kvroute.endpoint.127_0_0_1_{port}.ttft_scale_permille");
+    let deadline = Instant::now() + Duration::from_millis(ms);
+    let mut seen = Vec::new();
+    while Instant::now() < deadline {
+        seen.push(envoy.stat(&name));
+        thread::sleep(Duration::from_millis(20));
+    }
+    seen
+}
+
+/// Two workers; three streams to a cheap server whose first tokens come 600 ms late. The
+/// scaling needs three samples, which no single worker has of its own unless all three
+/// landed there: every worker's report reads above 1000 only when each learns from the
+/// other's first tokens too.
+#[test]
+fn every_worker_learns_the_tiers_scaling_from_the_others_first_tokens() {
+    let servers: Vec<FakeVllm> = (0..2).map(|_| FakeVllm::start(Load::idle()).unwrap()).collect();
+    let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
+    let premium = ports[1];
+    let edit = move |text: String| {
+        text.replace(
+            "\"policy\": \"cost\",",
+            &format!(
+                "\"policy\": \"cost\", \"tiers\": {{\"endpoints\": {{\"127.0.0.1:{premium}\": 1}}, \"ttft_objective_ms\": 60000}},"
+            ),
+        )
+    };
+    let envoy = Envoy::start_workers("envoy.yaml", &ports, 2, edit).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while servers.iter().any(|s| s.scrapes() < 2) {
+        assert!(Instant::now() < deadline, "no scrapes:\n{}", envoy.log_text());
+        thread::sleep(Duration::from_millis(20));
+    }
+    servers[0].set_delay_ms(600);
+    for i in 0..3 {
+        // A long prompt, so the prediction is long enough to learn from (20 ms or more).
+        let system = format!("You are assistant number {i} of the scaling test. ").repeat(200);
+        let body = format!(
+            r#"{{"model":"{MODEL}","max_tokens":4,"stream":true,"messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"hello"}}]}}"#
+        );
+        let r = envoy
+            .post("/v1/chat/completions", &[("content-type", "application/json")], &body)
+            .unwrap();
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(
+            r.header("x-served-by"),
+            Some(format!("127.0.0.1:{}", ports[0]).as_str())
+        );
+    }
+    // Within a few of the workers' 2 ms ticks each has the other's events; then 500 ms of
+    // their reports.
+    thread::sleep(Duration::from_millis(300));
+    let scales = ttft_scales(&envoy, ports[0], 500);
+    assert!(!scales.is_empty() && scales.iter().all(|s| *s > 1000), "{scales:?}");
 }
