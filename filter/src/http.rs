@@ -230,13 +230,20 @@ fn tenant_key(value: &[u8]) -> String {
 }
 
 impl Http {
+    /// Whether `served_by`, the upstream that answered, is not the server kvroute chose: a
+    /// retry moved the request.
+    fn moved_from_choice(&self, served_by: Option<&str>) -> bool {
+        matches!((served_by, &self.chosen), (Some(s), Some(c)) if s != c)
+    }
+
     /// The routed request's prefill is done (see `Router::on_first_token`); when a retry
     /// moved it to another server, its time is not learned from.
     fn first_token(&self) {
         if let (Phase::Routed { request_id }, Some(shared)) = (&self.phase, &self.shared) {
             if let Ok(mut router) = shared.router.try_borrow_mut() {
-                let served_by = host::property_string(&["upstream", "address"]);
-                let moved = matches!((&served_by, &self.chosen), (Some(s), Some(c)) if s != c);
+                // Only tiers learn from first tokens: without them, no host call here.
+                let moved = router.config().tiers().on()
+                    && self.moved_from_choice(host::property_string(&["upstream", "address"]).as_deref());
                 if moved {
                     router.on_first_token_elsewhere(*request_id, host::now());
                 } else {
@@ -402,7 +409,7 @@ impl HttpContext for Http {
         let cached = cached_tokens(&self.tail);
         self.write_capture(&shared, served_by.as_ref().map(|e| e.as_str()), cached);
         let Some(request_id) = routed else { return };
-        let moved = matches!((&served_by, &self.chosen), (Some(s), Some(c)) if s.as_str() != c);
+        let moved = self.moved_from_choice(served_by.as_ref().map(|e| e.as_str()));
         if moved {
             shared.stats.refused_moved.inc();
         }

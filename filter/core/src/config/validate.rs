@@ -447,6 +447,12 @@ pub(super) fn validate_tiers(raw: &RawConfig) -> Result<(), ConfigError> {
     }
     validate_tier_slots(t)?;
     if !t.on() {
+        if t.objective_share != super::defaults::OBJECTIVE_SHARE {
+            return Err(reject(
+                "tiers.objective_share",
+                "has no effect without tiers: give tiers.endpoints or tiers.from_priority",
+            ));
+        }
         return Ok(());
     }
     if raw.policy != super::PolicyKind::Cost {
@@ -490,12 +496,6 @@ fn validate_tier_slots(t: &super::RawTiers) -> Result<(), ConfigError> {
     if !t.on() && !t.max_num_seqs.is_empty() {
         return Err(reject(
             "tiers.max_num_seqs",
-            "has no effect without tiers: give tiers.endpoints or tiers.from_priority",
-        ));
-    }
-    if !t.on() && t.objective_share != super::defaults::OBJECTIVE_SHARE {
-        return Err(reject(
-            "tiers.objective_share",
             "has no effect without tiers: give tiers.endpoints or tiers.from_priority",
         ));
     }

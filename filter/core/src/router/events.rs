@@ -284,17 +284,32 @@ impl Router {
 
     fn first_token(&mut self, request_id: u64, timed_here: bool, now: Millis) {
         let key = request_key(self.origin, request_id);
-        let learn = timed_here && self.config.tiers().on();
+        let timed = self
+            .inflight
+            .get(&key)
+            .filter(|_| timed_here)
+            .map(|r| (r.predicted_ttft_ms, now.since(r.routed_at) as f64));
         let mut ttft = None;
-        if let Some(r) = self.inflight.get(&key).filter(|r| learn && r.prefilling) {
-            let observed = now.since(r.routed_at) as f64;
-            if let Some(e) = self.table.get_mut(&r.endpoint) {
-                e.ttft_bias.observe(r.predicted_ttft_ms, observed, now);
-            }
-            ttft = TtftSample::new(r.predicted_ttft_ms, observed);
+        if let (true, Some((predicted, observed))) = (self.config.tiers().on(), timed) {
+            self.learn_ttft(key, predicted, observed, now);
+            ttft = TtftSample::new(predicted, observed);
         }
         if self.prefill_done(key, now) {
             self.tell_peers(|| PeerEvent::FirstToken { key, ttft });
+        }
+    }
+
+    /// Tiers learn how far off request `key`'s predicted TTFT ran on its server (this
+    /// router's stream, or a peer's sample): only while its prefill is pending here, so a
+    /// first token teaches once.
+    pub(super) fn learn_ttft(&mut self, key: u64, predicted_ms: f64, observed_ms: f64, now: Millis) {
+        if !self.config.tiers().on() {
+            return;
+        }
+        if let Some(r) = self.inflight.get(&key).filter(|r| r.prefilling) {
+            if let Some(e) = self.table.get_mut(&r.endpoint) {
+                e.ttft_bias.observe(predicted_ms, observed_ms, now);
+            }
         }
     }
 

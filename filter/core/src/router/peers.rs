@@ -119,14 +119,9 @@ impl Router {
                 }
             }
             PeerEvent::FirstToken { key, ttft } => {
-                // The peer's sample teaches this router's tiers too (they alone read it).
-                if let (true, Some(s)) = (self.config.tiers().on(), ttft) {
-                    if let Some(r) = self.inflight.get(key).filter(|r| r.prefilling) {
-                        if let Some(e) = self.table.get_mut(&r.endpoint) {
-                            e.ttft_bias
-                                .observe(f64::from(s.predicted_ms), f64::from(s.observed_ms), now);
-                        }
-                    }
+                // The peer's sample teaches this router's tiers too.
+                if let Some(s) = ttft {
+                    self.learn_ttft(*key, f64::from(s.predicted_ms), f64::from(s.observed_ms), now);
                 }
                 self.prefill_done(*key, now);
             }
