@@ -4,7 +4,8 @@
 #  1. promtool: `check rules`, `test rules` (the unit tests), and every alert has a test case
 #     where it fires (scripts/observability_check.py coverage).
 #  2. Live: a simulated fleet of 4 vLLM servers (kvroute-sim serve, small KV caches so one can
-#     be filled), Envoy with envoy/envoy.yaml and dist/kvroute.wasm, and a real Prometheus
+#     be filled), Envoy with envoy/envoy.yaml (price tiers added: the last server premium, so
+#     the tiers panels have series) and dist/kvroute.wasm, and a real Prometheus
 #     running envoy/observability/prometheus.yml (targets moved to this run's ports, 1 s
 #     scrape and rule intervals) with kvroute-rules.yaml. Traffic: a short shared-prefix
 #     workload through Envoy, a few non-inference requests, and long requests sent straight
@@ -55,7 +56,17 @@ echo "==> simulated fleet, Envoy + kvroute, Prometheus"
 # 2048 KV blocks of 16 tokens per server (32k tokens): a few dozen requests fill one.
 spawn "$OUT/sim.log" "$SIM" serve --servers "$SERVERS" --host 127.0.0.1 --base-port "$SIM_BASE" --num-gpu-blocks 2048
 wait_for "the simulated servers" all_sim_ports_open
-start_envoy obs envoy/envoy.yaml 2
+# envoy/envoy.yaml with price tiers (the last server premium), so the dashboard's tiers panels
+# have series: the per-server TTFT scale exists only with tiers.
+python3 - envoy/envoy.yaml "$OUT/envoy-tiers.yaml" <<'PY'
+import sys
+src, dst = sys.argv[1:3]
+text = open(src).read()
+marker = '"policy": "cost",'
+assert text.count(marker) == 1, f"{src}: no single {marker}"
+open(dst, "w").write(text.replace(marker, marker + ' "tiers": {"endpoints": {"127.0.0.1:8004": 1}},'))
+PY
+start_envoy obs "$OUT/envoy-tiers.yaml" 2
 
 # The shipped rules with every `for:` cut to FOR_S seconds, so alerts can fire within the run.
 sed -E "s/^( +)for: [0-9]+[smh]\$/\1for: ${FOR_S}s/" "$OBS/kvroute-rules.yaml" >"$OUT/kvroute-rules.yaml"
