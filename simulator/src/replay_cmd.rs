@@ -53,6 +53,11 @@ pub struct ReplayArgs {
     /// Write the runs as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// With --json: every run also lists each completed request (its server, as numbered in
+    /// the fleet, arrival, TTFT, cached and reachable tokens, hold wait, ...), the run's
+    /// decisions one by one (with --replicas, in `replica_runs`).
+    #[arg(long, requires = "json")]
+    records: bool,
     /// Write an SVG plot (TTFT CDF per policy, per-server load).
     #[arg(long)]
     plot: Option<PathBuf>,
@@ -149,6 +154,19 @@ pub fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
         if a.replicas > 1 {
             doc["replicas"] = serde_json::json!(a.replicas);
             doc["replica_runs"] = serde_json::json!(replicas);
+        }
+        if a.records {
+            // With one replica `runs` are the runs themselves; otherwise they are medians
+            // and each replica's run carries its own.
+            for (i, rs) in replicas.iter().enumerate() {
+                if a.replicas > 1 {
+                    for (k, run) in rs.iter().enumerate() {
+                        doc["replica_runs"][i][k]["records"] = serde_json::to_value(&run.records)?;
+                    }
+                } else if let Some(run) = rs.first() {
+                    doc["runs"][i]["records"] = serde_json::to_value(&run.records)?;
+                }
+            }
         }
         std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
             .with_context(|| format!("cannot write {}", path.display()))?;

@@ -87,3 +87,45 @@ fn a_priced_replay_prints_and_writes_each_policys_cost_objective_and_gpu_shares(
     let rr = &cost["runs"][0]["share_by_gpu"]["a100-80g"];
     assert!((rr.as_f64().unwrap() - 1.0 / 3.0).abs() < 0.02, "{rr}");
 }
+
+#[test]
+fn records_list_every_completed_request_of_each_run_and_of_each_replica() {
+    let dir = std::env::temp_dir();
+    let one = dir.join(format!("kvroute-replay-records-{}.json", std::process::id()));
+    let out = replay(&["--json", one.to_str().unwrap(), "--records"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&one).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&one);
+    for run in doc["runs"].as_array().unwrap() {
+        let records = run["records"].as_array().unwrap();
+        assert_eq!(
+            records.len() as u64,
+            run["completed"].as_u64().unwrap(),
+            "{}",
+            run["policy"]
+        );
+        // Servers as numbered in the fleet (3 of them), TTFTs as the percentiles bound them.
+        let max_ttft = records
+            .iter()
+            .map(|r| r["ttft_ms"].as_f64().unwrap())
+            .fold(0.0, f64::max);
+        assert!((max_ttft - run["ttft_cdf_ms"].as_array().unwrap().last().unwrap().as_f64().unwrap()).abs() < 1e-6);
+        assert!(records.iter().all(|r| r["server"].as_u64().unwrap() < 3));
+    }
+    // Medians carry none; each replica's run carries its own.
+    let many = dir.join(format!("kvroute-replay-records-r-{}.json", std::process::id()));
+    let out = replay(&["--json", many.to_str().unwrap(), "--records", "--replicas", "2"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&many).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&many);
+    assert!(doc["runs"][0].get("records").is_none());
+    for policy in doc["replica_runs"].as_array().unwrap() {
+        for run in policy.as_array().unwrap() {
+            let n = run["records"].as_array().unwrap().len() as u64;
+            assert_eq!(n, run["completed"].as_u64().unwrap());
+        }
+    }
+    // Without --json there is nowhere to write them.
+    let out = replay(&["--records"]);
+    assert!(!out.status.success());
+}
