@@ -14,7 +14,7 @@
 # RATE req/s of the steady-state workload (400 prefixes) for DURATION s, or WORKLOAD (bench's
 # workload arguments instead, e.g. a trace with --rate-scale); SLOW=k slows server
 # 0 k times (a hot spot in a fleet with room); CONCURRENCY Envoy workers (2). Needs `make build setup-envoy`. OUT (default
-# target/live-refusals) gets each run's JSON. Ports 24000-24004, 24900, 24901 must be free.
+# target/live-refusals) gets each run's JSON. Ports 24000-24004 and 24900-24903 must be free.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-target/live-refusals}
