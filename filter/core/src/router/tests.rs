@@ -1412,6 +1412,18 @@ fn tiers_plan_for_the_share_of_the_objective_given() {
     assert_eq!(err.field, "tiers.objective_share", "no effect without tiers");
 }
 
+/// Servers 0-1 (the cheap tier) lightly loaded, 2-3 idle.
+fn light_loads() -> [VllmMetrics; 4] {
+    [load(1, 0, 0.2), load(1, 0, 0.2), load(0, 0, 0.0), load(0, 0, 0.0)]
+}
+
+/// Routes request `id` as `r` would, then sends it to `server` whatever `r` chose.
+fn route_to(r: &mut Router, id: u64, q: &RouteRequest, server: usize, at: Millis) {
+    let mut d = r.route(q, at);
+    d.endpoints = vec![ep(server)];
+    r.on_routed(id, q, &d, at);
+}
+
 /// Servers 0 and 1 (the cheap tier) each given one request of `req(id, 32)`'s size at T0:
 /// this router's own (`timed`: a stream), or a peer's.
 fn cheap_servers_with_a_request_each(own: bool, timed: bool) -> Router {
@@ -1420,15 +1432,13 @@ fn cheap_servers_with_a_request_each(own: bool, timed: bool) -> Router {
 
 /// `cheap_servers_with_a_request_each`, with each tier's sequence slots (`tiers.max_num_seqs`).
 fn cheap_servers_with_a_request_each_and_slots(own: bool, timed: bool, slots: &[u32]) -> Router {
-    let light = [load(1, 0, 0.2), load(1, 0, 0.2), load(0, 0, 0.0), load(0, 0, 0.0)];
+    let light = light_loads();
     let mut r = tiered_with_slots(500.0, &light, slots);
     for (id, server) in [(1, 0), (2, 1)] {
         let mut q = req(id, 32);
         q.first_token_timed = timed;
         if own {
-            let mut d = r.route(&q, T0);
-            d.endpoints = vec![ep(server)];
-            r.on_routed(id, &q, &d, T0);
+            route_to(&mut r, id, &q, server, T0);
         } else {
             r.on_peer_event(
                 &PeerEvent::Routed {
@@ -1545,7 +1555,7 @@ fn only_streamed_first_tokens_teach_the_tiers_scaling() {
     // Five requests on server 0 whose first token came 5 s after routing: a stream's says the
     // prediction ran short; a whole response's only that its generation took 5 s.
     for timed in [true, false] {
-        let light = [load(1, 0, 0.2), load(1, 0, 0.2), load(0, 0, 0.0), load(0, 0, 0.0)];
+        let light = light_loads();
         let mut r = tiered(500.0, &light);
         let mut at = T0;
         for id in 1..=5 {
@@ -1554,9 +1564,7 @@ fn only_streamed_first_tokens_teach_the_tiers_scaling() {
             }
             let mut q = req(id, 32);
             q.first_token_timed = timed;
-            let mut d = r.route(&q, at);
-            d.endpoints = vec![ep(0)];
-            r.on_routed(id, &q, &d, at);
+            route_to(&mut r, id, &q, 0, at);
             r.on_first_token(id, at.plus(5_000));
             r.on_completed(id, &Completion::default(), at.plus(5_000));
             at = at.plus(5_000);
@@ -1573,7 +1581,7 @@ fn a_peers_streamed_first_tokens_teach_the_tiers_scaling_too() {
     // events (within the samples' rounding to whole ms), and nothing from them when they
     // carry no sample.
     for with_samples in [true, false] {
-        let light = [load(1, 0, 0.2), load(1, 0, 0.2), load(0, 0, 0.0), load(0, 0, 0.0)];
+        let light = light_loads();
         let (mut a, mut b) = (tiered(500.0, &light), tiered(500.0, &light));
         a.share_with_peers(1);
         b.share_with_peers(2);
@@ -1584,9 +1592,7 @@ fn a_peers_streamed_first_tokens_teach_the_tiers_scaling_too() {
                 b.on_metrics(&ep(i), m.clone(), at);
             }
             let q = req(id, 32);
-            let mut d = a.route(&q, at);
-            d.endpoints = vec![ep(0)];
-            a.on_routed(id, &q, &d, at);
+            route_to(&mut a, id, &q, 0, at);
             a.on_first_token(id, at.plus(600));
             a.on_completed(id, &Completion::default(), at.plus(600));
             at = at.plus(600);
@@ -1612,15 +1618,13 @@ fn a_peers_streamed_first_tokens_teach_the_tiers_scaling_too() {
 fn a_first_token_from_another_server_teaches_nothing() {
     // A retry moved each stream off server 0: its late first token says nothing of server
     // 0's predictions, for this router or its peers.
-    let light = [load(1, 0, 0.2), load(1, 0, 0.2), load(0, 0, 0.0), load(0, 0, 0.0)];
+    let light = light_loads();
     let mut a = tiered(500.0, &light);
     a.share_with_peers(1);
     let mut at = T0;
     for id in 1..=5 {
         let q = req(id, 32);
-        let mut d = a.route(&q, at);
-        d.endpoints = vec![ep(0)];
-        a.on_routed(id, &q, &d, at);
+        route_to(&mut a, id, &q, 0, at);
         a.on_first_token_elsewhere(id, at.plus(600));
         at = at.plus(600);
     }
@@ -1982,9 +1986,7 @@ fn long_prompt_beside_waiting(waiting: u64, configure: impl FnOnce(&mut RawConfi
     }
     for id in 1..=waiting {
         let short = req(id, 1);
-        let mut d = r.route(&short, T0);
-        d.endpoints = vec![ep(0)];
-        r.on_routed(id, &short, &d, T0);
+        route_to(&mut r, id, &short, 0, T0);
     }
     let d = r.route(&req(9, 64), T0);
     let row = |i: usize| d.breakdown.iter().find(|s| s.endpoint == ep(i)).unwrap().clone();
