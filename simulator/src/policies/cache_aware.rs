@@ -238,6 +238,7 @@ impl Policy for Oracle {
             now,
             rates: rate_classes(&self.config, &cands, now),
             typical_pace: None,
+            rate_per_pace: None,
             typical_step: None,
             fastest_step: None,
             typical_weight: None,

@@ -33,6 +33,7 @@ fn ctx_at_zero(rates: RateClasses, typical_pace: Option<f64>) -> ScoreContext {
         now: Millis(0),
         rates,
         typical_pace,
+        rate_per_pace: None,
         typical_step: None,
         fastest_step: None,
         typical_weight: None,
@@ -316,4 +317,42 @@ fn a_learned_rate_gives_way_to_a_pace_far_off_it() {
         (slow / near - 3.0).abs() < 1e-9,
         "3x the median pace: its pace ({slow} vs {near})"
     );
+}
+
+#[test]
+fn a_server_known_by_its_pace_alone_is_scored_against_the_servers_whose_rate_is_learned() {
+    let config = Config::from_json(b"{}").unwrap();
+    let mut table = table_of(7);
+    // Three H100s have learned 40k tokens/s and their first tokens came at that pace. Four
+    // A100s, 3.3x slower, have no learned rate yet (vLLM's sums wait for their requests to
+    // finish); they are the majority, so the median pace is theirs.
+    for row in 0..7 {
+        let ms = if row < 4 { 250 } else { 75 };
+        if row >= 4 {
+            table.rows_mut()[row].speed = crate::speed::Speed::exact(40_000.0, Millis(0));
+        }
+        for _ in 0..PrefillPace::PLACE_SAMPLES {
+            table.rows_mut()[row].pace.observe(3000, 3000.0, ms, true, Millis(0));
+        }
+    }
+    let idle = VllmMetrics::default();
+    let cands = idle_cands(&table, &idle, 1000);
+    let rates = rate_classes(&config, &cands, Millis(0));
+    let per_pace = rate_per_pace(&config, &cands, &rates, Millis(0));
+    let ctx = ScoreContext {
+        rate_per_pace: per_pace,
+        ..ctx_at_zero(rates, typical_pace(&config, &cands, Millis(0)))
+    };
+    let ms: Vec<f64> = cands.iter().map(|c| predicted_ttft(&config, c, &ctx).ttft_ms).collect();
+    // 1000 tokens at 40k/s on an H100; at 40k x 75 / 250 = 12k/s on an A100 (scaling the
+    // learned rate by the A100s' own median pace read them at 40k/s too: 25 ms).
+    assert!(ms[4..].iter().all(|m| (m - 25.0).abs() < 1e-9), "{ms:?}");
+    assert!(ms[..4].iter().all(|m| (m - 1000.0 / 12.0).abs() < 1e-6), "{ms:?}");
+    // With no learned rate anywhere, paces are placed against the median pace as before.
+    let mut unlearned = table.clone();
+    for row in 4..7 {
+        unlearned.rows_mut()[row].speed = crate::speed::Speed::default();
+    }
+    let cands = idle_cands(&unlearned, &idle, 1000);
+    assert_eq!(rate_per_pace(&config, &cands, &RateClasses::default(), Millis(0)), None);
 }

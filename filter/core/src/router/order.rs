@@ -13,6 +13,7 @@ impl Router {
     /// What scoring `cands` needs to know of the fleet as a whole.
     pub(super) fn context(&self, req: &RouteRequest, cands: &[Candidate], now: Millis) -> ScoreContext {
         let rates = policy::rate_classes(&self.config, cands, now);
+        let rate_per_pace = policy::rate_per_pace(&self.config, cands, &rates, now);
         let ctx = ScoreContext {
             total_blocks: req.blocks.len(),
             fleet_backlog: policy::fleet_backlog(&self.config, cands, self.mean_uncached, now),
@@ -23,6 +24,7 @@ impl Router {
             typical_weight: policy::typical_weight(&self.config, cands, &rates, now),
             rates,
             typical_pace: policy::typical_pace(&self.config, cands, now),
+            rate_per_pace,
             typical_step: None,
             fastest_step: None,
         };
