@@ -111,7 +111,8 @@ pub struct Tiering {
     pub tier: u32,
     /// A cheaper tier could not meet the objective.
     pub spilled: bool,
-    /// The chosen tier's best server is predicted to meet the objective.
+    /// The chosen tier's best server is predicted to meet the objective: its planned share,
+    /// or where no server is predicted within that, the whole objective.
     pub met: bool,
 }
 

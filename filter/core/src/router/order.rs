@@ -187,9 +187,10 @@ impl Router {
     }
 
     /// Tiers (`tiers`): the servers of the cheapest tier whose best predicted TTFT meets the
-    /// request's objective go first (the cheapest tier's when no tier's does: a request that
-    /// misses everywhere does not spill), best first within it; the other tiers follow in
-    /// score order as retries.
+    /// planned share of the request's objective go first; with none, the cheapest tier's
+    /// within the whole objective; with none of those either, the cheapest tier's (a request
+    /// that misses everywhere does not spill). Best first within the tier; the other tiers
+    /// follow in score order as retries.
     fn choose_tier(
         &self,
         req: &RouteRequest,
@@ -202,8 +203,9 @@ impl Router {
         if !tiers.on() {
             return None;
         }
+        let whole = req.ttft_objective_ms.unwrap_or(tiers.ttft_objective_ms);
         // The share of the objective planned for leaves a margin for the prediction's error.
-        let objective = req.ttft_objective_ms.unwrap_or(tiers.ttft_objective_ms) * tiers.objective_share;
+        let planned = whole * tiers.objective_share;
         let tier_of = |i: &usize| tiers.tier_of(&cands[*i].endpoint.id, cands[*i].endpoint.priority);
         let cheapest = order.iter().map(tier_of).min()?;
         // Predictions are scaled by how far off they have been on each server, and are never
@@ -212,21 +214,31 @@ impl Router {
         // full of long decodes) shows it there long before the slow first tokens teach the
         // scaling. A server whose sequence slots are all taken (when the tier's are given)
         // meets nothing until one frees.
-        let meets: Vec<bool> = cands
-            .iter()
-            .zip(terms)
-            .map(|(c, t)| {
-                let e = c.endpoint;
-                t.ttft_ms * e.ttft_bias.factor(now) <= objective
-                    && e.oldest_pending_ms(now) as f64 <= objective
-                    && !tiers.full(tiers.tier_of(&e.id, e.priority), e.inflight)
-            })
-            .collect();
-        let meeting = order.iter().filter(|i| meets[**i]).map(tier_of).min();
+        let within = |limit: f64| -> Vec<bool> {
+            cands
+                .iter()
+                .zip(terms)
+                .map(|(c, t)| {
+                    let e = c.endpoint;
+                    t.ttft_ms * e.ttft_bias.factor(now) <= limit
+                        && e.oldest_pending_ms(now) as f64 <= planned
+                        && !tiers.full(tiers.tier_of(&e.id, e.priority), e.inflight)
+                })
+                .collect()
+        };
+        let (meets, meets_whole) = (within(planned), within(whole));
+        let cheapest_of = |ok: &[bool]| order.iter().filter(|i| ok[**i]).map(tier_of).min();
+        // Where nothing is predicted within the planned share, the margin goes before the
+        // tier does: the cheapest tier predicted within the whole objective (its oldest
+        // wait still within the share). Without this a burst that fits nowhere with the
+        // margin went to the cheap tier whole, where the premium tier still met the
+        // objective (replay, rag at 40 req/s on 4 A100 + 3 H100, 1 s: the worst of six
+        // seeds 98.7 → 100.0%).
+        let meeting = cheapest_of(&meets).or_else(|| cheapest_of(&meets_whole));
         let tier = meeting.unwrap_or(cheapest);
         // The chosen tier first, and in it the servers that meet the objective: the best
         // scored may be one that stopped admitting.
-        order.sort_by_key(|i| (tier_of(i) != tier, !meets[*i]));
+        order.sort_by_key(|i| (tier_of(i) != tier, !meets[*i], !meets_whole[*i]));
         Some(Tiering {
             tier,
             spilled: tier != cheapest,

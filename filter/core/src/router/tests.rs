@@ -1372,6 +1372,40 @@ fn tiers_fill_the_cheap_tier_first_and_spill_only_when_it_would_miss() {
 }
 
 #[test]
+fn with_nothing_within_the_planned_share_the_cheapest_tier_within_the_whole_objective_serves() {
+    // Predicted TTFT ≈ 1133 ms on the swamped cheap servers, ≈ 875 ms on the busy premium
+    // ones; the tier rule plans for 60% of the objective.
+    let loads = [
+        load(60, 40, 0.7),
+        load(60, 40, 0.7),
+        load(30, 30, 0.7),
+        load(30, 30, 0.7),
+    ];
+    let ttft: Vec<f64> = tiered(1000.0, &loads)
+        .route(&req(1, 32), T0)
+        .breakdown
+        .iter()
+        .map(|s| s.ttft_ms)
+        .collect();
+    assert!(ttft[..2].iter().all(|t| *t > 1000.0), "{ttft:?}");
+    assert!(ttft[2..].iter().all(|t| *t > 600.0 && *t < 1000.0), "{ttft:?}");
+    let tier = |objective_ms: f64| {
+        let d = tiered(objective_ms, &loads).route(&req(1, 32), T0);
+        (d.tier.map(|t| (t.tier, t.spilled, t.met)), d.best().cloned())
+    };
+    // 1000 ms: nothing within 600 ms, the premium tier within 1000 ms: spill there.
+    let (tiering, best) = tier(1000.0);
+    assert_eq!(tiering, Some((1, true, true)));
+    assert!(best == Some(ep(2)) || best == Some(ep(3)), "{best:?}");
+    // 2000 ms: the cheap tier is within 1200 ms and keeps it.
+    assert_eq!(tier(2000.0).0, Some((0, false, true)));
+    // 700 ms: nothing within the objective either: the cheap tier, no spill.
+    let (tiering, best) = tier(700.0);
+    assert_eq!(tiering, Some((0, false, false)));
+    assert!(best == Some(ep(0)) || best == Some(ep(1)), "{best:?}");
+}
+
+#[test]
 fn tiers_plan_for_the_share_of_the_objective_given() {
     // Predicted TTFT ≈ 1236 ms on the busy cheap servers, ≈ 206 ms on the idle premium ones.
     let swamped = [load(60, 40, 0.7), load(60, 40, 0.7), load(0, 0, 0.0), load(0, 0, 0.0)];
