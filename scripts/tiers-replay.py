@@ -17,12 +17,15 @@ ranges (A100 80GB $1.10-1.50, H100 SXM $2.50-3.50; mercatus-ai.com, "Cloud GPU p
 The tiered runs give each tier's sequence slots (`tiers.max_num_seqs`, vLLM's defaults the
 simulator's profiles follow: 256 on the A100, 1024 on the H100); SLOTS=none leaves them out.
 
+FLEETS picks the fleets instead of the default set: `0+3,2+2` is 3 H100s, then 2 A100 + 2
+H100 untiered and tiered.
+
 TOPOLOGY adds replay's gateway-topology arguments to every run (e.g. the production topology
 `--gateways 2 --workers 8 --share-gateways ...`). SHARE sets `tiers.objective_share`, the share of the objective the tier rule plans for
 (default: the filter's, 0.6; 1 is the rule before 2026-11-29). SEEDS (default 0,1,2) picks
 the seeds.
 
-Usage: [SIM=path] [SLOTS=none] [OBJECTIVE_MS=500] [SHARE=0.6] [SEEDS=0,1,2] [TOPOLOGY="…"] python3 scripts/tiers-replay.py RATE [WORKLOAD]   (needs `cargo build --release -p kvroute-sim`)
+Usage: [SIM=path] [SLOTS=none] [FLEETS=0+3,2+2] [OBJECTIVE_MS=500] [SHARE=0.6] [SEEDS=0,1,2] [TOPOLOGY="…"] python3 scripts/tiers-replay.py RATE [WORKLOAD]   (needs `cargo build --release -p kvroute-sim`)
 """
 import json, os, subprocess, statistics, sys, tempfile
 SIM = os.environ.get("SIM", "target/release/kvroute-sim")
@@ -69,7 +72,17 @@ if workload not in WORKLOADS:
 tier_note = (f", tiers.objective_share {SHARE}" if SHARE is not None else "") + (f", {' '.join(TOPOLOGY)}" if TOPOLOGY else "")
 print(f"{workload} at {rate:g} req/s, objective TTFT ≤ {OBJECTIVE_MS:g} ms{tier_note}, seeds {','.join(map(str, SEEDS))}, medians [min–max]")
 print(f"| fleet | routing | attainment (TTFT ≤ {OBJECTIVE_MS:g} ms) | TTFT p95 | ITL p95 | premium share of requests | $/h | $/Mtok (in+out) |\n|---|---|---|---|---|---|---|---|")
-for n_cheap, n_prem, tiered in [(0, 3, False), (0, 4, False), (0, 5, False), (4, 4, False), (4, 4, True), (4, 3, False), (4, 3, True), (4, 2, False), (4, 2, True)]:
+def fleets():
+    """The rows: FLEETS (e.g. `0+3,2+2`: A100s + H100s, each mixed fleet untiered and
+    tiered) or the default set."""
+    if "FLEETS" not in os.environ:
+        return [(0, 3, False), (0, 4, False), (0, 5, False), (4, 4, False), (4, 4, True), (4, 3, False), (4, 3, True), (4, 2, False), (4, 2, True)]
+    rows = []
+    for f in os.environ["FLEETS"].split(","):
+        a, h = (int(x) for x in f.split("+"))
+        rows += [(a, h, False)] + ([(a, h, True)] if a and h else [])
+    return rows
+for n_cheap, n_prem, tiered in fleets():
     rs = [run(n_cheap, n_prem, tiered, rate, s) for s in SEEDS]
     col = list(zip(*rs))
     m = lambda v, f: f"{f.format(statistics.median(v))} [{f.format(min(v))}–{f.format(max(v))}]"
