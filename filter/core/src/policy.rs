@@ -331,10 +331,10 @@ fn median_of(config: &Config, cands: &[Candidate], value: impl Fn(&Candidate) ->
 /// rate (identical servers stay identical). A server with no learned rate yet is placed by
 /// its prefill pace (`speed::PrefillPace`), at the rate a unit of pace stands for on the
 /// servers whose rate is learned (`rate_per_pace`; against the candidates' median pace,
-/// `typical_pace`, until one has both): vLLM adds a request's prefill time to its metrics only when the
-/// request finishes, which at long outputs takes many seconds, while the first tokens the
-/// pace counts come right after the prefill. For the
-/// same reason a server that slowed down (throttling, a noisy neighbour) is scored by its
+/// `typical_pace`, until one has both): vLLM adds a request's prefill time to its metrics
+/// only when the request finishes, which at long outputs takes many seconds, while the
+/// first tokens the pace counts come right after the prefill. For the same reason a server
+/// that slowed down (throttling, a noisy neighbour) is scored by its
 /// pace while its learned rate still says otherwise. Paces include waits behind decode
 /// steps and spread more, so only one beyond `speed::PACE_SAME_WITHIN` of the median (and,
 /// against a learned rate, below it by that much) counts, and only once

@@ -233,7 +233,7 @@ impl Router {
         // wait still within the share). Without this a burst that fits nowhere with the
         // margin went to the cheap tier whole, where the premium tier still met the
         // objective (replay, rag at 40 req/s on 4 A100 + 3 H100, 1 s: the worst of six
-        // seeds 98.7 → 100.0%).
+        // seeds 98.7 → 99.7%).
         let meeting = cheapest_of(&meets).or_else(|| cheapest_of(&meets_whole));
         let tier = meeting.unwrap_or(cheapest);
         // The chosen tier first, and in it the servers that meet the objective: the best
