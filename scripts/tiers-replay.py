@@ -17,6 +17,11 @@ ranges (A100 80GB $1.10-1.50, H100 SXM $2.50-3.50; mercatus-ai.com, "Cloud GPU p
 The tiered runs give each tier's sequence slots (`tiers.max_num_seqs`, vLLM's defaults the
 simulator's profiles follow: 256 on the A100, 1024 on the H100); SLOTS=none leaves them out.
 
+Steady state: the default traces end before the fleets' KV caches fill (chat) or before a
+fleet reaches what it sustains (rag); PER_GROUP=96 replays chat three times as long (12,288
+requests) and DOCUMENTS=384 gives rag 3,072 requests over 384 documents (the generator makes
+8 queries per document). BENCHMARKS.md, "Steady state: chat on a trace three times as long".
+
 FLEETS picks the fleets instead of the default set: `0+3,2+2` is 3 H100s, then 2 A100 + 2
 H100 untiered and tiered.
 
@@ -25,14 +30,14 @@ TOPOLOGY adds replay's gateway-topology arguments to every run (e.g. the product
 (default: the filter's, 0.6; 1 is the rule before 2026-11-29). SEEDS (default 0,1,2) picks
 the seeds.
 
-Usage: [SIM=path] [SLOTS=none] [FLEETS=0+3,2+2] [OBJECTIVE_MS=500] [SHARE=0.6] [SEEDS=0,1,2] [TOPOLOGY="…"] python3 scripts/tiers-replay.py RATE [WORKLOAD]   (needs `cargo build --release -p kvroute-sim`)
+Usage: [SIM=path] [SLOTS=none] [FLEETS=0+3,2+2] [PER_GROUP=96] [DOCUMENTS=384] [OBJECTIVE_MS=500] [SHARE=0.6] [SEEDS=0,1,2] [TOPOLOGY="…"] python3 scripts/tiers-replay.py RATE [WORKLOAD]   (needs `cargo build --release -p kvroute-sim`)
 """
 import json, os, subprocess, statistics, sys, tempfile
 SIM = os.environ.get("SIM", "target/release/kvroute-sim")
 WORKLOADS = {
-    "rag": ["--workload", "rag"],
+    "rag": ["--workload", "rag", "--groups", os.environ.get("DOCUMENTS", "128")],
     "chat": ["--workload", "shared-prefix", "--system-tokens", "512", "--question-tokens", "128",
-             "--output-tokens", "1024", "--groups", "128", "--per-group", "32"],
+             "--output-tokens", "1024", "--groups", "128", "--per-group", os.environ.get("PER_GROUP", "32")],
 }
 PRICE = {"a100-80g": float(os.environ.get("A100_PRICE", 1.30)), "h100-80g": float(os.environ.get("H100_PRICE", 3.00))}
 OBJECTIVE_MS = float(os.environ.get("OBJECTIVE_MS", 500))
@@ -69,7 +74,8 @@ rate = float(sys.argv[1])
 workload = sys.argv[2] if len(sys.argv) > 2 else "rag"
 if workload not in WORKLOADS:
     sys.exit(f"unknown workload {workload!r}: one of {', '.join(WORKLOADS)}")
-tier_note = (f", tiers.objective_share {SHARE}" if SHARE is not None else "") + (f", {' '.join(TOPOLOGY)}" if TOPOLOGY else "")
+tier_note = (f", tiers.objective_share {SHARE}" if SHARE is not None else "") + \
+    "".join(f", {k} {os.environ[k]}" for k in ("PER_GROUP", "DOCUMENTS") if k in os.environ) + (f", {' '.join(TOPOLOGY)}" if TOPOLOGY else "")
 print(f"{workload} at {rate:g} req/s, objective TTFT ≤ {OBJECTIVE_MS:g} ms{tier_note}, seeds {','.join(map(str, SEEDS))}, medians [min–max]")
 print(f"| fleet | routing | attainment (TTFT ≤ {OBJECTIVE_MS:g} ms) | TTFT p95 | ITL p95 | premium share of requests | $/h | $/Mtok (in+out) |\n|---|---|---|---|---|---|---|---|")
 def fleets():
