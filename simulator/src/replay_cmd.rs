@@ -53,9 +53,9 @@ pub struct ReplayArgs {
     /// Write the runs as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
-    /// With --json: every run also lists each completed request (its server, as numbered in
-    /// the fleet, arrival, TTFT, cached and reachable tokens, hold wait, ...), the run's
-    /// decisions one by one (with --replicas, in `replica_runs`).
+    /// With --json: every run also lists each completed request, one record each (its
+    /// server as numbered in the fleet, arrival, TTFT, cached and reachable tokens, hold
+    /// wait, ...); with --replicas, each replica's run in `replica_runs` lists its own.
     #[arg(long, requires = "json")]
     records: bool,
     /// Write an SVG plot (TTFT CDF per policy, per-server load).

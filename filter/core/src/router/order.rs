@@ -214,18 +214,17 @@ impl Router {
         // full of long decodes) shows it there long before the slow first tokens teach the
         // scaling. A server whose sequence slots are all taken (when the tier's are given)
         // meets nothing until one frees.
-        let within = |limit: f64| -> Vec<bool> {
-            cands
-                .iter()
-                .zip(terms)
-                .map(|(c, t)| {
-                    let e = c.endpoint;
-                    t.ttft_ms * e.ttft_bias.factor(now) <= limit
-                        && e.oldest_pending_ms(now) as f64 <= planned
-                        && !tiers.full(tiers.tier_of(&e.id, e.priority), e.inflight)
-                })
-                .collect()
-        };
+        let scaled: Vec<Option<f64>> = cands
+            .iter()
+            .zip(terms)
+            .map(|(c, t)| {
+                let e = c.endpoint;
+                let admits = e.oldest_pending_ms(now) as f64 <= planned
+                    && !tiers.full(tiers.tier_of(&e.id, e.priority), e.inflight);
+                admits.then(|| t.ttft_ms * e.ttft_bias.factor(now))
+            })
+            .collect();
+        let within = |limit: f64| -> Vec<bool> { scaled.iter().map(|s| s.is_some_and(|ms| ms <= limit)).collect() };
         let (meets, meets_whole) = (within(planned), within(whole));
         let cheapest_of = |ok: &[bool]| order.iter().filter(|i| ok[**i]).map(tier_of).min();
         // Where nothing is predicted within the planned share, the margin goes before the
