@@ -12,7 +12,8 @@ attainment, share and cost as `kvroute-sim replay --price` reports them. WORKLOA
 4,096 requests), where the A100's gap to the H100 is memory bandwidth rather than compute.
 Prices: USD per GPU-hour, default the middle of the 2026 "specialty provider" on-demand
 ranges (A100 80GB $1.10-1.50, H100 SXM $2.50-3.50; mercatus-ai.com, "Cloud GPU pricing
-2026"); override with A100_PRICE / H100_PRICE.
+2026"); override with A100_PRICE / H100_PRICE; ALSO_PRICES=0.80,4.00 prices the same runs
+at a second pair (A100, H100) in two more columns.
 
 The tiered runs give each tier's sequence slots (`tiers.max_num_seqs`, vLLM's defaults the
 simulator's profiles follow: 256 on the A100, 1024 on the H100); SLOTS=none leaves them out.
@@ -20,7 +21,12 @@ simulator's profiles follow: 256 on the A100, 1024 on the H100); SLOTS=none leav
 Steady state: the default traces end before the fleets' KV caches fill (chat) or before a
 fleet reaches what it sustains (rag); PER_GROUP=96 replays chat three times as long (12,288
 requests) and DOCUMENTS=384 gives rag 3,072 requests over 384 documents (the generator makes
-8 queries per document). BENCHMARKS.md, "Steady state: chat on a trace three times as long".
+8 queries per document unless QUERIES says how many: QUERIES=3072 replays the 128 documents
+three times as long). BENCHMARKS.md, "Steady state: chat on a trace three times as long".
+
+COLD_S=S reports the steady state alone: the requests arriving after S seconds, their
+attainment, latencies, GPU shares and $/Mtok (their tokens over their own span), as `replay
+--cold-s S --price ...` does. Without it every figure is the whole run from a cold fleet.
 
 FLEETS picks the fleets instead of the default set: `0+3,2+2` is 3 H100s, then 2 A100 + 2
 H100 untiered and tiered.
@@ -30,19 +36,23 @@ TOPOLOGY adds replay's gateway-topology arguments to every run (e.g. the product
 (default: the filter's, 0.6; 1 is the rule before 2026-11-29). SEEDS (default 0,1,2) picks
 the seeds.
 
-Usage: [SIM=path] [SLOTS=none] [FLEETS=0+3,2+2] [PER_GROUP=96] [DOCUMENTS=384] [OBJECTIVE_MS=500] [SHARE=0.6] [SEEDS=0,1,2] [TOPOLOGY="…"] python3 scripts/tiers-replay.py RATE [WORKLOAD]   (needs `cargo build --release -p kvroute-sim`)
+Usage: [SIM=path] [SLOTS=none] [FLEETS=0+3,2+2] [PER_GROUP=96] [DOCUMENTS=384] [QUERIES=3072] [COLD_S=30] [OBJECTIVE_MS=500] [SHARE=0.6] [SEEDS=0,1,2] [TOPOLOGY="…"] python3 scripts/tiers-replay.py RATE [WORKLOAD]   (needs `cargo build --release -p kvroute-sim`)
 """
 import json, os, subprocess, statistics, sys, tempfile
 SIM = os.environ.get("SIM", "target/release/kvroute-sim")
 WORKLOADS = {
-    "rag": ["--workload", "rag", "--groups", os.environ.get("DOCUMENTS", "128")],
+    "rag": ["--workload", "rag", "--groups", os.environ.get("DOCUMENTS", "128")]
+           + (["--queries", os.environ["QUERIES"]] if "QUERIES" in os.environ else []),
     "chat": ["--workload", "shared-prefix", "--system-tokens", "512", "--question-tokens", "128",
              "--output-tokens", "1024", "--groups", "128", "--per-group", os.environ.get("PER_GROUP", "32")],
 }
 PRICE = {"a100-80g": float(os.environ.get("A100_PRICE", 1.30)), "h100-80g": float(os.environ.get("H100_PRICE", 3.00))}
+# ALSO_PRICES="0.80,4.00": a second pair (A100, H100) priced from the same runs, in two more columns.
+ALSO = [float(x) for x in os.environ["ALSO_PRICES"].split(",")] if "ALSO_PRICES" in os.environ else None
 OBJECTIVE_MS = float(os.environ.get("OBJECTIVE_MS", 500))
 SHARE = os.environ.get("SHARE")
 TOPOLOGY = os.environ.get("TOPOLOGY", "").split()
+COLD_S = os.environ.get("COLD_S")
 SEEDS = [int(x) for x in os.environ.get("SEEDS", "0,1,2").split(",")]
 os.makedirs("target/tiers", exist_ok=True)
 WORK = tempfile.mkdtemp(prefix="run-", dir="target/tiers")  # this run's own files
@@ -63,21 +73,31 @@ def run(n_cheap, n_prem, tiered, rate, seed):
             "--policy", "kvroute", "--json", f"{WORK}/run.json",
             "--price", f"a100-80g={PRICE['a100-80g']},h100-80g={PRICE['h100-80g']}", "--ttft-slo-ms", f"{OBJECTIVE_MS:g}"]
     args += TOPOLOGY
+    if COLD_S: args += ["--cold-s", COLD_S]
     c = cfg(n_cheap, n_prem, tiered)
     if c: args += ["--router-config", c]
     subprocess.run(args, check=True, capture_output=True)
     doc = json.load(open(f"{WORK}/run.json"))
-    r, c = doc["runs"][0], doc["cost"]["runs"][0]
+    if COLD_S:  # the steady state alone: the requests arriving after COLD_S seconds
+        r, c = doc["phases"]["steady"][0], doc["phases"]["steady_cost"]["runs"][0]
+    else:
+        r, c = doc["runs"][0], doc["cost"]["runs"][0]
     prem = c["share_by_gpu"].get("h100-80g", 0.0)
-    return c["objective_met"], r["ttft_ms"]["p95"], prem, c["usd_per_mtok"], r["itl_ms"]["p95"]
+    also = None
+    if ALSO:  # the same tokens an hour, the fleet priced at the second pair
+        usd_h = n_cheap * PRICE["a100-80g"] + n_prem * PRICE["h100-80g"]
+        also = c["usd_per_mtok"] * (n_cheap * ALSO[0] + n_prem * ALSO[1]) / usd_h
+    return c["objective_met"], r["ttft_ms"]["p95"], prem, c["usd_per_mtok"], r["itl_ms"]["p95"], also
 rate = float(sys.argv[1])
 workload = sys.argv[2] if len(sys.argv) > 2 else "rag"
 if workload not in WORKLOADS:
     sys.exit(f"unknown workload {workload!r}: one of {', '.join(WORKLOADS)}")
 tier_note = (f", tiers.objective_share {SHARE}" if SHARE is not None else "") + \
-    "".join(f", {k} {os.environ[k]}" for k in ("PER_GROUP", "DOCUMENTS") if k in os.environ) + (f", {' '.join(TOPOLOGY)}" if TOPOLOGY else "")
+    "".join(f", {k} {os.environ[k]}" for k in ("PER_GROUP", "DOCUMENTS", "QUERIES") if k in os.environ) + (f", {' '.join(TOPOLOGY)}" if TOPOLOGY else "")
+tier_note += f", steady state: requests arriving after {COLD_S} s" if COLD_S else ", whole run from a cold fleet"
 print(f"{workload} at {rate:g} req/s, objective TTFT ≤ {OBJECTIVE_MS:g} ms{tier_note}, seeds {','.join(map(str, SEEDS))}, medians [min–max]")
-print(f"| fleet | routing | attainment (TTFT ≤ {OBJECTIVE_MS:g} ms) | TTFT p95 | ITL p95 | premium share of requests | $/h | $/Mtok (in+out) |\n|---|---|---|---|---|---|---|---|")
+also_head = f" $/h at {ALSO[0]:.2f} + {ALSO[1]:.2f} | $/Mtok at those |" if ALSO else ""
+print(f"| fleet | routing | attainment (TTFT ≤ {OBJECTIVE_MS:g} ms) | TTFT p95 | ITL p95 | premium share of requests | $/h | $/Mtok (in+out) |{also_head}\n|---|---|---|---|---|---|---|---|{'---|---|' if ALSO else ''}")
 def fleets():
     """The rows: FLEETS (e.g. `0+3,2+2`: A100s + H100s, each mixed fleet untiered and
     tiered) or the default set."""
@@ -94,4 +114,4 @@ for n_cheap, n_prem, tiered in fleets():
     m = lambda v, f: f"{f.format(statistics.median(v))} [{f.format(min(v))}–{f.format(max(v))}]"
     name = " + ".join(x for x in [f"{n_cheap} A100" if n_cheap else "", f"{n_prem} H100" if n_prem else ""] if x)
     usd_h = n_cheap * PRICE["a100-80g"] + n_prem * PRICE["h100-80g"]
-    print(f"| {name} | {'tiered' if tiered else 'kvroute'} | {m([100*a for a in col[0]], '{:.1f}')}% | {m(col[1], '{:.0f}')} ms | {m(col[4], '{:.1f}')} ms | {m([100*p for p in col[2]], '{:.0f}')}% | {usd_h:.2f} | {m(col[3], '{:.3f}')} |", flush=True)
+    print(f"| {name} | {'tiered' if tiered else 'kvroute'} | {m([100*a for a in col[0]], '{:.1f}')}% | {m(col[1], '{:.0f}')} ms | {m(col[4], '{:.1f}')} ms | {m([100*p for p in col[2]], '{:.0f}')}% | {usd_h:.2f} | {m(col[3], '{:.3f}')} |" + (f" {n_cheap * ALSO[0] + n_prem * ALSO[1]:.2f} | {m(col[5], '{:.3f}')} |" if ALSO else ""), flush=True)

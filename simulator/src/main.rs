@@ -212,6 +212,10 @@ pub struct WorkloadArgs {
     /// Generators: output tokens per request.
     #[arg(long)]
     output_tokens: Option<u64>,
+    /// Rag: the number of queries (default 8 per document), so that the working set
+    /// (`--groups`) and the trace's length can be chosen apart.
+    #[arg(long)]
+    queries: Option<u64>,
     /// Keep only the first N requests.
     #[arg(long)]
     limit: Option<usize>,
@@ -259,6 +263,11 @@ impl WorkloadArgs {
                 set(self.system_tokens, &mut p.system_tokens, "system-tokens")?;
                 set(self.question_tokens, &mut p.question_tokens, "question-tokens")?;
                 set(self.output_tokens, &mut p.output_tokens, "output-tokens")?;
+                if let Some(n) = self.queries {
+                    anyhow::ensure!(g == Generator::Rag, "--queries applies to --workload rag only (the other generators' length is --groups × --per-group)");
+                    anyhow::ensure!(n > 0, "--queries must be at least 1");
+                    p.queries = Some(n);
+                }
                 (g.to_string(), workload::generate(g, &p))
             }
             (None, None) => anyhow::bail!("give --trace FILE or --workload shared-prefix|multi-turn|rag"),

@@ -62,7 +62,8 @@ pub struct ReplayArgs {
     #[arg(long)]
     plot: Option<PathBuf>,
     /// Also report the cold start (requests arriving in the first S seconds, while the
-    /// caches fill) and the steady state (the rest) apart.
+    /// caches fill) and the steady state (the rest) apart; with --price, the steady
+    /// state's cost and objective too.
     #[arg(long)]
     cold_s: Option<f64>,
     /// Runs per policy: the workload as given plus perturbed copies (jittered arrivals,
@@ -145,6 +146,16 @@ pub fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
         println!("steady state: requests arriving after {cold_s} s (evictions from then on)");
         print!("{}", report::table(&steady));
         phases = serde_json::json!({ "cold_s": cold_s, "cold": cold, "steady": steady });
+        if let Some(prices) = &prices {
+            // The cost of the steady state alone: its tokens over its own span (its first
+            // arrival to its last finish), its requests' objective.
+            let steady_runs: Vec<Vec<RunReport>> = replicas
+                .iter()
+                .map(|rs| rs.iter().map(|r| r.phase(cut, f64::MAX)).collect())
+                .collect();
+            println!("steady state's cost:");
+            phases["steady_cost"] = print_costs(&setup, prices, &steady_runs, a.ttft_slo_ms);
+        }
     }
     if let Some(path) = &a.json {
         let mut doc = serde_json::json!({ "workload": name, "runs": runs, "phases": phases });

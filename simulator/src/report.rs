@@ -194,15 +194,25 @@ impl RunReport {
 
     /// The requests that arrived in `[from_ms, to_ms)` as a run of their own; evictions are
     /// those between the scrape ticks nearest the bounds (0 without marks), preemptions and
-    /// KV usage are not split (0).
+    /// KV usage are not split (0). The requests refused in that window count as offered
+    /// there (a failed one without a record is not seen).
     pub fn phase(&self, from_ms: f64, to_ms: f64) -> RunReport {
-        let done: Vec<Record> = self
-            .records
+        let within = |at: f64| (from_ms..to_ms).contains(&at);
+        let done: Vec<Record> = self.records.iter().filter(|r| within(r.arrival_ms)).cloned().collect();
+        let refused: Vec<Rejection> = self
+            .rejections
             .iter()
-            .filter(|r| (from_ms..to_ms).contains(&r.arrival_ms))
+            .filter(|r| within(r.arrival_ms))
             .cloned()
             .collect();
-        let mut p = Self::from_records(&self.policy, done.len(), &done, &[], self.per_server.len());
+        let mut p = Self::from_records(
+            &self.policy,
+            done.len() + refused.len(),
+            &done,
+            &[],
+            self.per_server.len(),
+        );
+        p.rejections = refused;
         let at = |t: f64| {
             self.eviction_marks
                 .iter()
@@ -412,5 +422,33 @@ mod steady_tests {
         let done = vec![record(0.0, 10.0, 1010.0, 100), record(0.0, 20.0, 2020.0, 100)];
         let r = RunReport::from_records("p", 2, &done, &[], 1);
         assert_eq!(r.throughput.steady_output_tok_s, r.throughput.output_tok_s);
+    }
+}
+
+#[cfg(test)]
+mod phase_tests {
+    use super::*;
+
+    #[test]
+    fn a_phase_counts_the_requests_refused_in_its_window_as_offered() {
+        let done = |arrival_ms: f64| Record {
+            arrival_ms,
+            finish_ms: arrival_ms + 100.0,
+            ttft_ms: 50.0,
+            e2e_ms: 100.0,
+            ..Record::default()
+        };
+        let records = [done(1_000.0), done(5_000.0), done(6_000.0)];
+        let mut run = RunReport::from_records("kvroute", 5, &records, &[], 1);
+        let refused = |arrival_ms| Rejection {
+            arrival_ms,
+            ..Rejection::default()
+        };
+        run.rejections = vec![refused(2_000.0), refused(7_000.0)];
+        let steady = run.phase(4_000.0, f64::MAX);
+        assert_eq!((steady.requests, steady.completed, steady.failed), (3, 2, 1));
+        assert_eq!(steady.rejections, vec![refused(7_000.0)]);
+        let cold = run.phase(f64::MIN, 4_000.0);
+        assert_eq!((cold.requests, cold.completed, cold.failed), (2, 1, 1));
     }
 }

@@ -65,6 +65,9 @@ pub struct GenParams {
     pub system_tokens: u64,
     pub question_tokens: u64,
     pub output_tokens: u64,
+    /// Rag: the number of queries; `None` is 8 per document, so that a larger working set
+    /// does not also mean a longer trace unless asked.
+    pub queries: Option<u64>,
 }
 
 impl GenParams {
@@ -79,6 +82,7 @@ impl GenParams {
                 system_tokens: 2048,
                 question_tokens: 128,
                 output_tokens: 256,
+                queries: None,
             },
             // 64 conversations × 6 turns; 500-token system prompt; 150-token user turns; 200-token replies.
             Generator::MultiTurn => GenParams {
@@ -89,6 +93,7 @@ impl GenParams {
                 system_tokens: 500,
                 question_tokens: 150,
                 output_tokens: 200,
+                queries: None,
             },
             // 128 documents of 1500 tokens, 3 per query (Zipf), 200-token system prompt, 100-token question.
             Generator::Rag => GenParams {
@@ -99,6 +104,7 @@ impl GenParams {
                 system_tokens: 200,
                 question_tokens: 100,
                 output_tokens: 200,
+                queries: None,
             },
         }
     }
@@ -174,7 +180,7 @@ pub fn generate(g: Generator, p: &GenParams) -> Vec<SimRequest> {
             let docs = p.groups.max(1);
             let weights: Vec<f64> = (1..=docs).map(|k| 1.0 / k as f64).collect();
             let total: f64 = weights.iter().sum();
-            let count = docs * 8;
+            let count = p.queries.unwrap_or(docs * 8);
             let mut t = 0.0;
             (0..count)
                 .map(|i| {

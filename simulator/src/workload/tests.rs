@@ -141,3 +141,33 @@ fn a_capture_line_without_block_tokens_is_refused_with_its_line() {
     let err = parse_capture(r#"{"timestamp":0,"input_length":1,"output_length":1,"hash_ids":[]}"#, 1).unwrap_err();
     assert!(format!("{err:#}").contains("capture line 1"), "{err:#}");
 }
+
+#[test]
+fn a_longer_rag_trace_extends_the_default_one_over_the_same_documents() {
+    let p = GenParams::defaults(Generator::Rag);
+    let short = generate(Generator::Rag, &p);
+    let long = generate(
+        Generator::Rag,
+        &GenParams {
+            queries: Some(3 * short.len() as u64),
+            ..p.clone()
+        },
+    );
+    assert_eq!(short.len(), 8 * p.groups as usize);
+    assert_eq!(long.len(), 3 * short.len());
+    assert_eq!(&long[..short.len()], &short[..]);
+    let docs = |reqs: &[SimRequest]| {
+        let mut ids: Vec<u64> = reqs
+            .iter()
+            .flat_map(|r| r.segments[1..=3].iter().map(|s| s.seed))
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids.len()
+    };
+    assert!(
+        docs(&long) <= p.groups as usize,
+        "only the {} documents are drawn",
+        p.groups
+    );
+}
