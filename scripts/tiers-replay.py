@@ -29,7 +29,7 @@ attainment, latencies, GPU shares and $/Mtok (their tokens over their own span),
 --cold-s S --price ...` does. Without it every figure is the whole run from a cold fleet.
 
 FLEETS picks the fleets instead of the default set: `0+3,2+2` is 3 H100s, then 2 A100 + 2
-H100 untiered and tiered.
+H100 untiered and tiered; ROUTING=tiered keeps only the tiered rows.
 
 TOPOLOGY adds replay's gateway-topology arguments to every run (e.g. the production topology
 `--gateways 2 --workers 8 --share-gateways ...`). SHARE sets `tiers.objective_share`, the share of the objective the tier rule plans for
@@ -107,6 +107,8 @@ def fleets():
     for f in os.environ["FLEETS"].split(","):
         a, h = (int(x) for x in f.split("+"))
         rows += [(a, h, False)] + ([(a, h, True)] if a and h else [])
+    if os.environ.get("ROUTING") == "tiered":  # the tiered rows alone (comparing builds)
+        rows = [r for r in rows if r[2]]
     return rows
 for n_cheap, n_prem, tiered in fleets():
     rs = [run(n_cheap, n_prem, tiered, rate, s) for s in SEEDS]

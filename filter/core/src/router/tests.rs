@@ -1399,8 +1399,35 @@ fn with_nothing_within_the_planned_share_the_cheapest_tier_within_the_whole_obje
     assert!(best == Some(ep(2)) || best == Some(ep(3)), "{best:?}");
     // 2000 ms: the cheap tier is within 1200 ms and keeps it.
     assert_eq!(tier(2000.0).0, Some((0, false, true)));
-    // 700 ms: nothing within the objective either: the cheap tier, no spill.
+    // 700 ms: nothing within the objective either. The request would meet it on an idle
+    // server, so the tiers step aside and the cost decides: the premium tier.
     let (tiering, best) = tier(700.0);
+    assert_eq!(tiering, Some((1, true, false)));
+    assert!(best == Some(ep(2)) || best == Some(ep(3)), "{best:?}");
+}
+
+#[test]
+fn with_nothing_within_the_objective_the_cost_decides_unless_the_request_fits_nowhere() {
+    // Predicted TTFT ≈ 874 ms on a busy server, over 2 s on a swamped one (costs far enough
+    // apart that no cold-prefix owner is drawn across them); the objective is 700 ms.
+    let (busy, swamped) = (load(30, 30, 0.7), load(90, 80, 0.7));
+    let tier = |loads: [&VllmMetrics; 4], blocks: usize| {
+        let loads: Vec<VllmMetrics> = loads.into_iter().cloned().collect();
+        let d = tiered(700.0, &loads).route(&req(1, blocks), T0);
+        assert!(d.breakdown.iter().all(|s| s.ttft_ms > 700.0), "{:?}", d.breakdown);
+        (d.tier.map(|t| (t.tier, t.spilled, t.met)), d.best().cloned())
+    };
+    let swamped_cheap = [&swamped, &swamped, &busy, &busy];
+    let (tiering, best) = tier(swamped_cheap, 32);
+    assert_eq!(tiering, Some((1, true, false)));
+    assert!(best == Some(ep(2)) || best == Some(ep(3)), "{best:?}");
+    // The other way round the cheap tier scores best and keeps the request.
+    let (tiering, best) = tier([&busy, &busy, &swamped, &swamped], 32);
+    assert_eq!(tiering, Some((0, false, false)));
+    assert!(best == Some(ep(0)) || best == Some(ep(1)), "{best:?}");
+    // A prompt of 25,610 tokens takes ≈ 1280 ms even on an idle server: it fits nowhere and
+    // does not spill, however the tiers are loaded.
+    let (tiering, best) = tier(swamped_cheap, 400);
     assert_eq!(tiering, Some((0, false, false)));
     assert!(best == Some(ep(0)) || best == Some(ep(1)), "{best:?}");
 }
