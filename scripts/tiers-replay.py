@@ -102,11 +102,12 @@ def fleets():
     """The rows: FLEETS (e.g. `0+3,2+2`: A100s + H100s, each mixed fleet untiered and
     tiered) or the default set."""
     if "FLEETS" not in os.environ:
-        return [(0, 3, False), (0, 4, False), (0, 5, False), (4, 4, False), (4, 4, True), (4, 3, False), (4, 3, True), (4, 2, False), (4, 2, True)]
-    rows = []
-    for f in os.environ["FLEETS"].split(","):
-        a, h = (int(x) for x in f.split("+"))
-        rows += [(a, h, False)] + ([(a, h, True)] if a and h else [])
+        rows = [(0, 3, False), (0, 4, False), (0, 5, False), (4, 4, False), (4, 4, True), (4, 3, False), (4, 3, True), (4, 2, False), (4, 2, True)]
+    else:
+        rows = []
+        for f in os.environ["FLEETS"].split(","):
+            a, h = (int(x) for x in f.split("+"))
+            rows += [(a, h, False)] + ([(a, h, True)] if a and h else [])
     if os.environ.get("ROUTING") == "tiered":  # the tiered rows alone (comparing builds)
         rows = [r for r in rows if r[2]]
     return rows

@@ -109,7 +109,8 @@ pub struct EndpointScore {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tiering {
     pub tier: u32,
-    /// A cheaper tier could not meet the objective.
+    /// It went past the cheapest tier: a cheaper tier could not meet the objective, or no
+    /// tier could and the cost policy's best server is in a dearer one.
     pub spilled: bool,
     /// The chosen tier's best server is predicted to meet the objective: its planned share,
     /// or where no server is predicted within that, the whole objective.

@@ -77,8 +77,10 @@ pub struct RawDiscovery {
 
 /// Price tiers with spillover (`tiers`): servers are put in tiers, cheapest first (tier 0).
 /// A request goes to the cheapest tier whose best server's predicted TTFT meets its objective
-/// and spills to the next tier only when it would not; a request no tier can serve in time
-/// stays in the cheapest (spilling it would spend premium capacity on a miss). Off unless
+/// and spills to the next tier only when it would not. Where no tier is predicted to serve
+/// it in time the tiers step aside and the cost policy's best server takes it, unless it
+/// would miss even on an idle server: that one stays in the cheapest (spilling it would
+/// spend premium capacity on a miss). Off unless
 /// `endpoints` lists a server or `from_priority` is set; needs the `cost` policy (its score
 /// is the predicted TTFT).
 #[derive(Clone, Debug, Deserialize)]

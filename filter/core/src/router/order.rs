@@ -241,12 +241,14 @@ impl Router {
         // fits nowhere and stays in the cheapest tier. With the cheapest tier for every such
         // request, the cheap tier took the whole overload while the premium tier idled
         // (replay, rag at 40 req/s on 4 A100 + 3 H100, 500 ms, steady state: the A100s' TTFT
-        // median grew to 180 s while the H100s' stayed near 250 ms and their share fell to
-        // 12%; attainment 18% against untiered routing's 75%).
+        // median grew past 170 s while the H100s' stayed near 250 ms with 19% of the
+        // requests; attainment 18% against untiered routing's 75%). The idle check is the
+        // plain prefill: the learned scaling measures busy servers, and at overload it
+        // would call every prompt one that fits nowhere.
         let tier = meeting.unwrap_or_else(|| {
-            let fits_idle = cands.iter().any(|c| {
-                policy::prefill_ms(&self.config, c, ctx, c.uncached) * c.endpoint.ttft_bias.factor(now) <= whole
-            });
+            let fits_idle = cands
+                .iter()
+                .any(|c| policy::prefill_ms(&self.config, c, ctx, c.uncached) <= whole);
             match order.first() {
                 Some(i) if fits_idle => tier_of(i),
                 _ => cheapest,

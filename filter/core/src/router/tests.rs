@@ -1426,10 +1426,45 @@ fn with_nothing_within_the_objective_the_cost_decides_unless_the_request_fits_no
     assert_eq!(tiering, Some((0, false, false)));
     assert!(best == Some(ep(0)) || best == Some(ep(1)), "{best:?}");
     // A prompt of 25,610 tokens takes ≈ 1280 ms even on an idle server: it fits nowhere and
-    // does not spill, however the tiers are loaded.
+    // does not spill, however the tiers are loaded, though the cost alone would place it
+    // in the premium tier.
     let (tiering, best) = tier(swamped_cheap, 400);
     assert_eq!(tiering, Some((0, false, false)));
     assert!(best == Some(ep(0)) || best == Some(ep(1)), "{best:?}");
+    let loads: Vec<VllmMetrics> = swamped_cheap.into_iter().cloned().collect();
+    let untiered = router(PolicyKind::Cost, &loads).route(&req(1, 400), T0);
+    assert!([ep(2), ep(3)].contains(untiered.best().unwrap()));
+}
+
+#[test]
+fn whether_a_request_fits_an_idle_server_is_not_scaled_by_what_busy_servers_taught() {
+    // Every server has learned that its first tokens come far later than predicted (5 s
+    // after routing, 8× per sample at most); then nothing meets 700 ms. A 32-block prompt
+    // (≈ 100 ms of prefill) still fits an idle server, so the cost decides: the busy
+    // premium tier, not the swamped cheap one.
+    let light = light_loads();
+    let mut r = tiered(700.0, &light);
+    let mut at = T0;
+    let mut id = 0;
+    for _ in 0..5 {
+        for server in 0..4 {
+            id += 1;
+            for (i, m) in light.iter().enumerate() {
+                r.on_metrics(&ep(i), m.clone(), at);
+            }
+            route_to(&mut r, id, &req(id, 32), server, at);
+            r.on_first_token(id, at.plus(5_000));
+            r.on_completed(id, &Completion::default(), at.plus(5_000));
+        }
+        at = at.plus(5_000);
+    }
+    assert!(r.endpoints().iter().all(|e| e.ttft_bias.factor(at) > 7.0));
+    let (busy, swamped) = (load(30, 30, 0.7), load(90, 80, 0.7));
+    for (i, m) in [&swamped, &swamped, &busy, &busy].into_iter().enumerate() {
+        r.on_metrics(&ep(i), m.clone(), at);
+    }
+    let d = r.route(&req(99, 32), at);
+    assert_eq!(d.tier.map(|t| (t.tier, t.spilled, t.met)), Some((1, true, false)));
 }
 
 #[test]
