@@ -34,7 +34,7 @@ H100 untiered and tiered; ROUTING=tiered keeps only the tiered rows.
 TOPOLOGY adds replay's gateway-topology arguments to every run (e.g. the production topology
 `--gateways 2 --workers 8 --share-gateways ...`). SHARE sets `tiers.objective_share`, the share of the objective the tier rule plans for
 (default: the filter's, 0.6; 1 is the rule before 2026-11-29). SEEDS (default 0,1,2) picks
-the seeds.
+the seeds; PER_SEED=1 also writes each seed's attainment to stderr.
 
 Usage: [SIM=path] [SLOTS=none] [FLEETS=0+3,2+2] [PER_GROUP=96] [DOCUMENTS=384] [QUERIES=3072] [COLD_S=30] [OBJECTIVE_MS=500] [SHARE=0.6] [SEEDS=0,1,2] [TOPOLOGY="…"] python3 scripts/tiers-replay.py RATE [WORKLOAD]   (needs `cargo build --release -p kvroute-sim`)
 """
@@ -117,4 +117,6 @@ for n_cheap, n_prem, tiered in fleets():
     m = lambda v, f: f"{f.format(statistics.median(v))} [{f.format(min(v))}–{f.format(max(v))}]"
     name = " + ".join(x for x in [f"{n_cheap} A100" if n_cheap else "", f"{n_prem} H100" if n_prem else ""] if x)
     usd_h = n_cheap * PRICE["a100-80g"] + n_prem * PRICE["h100-80g"]
+    if os.environ.get("PER_SEED"):  # each seed's attainment, in SEEDS order, on a line of its own
+        print(f"  {name} {'tiered' if tiered else 'kvroute'}: " + ", ".join(f"{100*a:.1f}" for a in col[0]), file=sys.stderr, flush=True)
     print(f"| {name} | {'tiered' if tiered else 'kvroute'} | {m([100*a for a in col[0]], '{:.1f}')}% | {m(col[1], '{:.0f}')} ms | {m(col[4], '{:.1f}')} ms | {m([100*p for p in col[2]], '{:.0f}')}% | {usd_h:.2f} | {m(col[3], '{:.3f}')} |" + (f" {n_cheap * ALSO[0] + n_prem * ALSO[1]:.2f} | {m(col[5], '{:.3f}')} |" if ALSO else ""), flush=True)
