@@ -22,7 +22,7 @@ Steady state: the default traces end before the fleets' KV caches fill (chat) or
 fleet reaches what it sustains (rag); PER_GROUP=96 replays chat three times as long (12,288
 requests) and DOCUMENTS=384 gives rag 3,072 requests over 384 documents (the generator makes
 8 queries per document unless QUERIES says how many: QUERIES=3072 replays the 128 documents
-three times as long). BENCHMARKS.md, "Steady state: chat on a trace three times as long".
+three times as long). BENCHMARKS.md, "Tiers in steady state".
 
 COLD_S=S reports the steady state alone: the requests arriving after S seconds, their
 attainment, latencies, GPU shares and $/Mtok (their tokens over their own span), as `replay
@@ -93,7 +93,7 @@ workload = sys.argv[2] if len(sys.argv) > 2 else "rag"
 if workload not in WORKLOADS:
     sys.exit(f"unknown workload {workload!r}: one of {', '.join(WORKLOADS)}")
 tier_note = (f", tiers.objective_share {SHARE}" if SHARE is not None else "") + \
-    "".join(f", {k} {os.environ[k]}" for k in ("PER_GROUP", "DOCUMENTS", "QUERIES") if k in os.environ) + (f", {' '.join(TOPOLOGY)}" if TOPOLOGY else "")
+    "".join(f", {k} {os.environ[k]}" for k in {"rag": ("DOCUMENTS", "QUERIES"), "chat": ("PER_GROUP",)}[workload] if k in os.environ) + (f", {' '.join(TOPOLOGY)}" if TOPOLOGY else "")
 tier_note += f", steady state: requests arriving after {COLD_S} s" if COLD_S else ", whole run from a cold fleet"
 print(f"{workload} at {rate:g} req/s, objective TTFT ≤ {OBJECTIVE_MS:g} ms{tier_note}, seeds {','.join(map(str, SEEDS))}, medians [min–max]")
 also_head = f" $/h at {ALSO[0]:.2f} + {ALSO[1]:.2f} | $/Mtok at those |" if ALSO else ""

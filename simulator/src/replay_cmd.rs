@@ -140,7 +140,12 @@ pub fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
     if let Some(cold_s) = a.cold_s {
         let cut = cold_s * 1000.0;
         let cold = medians(&|r| r.phase(f64::MIN, cut));
-        let steady = medians(&|r| r.phase(cut, f64::MAX));
+        // Each replica's steady state, kept for its cost below.
+        let steady_runs: Vec<Vec<RunReport>> = replicas
+            .iter()
+            .map(|rs| rs.iter().map(|r| r.phase(cut, f64::MAX)).collect())
+            .collect();
+        let steady: Vec<RunReport> = steady_runs.iter().map(|rs| RunReport::median_of(rs)).collect();
         println!("cold start: requests arriving in the first {cold_s} s (evictions in that time)");
         print!("{}", report::table(&cold));
         println!("steady state: requests arriving after {cold_s} s (evictions from then on)");
@@ -149,10 +154,6 @@ pub fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
         if let Some(prices) = &prices {
             // The cost of the steady state alone: its tokens over its own span (its first
             // arrival to its last finish), its requests' objective.
-            let steady_runs: Vec<Vec<RunReport>> = replicas
-                .iter()
-                .map(|rs| rs.iter().map(|r| r.phase(cut, f64::MAX)).collect())
-                .collect();
             println!("steady state's cost:");
             phases["steady_cost"] = print_costs(&setup, prices, &steady_runs, a.ttft_slo_ms);
         }
