@@ -35,8 +35,9 @@ TOPOLOGY adds replay's gateway-topology arguments to every run (e.g. the product
 `--gateways 2 --workers 8 --share-gateways ...`). SHARE sets `tiers.objective_share`, the share of the objective the tier rule plans for
 (default: the filter's, 0.6; 1 is the rule before 2026-11-29). SEEDS (default 0,1,2) picks
 the seeds; PER_SEED=1 also writes each seed's attainment to stderr.
+COST='{"kv_pressure_ms": 1000}' gives every run (tiered or not) these `cost` settings.
 
-Usage: [SIM=path] [SLOTS=none] [FLEETS=0+3,2+2] [PER_GROUP=96] [DOCUMENTS=384] [QUERIES=3072] [COLD_S=30] [OBJECTIVE_MS=500] [SHARE=0.6] [SEEDS=0,1,2] [TOPOLOGY="…"] python3 scripts/tiers-replay.py RATE [WORKLOAD]   (needs `cargo build --release -p kvroute-sim`)
+Usage: [SIM=path] [SLOTS=none] [FLEETS=0+3,2+2] [PER_GROUP=96] [DOCUMENTS=384] [QUERIES=3072] [COLD_S=30] [OBJECTIVE_MS=500] [SHARE=0.6] [SEEDS=0,1,2] [TOPOLOGY="…"] [COST='{…}'] python3 scripts/tiers-replay.py RATE [WORKLOAD]   (needs `cargo build --release -p kvroute-sim`)
 """
 import json, os, subprocess, statistics, sys, tempfile
 SIM = os.environ.get("SIM", "target/release/kvroute-sim")
@@ -51,21 +52,25 @@ PRICE = {"a100-80g": float(os.environ.get("A100_PRICE", 1.30)), "h100-80g": floa
 ALSO = [float(x) for x in os.environ["ALSO_PRICES"].split(",")] if "ALSO_PRICES" in os.environ else None
 OBJECTIVE_MS = float(os.environ.get("OBJECTIVE_MS", 500))
 SHARE = os.environ.get("SHARE")
+COST = json.loads(os.environ["COST"]) if "COST" in os.environ else None  # `cost` settings for every run
 TOPOLOGY = os.environ.get("TOPOLOGY", "").split()
 COLD_S = os.environ.get("COLD_S")
 SEEDS = [int(x) for x in os.environ.get("SEEDS", "0,1,2").split(",")]
 os.makedirs("target/tiers", exist_ok=True)
 WORK = tempfile.mkdtemp(prefix="run-", dir="target/tiers")  # this run's own files
 def cfg(n_cheap, n_prem, tiered):
-    if not tiered: return None
-    eps = {f"127.0.0.1:{8001 + n_cheap + i}": 1 for i in range(n_prem)}
-    path = f"{WORK}/cfg-{n_cheap}-{n_prem}.json"
-    tiers = {"endpoints": eps, "ttft_objective_ms": OBJECTIVE_MS}
-    if SHARE is not None:
-        tiers["objective_share"] = float(SHARE)
-    if os.environ.get("SLOTS") != "none":
-        tiers["max_num_seqs"] = [256, 1024]
-    json.dump({"tiers": tiers}, open(path, "w"))
+    doc = {"cost": COST} if COST else {}
+    if tiered:
+        eps = {f"127.0.0.1:{8001 + n_cheap + i}": 1 for i in range(n_prem)}
+        tiers = {"endpoints": eps, "ttft_objective_ms": OBJECTIVE_MS}
+        if SHARE is not None:
+            tiers["objective_share"] = float(SHARE)
+        if os.environ.get("SLOTS") != "none":
+            tiers["max_num_seqs"] = [256, 1024]
+        doc["tiers"] = tiers
+    if not doc: return None
+    path = f"{WORK}/cfg-{n_cheap}-{n_prem}-{int(tiered)}.json"
+    json.dump(doc, open(path, "w"))
     return path
 def run(n_cheap, n_prem, tiered, rate, seed):
     parts = ([f"{n_cheap}xa100-80g:llama-3.1-8b"] if n_cheap else []) + ([f"{n_prem}xh100-80g:llama-3.1-8b"] if n_prem else [])
@@ -92,7 +97,7 @@ rate = float(sys.argv[1])
 workload = sys.argv[2] if len(sys.argv) > 2 else "rag"
 if workload not in WORKLOADS:
     sys.exit(f"unknown workload {workload!r}: one of {', '.join(WORKLOADS)}")
-tier_note = (f", tiers.objective_share {SHARE}" if SHARE is not None else "") + \
+tier_note = (f", tiers.objective_share {SHARE}" if SHARE is not None else "") + (f", cost {json.dumps(COST)}" if COST else "") + \
     "".join(f", {k} {os.environ[k]}" for k in {"rag": ("DOCUMENTS", "QUERIES"), "chat": ("PER_GROUP",)}[workload] if k in os.environ) + (f", {' '.join(TOPOLOGY)}" if TOPOLOGY else "")
 tier_note += f", steady state: requests arriving after {COLD_S} s" if COLD_S else ", whole run from a cold fleet"
 print(f"{workload} at {rate:g} req/s, objective TTFT ≤ {OBJECTIVE_MS:g} ms{tier_note}, seeds {','.join(map(str, SEEDS))}, medians [min–max]")

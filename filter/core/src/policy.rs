@@ -7,7 +7,9 @@
 //!   request's uncached tokens) / prefill rate`, where `backlog` is the number of requests
 //!   queued at the least-loaded candidate (`fleet_backlog`),
 //!   `decode = running sequences × per-sequence step cost`, plus a KV-pressure term that
-//!   grows quadratically past `kv_pressure_threshold`. Queued prefill tokens are the
+//!   grows quadratically past `kv_pressure_threshold` (sooner and steeper on a fleet of
+//!   unlike GPUs, `kv_pressure_unlike_*`: the faster ones draw more work into caches no
+//!   larger than the slower ones'). Queued prefill tokens are the
 //!   larger of two lower bounds: the scraped waiting requests times the gateway's running
 //!   mean of uncached tokens per request plus the uncached tokens sent since the scrape, and
 //!   the uncached tokens of this gateway's requests there that have no first token yet
@@ -151,8 +153,15 @@ pub fn predicted_ttft(config: &Config, c: &Candidate, ctx: &ScoreContext) -> Ter
     let running = c.metrics.running as f64 + f64::from(c.endpoint.sent_since_scrape);
     let decode_ms = running * p.decode_ms_per_running * p.prefill_tokens_per_s / rate;
     let decode_ms = decode_ms + p.first_token_steps * server_step(config, c, ctx);
-    let over = ((c.metrics.kv_usage - p.kv_pressure_threshold) / (1.0 - p.kv_pressure_threshold)).max(0.0);
-    let kv_ms = p.kv_pressure_ms * over * over;
+    // A faster GPU draws more of the work than a slower one but holds no more of it in its
+    // KV cache: on a fleet of unlike GPUs the pressure starts sooner and weighs more.
+    let (threshold, full_ms) = if ctx.rates.unlike() {
+        (p.kv_pressure_unlike_threshold, p.kv_pressure_unlike_ms)
+    } else {
+        (p.kv_pressure_threshold, p.kv_pressure_ms)
+    };
+    let over = ((c.metrics.kv_usage - threshold) / (1.0 - threshold)).max(0.0);
+    let kv_ms = full_ms * over * over;
     let ttft_ms = (queued_tokens + c.uncached.0 as f64) * 1000.0 / rate + decode_ms + kv_ms;
     // Phase-aware (`cost.phase_weight`): the decode stall this prefill causes there. It
     // ranks servers and is kept out of the predicted TTFT; the breakdown shows it in

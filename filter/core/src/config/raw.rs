@@ -181,6 +181,12 @@ pub struct RawCost {
     pub decode_ms_per_running: f64,
     pub kv_pressure_threshold: f64,
     pub kv_pressure_ms: f64,
+    /// The KV-pressure term's threshold and size where the candidates' learned prefill
+    /// rates fall in more than one class (GPUs of different speeds, `RateClasses`): the
+    /// cost sends a faster server more of the work, but its KV cache is no larger, and
+    /// near full it keeps new prompts waiting for blocks that decodes free.
+    pub kv_pressure_unlike_threshold: f64,
+    pub kv_pressure_unlike_ms: f64,
     pub cold_tolerance: f64,
     /// A cold prefix's owner among the candidates within `cold_tolerance` is drawn by
     /// weighted rendezvous: each candidate's weight falls by e^(−cold_balance × r) where r

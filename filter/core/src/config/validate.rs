@@ -171,6 +171,7 @@ pub(super) fn validate_scoring(raw: &RawConfig) -> Result<(), ConfigError> {
     for (field, v) in [
         ("cost.decode_ms_per_running", c.decode_ms_per_running),
         ("cost.kv_pressure_ms", c.kv_pressure_ms),
+        ("cost.kv_pressure_unlike_ms", c.kv_pressure_unlike_ms),
         ("cost.work_weight", c.work_weight),
         ("cost.lora_load_ms", c.lora_load_ms),
         ("cost.phase_weight", c.phase_weight),
@@ -204,11 +205,13 @@ pub(super) fn validate_scoring(raw: &RawConfig) -> Result<(), ConfigError> {
             "must be at least 1 (vLLM's --max-num-batched-tokens; its default is 8192 on an H100)",
         ));
     }
-    if !(0.0..1.0).contains(&c.kv_pressure_threshold) {
-        return Err(reject(
-            "cost.kv_pressure_threshold",
-            format!("({}) must be in [0, 1)", c.kv_pressure_threshold),
-        ));
+    for (field, v) in [
+        ("cost.kv_pressure_threshold", c.kv_pressure_threshold),
+        ("cost.kv_pressure_unlike_threshold", c.kv_pressure_unlike_threshold),
+    ] {
+        if !(0.0..1.0).contains(&v) {
+            return Err(reject(field, format!("({v}) must be in [0, 1)")));
+        }
     }
     if !(0.0..=1.0).contains(&c.progress_credit) {
         return Err(reject(

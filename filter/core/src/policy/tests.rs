@@ -356,3 +356,49 @@ fn a_server_known_by_its_pace_alone_is_scored_against_the_servers_whose_rate_is_
     let cands = idle_cands(&unlearned, &idle, 1000);
     assert_eq!(rate_per_pace(&config, &cands, &RateClasses::default(), Millis(0)), None);
 }
+
+#[test]
+fn on_a_fleet_of_unlike_gpus_a_fast_server_with_its_kv_nearly_full_gives_way() {
+    let config = Config::from_json(br#"{"cost": {"first_token_steps": 0}}"#).unwrap();
+    // An H100 (39k tokens/s) with its KV cache 95% full beside an A100 (11.5k) at 35%.
+    let mut table = table_of(2);
+    table.rows_mut()[0].speed = crate::speed::Speed::exact(39_000.0, Millis(0));
+    table.rows_mut()[1].speed = crate::speed::Speed::exact(11_500.0, Millis(0));
+    let full = VllmMetrics {
+        kv_usage: 0.95,
+        running: 100,
+        ..VllmMetrics::default()
+    };
+    let roomy = VllmMetrics {
+        kv_usage: 0.35,
+        running: 30,
+        ..VllmMetrics::default()
+    };
+    let terms = |table: &EndpointTable| -> Vec<Terms> {
+        let cands = cands(table, [&full, &roomy]);
+        let cands: Vec<Candidate> = cands
+            .into_iter()
+            .map(|c| Candidate {
+                uncached: Tokens(4800),
+                ..c
+            })
+            .collect();
+        let ctx = ctx_at_zero(rate_classes(&config, &cands, Millis(0)), None);
+        cands.iter().map(|c| predicted_ttft(&config, c, &ctx)).collect()
+    };
+    let unlike = terms(&table);
+    // The unlike fleet's term: 1000 ms × ((0.95 − 0.7) / 0.3)²; the A100 is below 0.7.
+    assert!(
+        (unlike[0].kv_ms - 1000.0 * (0.25f64 / 0.3).powi(2)).abs() < 1e-9,
+        "{unlike:?}"
+    );
+    assert_eq!(unlike[1].kv_ms, 0.0);
+    assert!(unlike[1].cost < unlike[0].cost, "the A100 with room wins: {unlike:?}");
+    // Two like GPUs: the like fleet's term, 200 ms × ((0.95 − 0.8) / 0.2)².
+    table.rows_mut()[1].speed = crate::speed::Speed::exact(39_000.0, Millis(0));
+    let like = terms(&table);
+    assert!(
+        (like[0].kv_ms - 200.0 * (0.15f64 / 0.2).powi(2)).abs() < 1e-9,
+        "{like:?}"
+    );
+}
