@@ -63,6 +63,8 @@ pub struct ScoreContext {
     /// Requests queued at the least-loaded candidate: how overloaded the whole fleet is
     /// (`fleet_backlog`).
     pub fleet_backlog: f64,
+    /// The candidates are scored at rates at least `UNLIKE` times apart (`unlike_rates`).
+    pub unlike: bool,
     pub mean_uncached_tokens: f64,
     pub rotation: u64,
     pub seed: u64,
@@ -155,7 +157,7 @@ pub fn predicted_ttft(config: &Config, c: &Candidate, ctx: &ScoreContext) -> Ter
     let decode_ms = decode_ms + p.first_token_steps * server_step(config, c, ctx);
     // A faster GPU draws more of the work than a slower one but holds no more of it in its
     // KV cache: on a fleet of unlike GPUs the pressure starts sooner and weighs more.
-    let (threshold, full_ms) = if ctx.rates.unlike() {
+    let (threshold, full_ms) = if ctx.unlike {
         (p.kv_pressure_unlike_threshold, p.kv_pressure_unlike_ms)
     } else {
         (p.kv_pressure_threshold, p.kv_pressure_ms)
@@ -224,6 +226,23 @@ pub fn pending_prefill_ms(config: &Config, c: &Candidate, ctx: &ScoreContext) ->
     let p = config.cost();
     let left = c.endpoint.prefill_left(ctx.now, p.progress_credit, p.attention_tokens);
     prefill_ms(config, c, ctx, left)
+}
+
+/// How far apart the fastest and the slowest rate a fleet of unlike GPUs is scored at
+/// (`unlike_rates`).
+pub const UNLIKE: f64 = 2.0;
+
+/// Whether the fastest candidate is scored at least `UNLIKE` times as fast as the slowest
+/// (`server_rate`: learned, from first tokens' pace or from speed weights): GPUs of
+/// different generations (an H100 prefills about 3.4× as fast as an A100), or a server
+/// slowed far below its like ones. Like servers are scored at one class rate.
+pub fn unlike_rates(config: &Config, cands: &[Candidate], ctx: &ScoreContext) -> bool {
+    let mut rates = cands.iter().map(|c| server_rate(config, c, ctx));
+    let Some(first) = rates.next() else {
+        return false;
+    };
+    let (lo, hi) = rates.fold((first, first), |(lo, hi), r| (lo.min(r), hi.max(r)));
+    hi >= UNLIKE * lo
 }
 
 /// The ms `tokens` of prefill take at `c`'s rate.

@@ -16,7 +16,9 @@
 //!   cached prefix, queues, KV usage and speed.
 
 use kvroute_core::endpoint::{EndpointTable, Prefill};
-use kvroute_core::policy::{fleet_backlog, predicted_ttft, rate_classes, with_steps, Candidate, ScoreContext};
+use kvroute_core::policy::{
+    fleet_backlog, predicted_ttft, rate_classes, unlike_rates, with_steps, Candidate, ScoreContext,
+};
 use kvroute_core::speed::{Speed, StepTime};
 use kvroute_core::{Config, EndpointId, Millis, Tokens, VllmMetrics};
 
@@ -230,6 +232,7 @@ impl Policy for Oracle {
         let ctx = ScoreContext {
             total_blocks: req.engine_blocks.len(),
             fleet_backlog: fleet_backlog(&self.config, &cands, self.mean_uncached, now),
+            unlike: false,
             // The true queued prefill is in `pending_prefill_tokens`; the scraped estimate
             // (waiting × mean) must not add to it.
             mean_uncached_tokens: 0.0,
@@ -242,6 +245,10 @@ impl Policy for Oracle {
             typical_step: None,
             fastest_step: None,
             typical_weight: None,
+        };
+        let ctx = ScoreContext {
+            unlike: unlike_rates(&self.config, &cands, &ctx),
+            ..ctx
         };
         let ctx = with_steps(&self.config, &cands, ctx);
         let costs: Vec<f64> = cands

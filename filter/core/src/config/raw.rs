@@ -181,10 +181,11 @@ pub struct RawCost {
     pub decode_ms_per_running: f64,
     pub kv_pressure_threshold: f64,
     pub kv_pressure_ms: f64,
-    /// The KV-pressure term's threshold and size where the candidates' learned prefill
-    /// rates fall in more than one class (GPUs of different speeds, `RateClasses`): the
-    /// cost sends a faster server more of the work, but its KV cache is no larger, and
-    /// near full it keeps new prompts waiting for blocks that decodes free.
+    /// The KV-pressure term's threshold and size where the fastest candidate is scored
+    /// at least 2× as fast as the slowest (GPUs of different generations,
+    /// `policy::unlike_rates`): the cost sends a faster server more of the work, but its
+    /// KV cache is no larger, and near full it keeps new prompts waiting for blocks that
+    /// decodes free.
     pub kv_pressure_unlike_threshold: f64,
     pub kv_pressure_unlike_ms: f64,
     pub cold_tolerance: f64,

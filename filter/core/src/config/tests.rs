@@ -148,6 +148,22 @@ fn out_of_range_numbers_are_rejected() {
         (r#"{"cost": {"cold_balance": 100}}"#, "cost.cold_balance"),
         (r#"{"cost": {"pending_weight": -0.5}}"#, "cost.pending_weight"),
         (
+            r#"{"cost": {"kv_pressure_threshold": 1}}"#,
+            "cost.kv_pressure_threshold",
+        ),
+        (
+            r#"{"cost": {"kv_pressure_unlike_threshold": 1}}"#,
+            "cost.kv_pressure_unlike_threshold",
+        ),
+        (
+            r#"{"cost": {"kv_pressure_unlike_threshold": -0.1}}"#,
+            "cost.kv_pressure_unlike_threshold",
+        ),
+        (
+            r#"{"cost": {"kv_pressure_unlike_ms": -1}}"#,
+            "cost.kv_pressure_unlike_ms",
+        ),
+        (
             r#"{"cost": {"max_num_batched_tokens": 0}}"#,
             "cost.max_num_batched_tokens",
         ),
@@ -165,6 +181,7 @@ fn out_of_range_numbers_are_rejected() {
     assert!(parse(r#"{"cost": {"progress_credit": 0, "attention_tokens": 0}}"#).is_ok());
     assert!(parse(r#"{"cost": {"cold_balance": 0, "served_tokens_kept": 1, "pending_weight": 0}}"#).is_ok());
     assert!(parse(r#"{"cost": {"max_num_batched_tokens": 2048}}"#).is_ok());
+    assert!(parse(r#"{"cost": {"kv_pressure_unlike_threshold": 0, "kv_pressure_unlike_ms": 0}}"#).is_ok());
     let e = parse(r#"{"cost": {"speed_weights": {"10.0.0.9:8000": 0}}}"#).unwrap_err();
     assert!(e.to_string().contains("10.0.0.9:8000"), "names the server: {e}");
 }

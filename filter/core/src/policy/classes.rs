@@ -12,10 +12,6 @@
 
 use crate::speed::SAME_WITHIN;
 
-/// How far apart the fastest and the slowest class are on a fleet of unlike GPUs
-/// (`RateClasses::unlike`).
-pub const UNLIKE: f64 = 2.0;
-
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct RateClasses {
     /// The learned rates, sorted, each with its class's rate.
@@ -50,14 +46,6 @@ impl RateClasses {
         self.typical
     }
 
-    /// Whether the fastest class is at least `UNLIKE` times the slowest: GPUs of different
-    /// generations (an H100 prefills about 3.4× as fast as an A100), or a server slowed far
-    /// below its like ones. Like servers' rates drift into two classes now and then, rarely
-    /// that far apart.
-    pub fn unlike(&self) -> bool {
-        matches!((self.rates.first(), self.rates.last()), (Some((_, a)), Some((_, b))) if *b >= UNLIKE * *a)
-    }
-
     /// The class rate of `rate`, one of the learned rates the classes were built from (a
     /// rate that is none of them is its own class).
     pub fn class_of(&self, rate: f64) -> f64 {
@@ -87,12 +75,6 @@ mod tests {
         assert_eq!(a100, [12_000.0; 4], "the A100s' upper median");
         assert_eq!(classes.typical(), Some(44_000.0), "the class of the fleet's median");
         assert_eq!(classes.class_of(20_000.0), 20_000.0, "a rate not learned is itself");
-        assert!(classes.unlike());
-        assert!(
-            !RateClasses::new(rates[..4].to_vec()).unlike(),
-            "drifted H100s are alike"
-        );
-        assert!(!RateClasses::new(Vec::new()).unlike());
     }
 
     #[test]

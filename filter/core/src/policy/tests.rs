@@ -27,6 +27,7 @@ fn ctx_at_zero(rates: RateClasses, typical_pace: Option<f64>) -> ScoreContext {
     ScoreContext {
         total_blocks: 0,
         fleet_backlog: 0.0,
+        unlike: false,
         mean_uncached_tokens: 0.0,
         rotation: 0,
         seed: 0,
@@ -384,6 +385,10 @@ fn on_a_fleet_of_unlike_gpus_a_fast_server_with_its_kv_nearly_full_gives_way() {
             })
             .collect();
         let ctx = ctx_at_zero(rate_classes(&config, &cands, Millis(0)), None);
+        let ctx = ScoreContext {
+            unlike: unlike_rates(&config, &cands, &ctx),
+            ..ctx
+        };
         cands.iter().map(|c| predicted_ttft(&config, c, &ctx)).collect()
     };
     let unlike = terms(&table);
@@ -401,4 +406,56 @@ fn on_a_fleet_of_unlike_gpus_a_fast_server_with_its_kv_nearly_full_gives_way() {
         (like[0].kv_ms - 200.0 * (0.15f64 / 0.2).powi(2)).abs() < 1e-9,
         "{like:?}"
     );
+    // Between the two thresholds (75%): charged on the unlike fleet only.
+    let between = VllmMetrics {
+        kv_usage: 0.75,
+        ..VllmMetrics::default()
+    };
+    let at = |rate: f64| {
+        let mut table = table_of(2);
+        table.rows_mut()[0].speed = crate::speed::Speed::exact(39_000.0, Millis(0));
+        table.rows_mut()[1].speed = crate::speed::Speed::exact(rate, Millis(0));
+        let cands = cands(&table, [&between, &between]);
+        let ctx = ctx_at_zero(rate_classes(&config, &cands, Millis(0)), None);
+        let ctx = ScoreContext {
+            unlike: unlike_rates(&config, &cands, &ctx),
+            ..ctx
+        };
+        predicted_ttft(&config, &cands[0], &ctx).kv_ms
+    };
+    assert!((at(11_500.0) - 1000.0 * (0.05f64 / 0.3).powi(2)).abs() < 1e-9);
+    assert_eq!(at(39_000.0), 0.0);
+}
+
+#[test]
+fn a_fleet_is_unlike_when_its_scored_rates_are_twice_apart_however_they_are_known() {
+    let config = Config::from_json(b"{}").unwrap();
+    let idle = VllmMetrics::default();
+    let unlike = |config: &Config, table: &EndpointTable| {
+        let cands = idle_cands(table, &idle, 1000);
+        let mut ctx = ctx_at_zero(rate_classes(config, &cands, Millis(0)), None);
+        ctx.typical_weight = typical_weight(config, &cands, &ctx.rates, Millis(0));
+        unlike_rates(config, &cands, &ctx)
+    };
+    let learned = |rates: &[f64]| {
+        let mut table = table_of(rates.len());
+        for (row, rate) in rates.iter().enumerate() {
+            table.rows_mut()[row].speed = crate::speed::Speed::exact(*rate, Millis(0));
+        }
+        table
+    };
+    assert!(
+        !unlike(&config, &table_of(4)),
+        "nothing learned: all at the configured rate"
+    );
+    assert!(
+        !unlike(&config, &learned(&[30_000.0, 38_000.0, 44_000.0, 51_000.0])),
+        "drifted H100s are one class"
+    );
+    assert!(!unlike(&config, &learned(&[10_000.0, 16_000.0])), "1.6x apart");
+    assert!(unlike(&config, &learned(&[10_000.0, 21_000.0])), "2.1x apart");
+    assert!(unlike(&config, &learned(&[39_000.0, 39_000.0, 11_500.0, 11_500.0])));
+    // Nothing learned yet, the speeds only weighted (a fleet that starts cold).
+    let weighted = Config::from_json(H100_H100_A100_A100.as_bytes()).unwrap();
+    assert!(unlike(&weighted, &table_of(4)));
 }

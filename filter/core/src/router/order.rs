@@ -17,6 +17,7 @@ impl Router {
         let ctx = ScoreContext {
             total_blocks: req.blocks.len(),
             fleet_backlog: policy::fleet_backlog(&self.config, cands, self.mean_uncached, now),
+            unlike: false,
             mean_uncached_tokens: self.mean_uncached,
             rotation: self.rotation,
             seed: self.config.seed(),
@@ -27,6 +28,10 @@ impl Router {
             rate_per_pace,
             typical_step: None,
             fastest_step: None,
+        };
+        let ctx = ScoreContext {
+            unlike: policy::unlike_rates(&self.config, cands, &ctx),
+            ..ctx
         };
         policy::with_steps(&self.config, cands, ctx)
     }
