@@ -235,7 +235,7 @@ pub const UNLIKE: f64 = 2.0;
 /// Whether the fastest candidate is scored at least `UNLIKE` times as fast as the slowest
 /// (`server_rate`: learned, from first tokens' pace or from speed weights): GPUs of
 /// different generations (an H100 prefills about 3.4× as fast as an A100), or a server
-/// slowed far below its like ones. Like servers are scored at one class rate.
+/// slowed far below its like ones. Like servers are usually scored at one class rate.
 pub fn unlike_rates(config: &Config, cands: &[Candidate], ctx: &ScoreContext) -> bool {
     let mut rates = cands.iter().map(|c| server_rate(config, c, ctx));
     let Some(first) = rates.next() else {

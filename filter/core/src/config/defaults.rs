@@ -151,9 +151,9 @@ impl Default for RawCost {
             decode_ms_per_running: 0.1,
             kv_pressure_threshold: 0.8,
             kv_pressure_ms: 200.0,
-            // Replay, rag at 40 req/s on 4 A100 + 3 H100 in steady state: with the
-            // like-fleet term the H100s' KV ran at 91% and their TTFT p95 at 1.9 s while the
-            // A100s' KV read 34% (BENCHMARKS, "KV pressure on a fleet of unlike GPUs").
+            // Replay, rag at 40 req/s on 4 A100 + 3 H100: with the like-fleet term the
+            // H100s' KV ran at 91% and their steady-state TTFT p95 at 1.9 s while the A100s'
+            // KV read 34% (whole-run means) (BENCHMARKS, "KV pressure on a fleet of unlike GPUs").
             kv_pressure_unlike_threshold: 0.7,
             kv_pressure_unlike_ms: 1000.0,
             cold_tolerance: 0.1,

@@ -458,4 +458,15 @@ fn a_fleet_is_unlike_when_its_scored_rates_are_twice_apart_however_they_are_know
     // Nothing learned yet, the speeds only weighted (a fleet that starts cold).
     let weighted = Config::from_json(H100_H100_A100_A100.as_bytes()).unwrap();
     assert!(unlike(&weighted, &table_of(4)));
+    // Nothing learned, the speeds known from first tokens: one server 2.7x slower than the
+    // median pace (as in `a_server_with_no_learned_rate_is_placed_by_its_pace_...`).
+    let mut paced = table_of(3);
+    for (row, ms) in [(0, 100), (1, 150), (2, 400)] {
+        for _ in 0..PrefillPace::PLACE_SAMPLES {
+            paced.rows_mut()[row].pace.observe(3000, 3000.0, ms, true, Millis(0));
+        }
+    }
+    let cands = idle_cands(&paced, &idle, 1000);
+    let ctx = ctx_at_zero(RateClasses::default(), typical_pace(&config, &cands, Millis(0)));
+    assert!(unlike_rates(&config, &cands, &ctx));
 }
