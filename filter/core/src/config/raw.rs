@@ -181,8 +181,8 @@ pub struct RawCost {
     pub decode_ms_per_running: f64,
     pub kv_pressure_threshold: f64,
     pub kv_pressure_ms: f64,
-    /// The KV-pressure term's threshold and size where the fastest candidate is scored
-    /// at least 2× as fast as the slowest (GPUs of different generations,
+    /// The KV-pressure term's threshold and size where at least two candidates are scored
+    /// at half the fastest one's rate or less (GPUs of different generations,
     /// `policy::unlike_rates`): the cost sends a faster server more of the work, but its
     /// KV cache is no larger, and near full it keeps new prompts waiting for blocks that
     /// decodes free.

@@ -361,10 +361,32 @@ fn a_server_known_by_its_pace_alone_is_scored_against_the_servers_whose_rate_is_
 #[test]
 fn on_a_fleet_of_unlike_gpus_a_fast_server_with_its_kv_nearly_full_gives_way() {
     let config = Config::from_json(br#"{"cost": {"first_token_steps": 0}}"#).unwrap();
-    // An H100 (39k tokens/s) with its KV cache 95% full beside an A100 (11.5k) at 35%.
-    let mut table = table_of(2);
+    // The H100's KV cache 95% full, the A100s' at 35%.
+    // An H100 (39k tokens/s) beside two A100s (11.5k): a class of slower GPUs.
+    let mut table = table_of(3);
     table.rows_mut()[0].speed = crate::speed::Speed::exact(39_000.0, Millis(0));
-    table.rows_mut()[1].speed = crate::speed::Speed::exact(11_500.0, Millis(0));
+    for row in 1..3 {
+        table.rows_mut()[row].speed = crate::speed::Speed::exact(11_500.0, Millis(0));
+    }
+    let each = |table: &'_ EndpointTable, metrics: [&'_ VllmMetrics; 3], uncached: u64| -> Vec<Terms> {
+        let cands: Vec<Candidate> = table
+            .rows()
+            .iter()
+            .zip(metrics)
+            .map(|(endpoint, metrics)| Candidate {
+                endpoint,
+                metrics,
+                matched_blocks: 0,
+                uncached: Tokens(uncached),
+            })
+            .collect();
+        let ctx = ctx_at_zero(rate_classes(&config, &cands, Millis(0)), None);
+        let ctx = ScoreContext {
+            unlike: unlike_rates(&config, &cands, &ctx),
+            ..ctx
+        };
+        cands.iter().map(|c| predicted_ttft(&config, c, &ctx)).collect()
+    };
     let full = VllmMetrics {
         kv_usage: 0.95,
         running: 100,
@@ -375,23 +397,7 @@ fn on_a_fleet_of_unlike_gpus_a_fast_server_with_its_kv_nearly_full_gives_way() {
         running: 30,
         ..VllmMetrics::default()
     };
-    let terms = |table: &EndpointTable| -> Vec<Terms> {
-        let cands = cands(table, [&full, &roomy]);
-        let cands: Vec<Candidate> = cands
-            .into_iter()
-            .map(|c| Candidate {
-                uncached: Tokens(4800),
-                ..c
-            })
-            .collect();
-        let ctx = ctx_at_zero(rate_classes(&config, &cands, Millis(0)), None);
-        let ctx = ScoreContext {
-            unlike: unlike_rates(&config, &cands, &ctx),
-            ..ctx
-        };
-        cands.iter().map(|c| predicted_ttft(&config, c, &ctx)).collect()
-    };
-    let unlike = terms(&table);
+    let unlike = each(&table, [&full, &roomy, &roomy], 4800);
     // The unlike fleet's term: 1000 ms × ((0.95 − 0.7) / 0.3)²; the A100 is below 0.7.
     assert!(
         (unlike[0].kv_ms - 1000.0 * (0.25f64 / 0.3).powi(2)).abs() < 1e-9,
@@ -400,8 +406,10 @@ fn on_a_fleet_of_unlike_gpus_a_fast_server_with_its_kv_nearly_full_gives_way() {
     assert_eq!(unlike[1].kv_ms, 0.0);
     assert!(unlike[1].cost < unlike[0].cost, "the A100 with room wins: {unlike:?}");
     // Two like GPUs: the like fleet's term, 200 ms × ((0.95 − 0.8) / 0.2)².
-    table.rows_mut()[1].speed = crate::speed::Speed::exact(39_000.0, Millis(0));
-    let like = terms(&table);
+    for row in 1..3 {
+        table.rows_mut()[row].speed = crate::speed::Speed::exact(39_000.0, Millis(0));
+    }
+    let like = each(&table, [&full, &roomy, &roomy], 4800);
     assert!(
         (like[0].kv_ms - 200.0 * (0.15f64 / 0.2).powi(2)).abs() < 1e-9,
         "{like:?}"
@@ -412,16 +420,12 @@ fn on_a_fleet_of_unlike_gpus_a_fast_server_with_its_kv_nearly_full_gives_way() {
         ..VllmMetrics::default()
     };
     let at = |rate: f64| {
-        let mut table = table_of(2);
+        let mut table = table_of(3);
         table.rows_mut()[0].speed = crate::speed::Speed::exact(39_000.0, Millis(0));
-        table.rows_mut()[1].speed = crate::speed::Speed::exact(rate, Millis(0));
-        let cands = cands(&table, [&between, &between]);
-        let ctx = ctx_at_zero(rate_classes(&config, &cands, Millis(0)), None);
-        let ctx = ScoreContext {
-            unlike: unlike_rates(&config, &cands, &ctx),
-            ..ctx
-        };
-        predicted_ttft(&config, &cands[0], &ctx).kv_ms
+        for row in 1..3 {
+            table.rows_mut()[row].speed = crate::speed::Speed::exact(rate, Millis(0));
+        }
+        each(&table, [&between, &between, &between], 1000)[0].kv_ms
     };
     assert!((at(11_500.0) - 1000.0 * (0.05f64 / 0.3).powi(2)).abs() < 1e-9);
     assert_eq!(at(39_000.0), 0.0);
@@ -452,16 +456,23 @@ fn a_fleet_is_unlike_when_its_scored_rates_are_twice_apart_however_they_are_know
         !unlike(&config, &learned(&[30_000.0, 38_000.0, 44_000.0, 51_000.0])),
         "drifted H100s are one class"
     );
-    assert!(!unlike(&config, &learned(&[10_000.0, 16_000.0])), "1.6x apart");
-    assert!(unlike(&config, &learned(&[10_000.0, 21_000.0])), "2.1x apart");
+    assert!(
+        !unlike(&config, &learned(&[10_000.0, 10_000.0, 16_000.0])),
+        "1.6x apart"
+    );
+    assert!(unlike(&config, &learned(&[10_000.0, 10_000.0, 21_000.0])), "2.1x apart");
     assert!(unlike(&config, &learned(&[39_000.0, 39_000.0, 11_500.0, 11_500.0])));
+    assert!(
+        !unlike(&config, &learned(&[39_000.0, 39_000.0, 39_000.0, 11_500.0])),
+        "one straggler is not a class of slower GPUs"
+    );
     // Nothing learned yet, the speeds only weighted (a fleet that starts cold).
     let weighted = Config::from_json(H100_H100_A100_A100.as_bytes()).unwrap();
     assert!(unlike(&weighted, &table_of(4)));
-    // Nothing learned, the speeds known from first tokens: one server 2.7x slower than the
+    // Nothing learned, the speeds known from first tokens: two servers 2.7x slower than the
     // median pace (as in `a_server_with_no_learned_rate_is_placed_by_its_pace_...`).
-    let mut paced = table_of(3);
-    for (row, ms) in [(0, 100), (1, 150), (2, 400)] {
+    let mut paced = table_of(4);
+    for (row, ms) in [(0, 100), (1, 150), (2, 400), (3, 400)] {
         for _ in 0..PrefillPace::PLACE_SAMPLES {
             paced.rows_mut()[row].pace.observe(3000, 3000.0, ms, true, Millis(0));
         }
