@@ -42,6 +42,15 @@ fn ctx_at_zero(rates: RateClasses, typical_pace: Option<f64>) -> ScoreContext {
 }
 
 fn cands<'a>(table: &'a EndpointTable, metrics: [&'a VllmMetrics; 2]) -> Vec<Candidate<'a>> {
+    cands_of(table, metrics, 1000)
+}
+
+/// `table`'s first `N` endpoints with these metrics, each for `uncached` tokens.
+fn cands_of<'a, const N: usize>(
+    table: &'a EndpointTable,
+    metrics: [&'a VllmMetrics; N],
+    uncached: u64,
+) -> Vec<Candidate<'a>> {
     table
         .rows()
         .iter()
@@ -50,7 +59,7 @@ fn cands<'a>(table: &'a EndpointTable, metrics: [&'a VllmMetrics; 2]) -> Vec<Can
             endpoint,
             metrics,
             matched_blocks: 0,
-            uncached: Tokens(1000),
+            uncached: Tokens(uncached),
         })
         .collect()
 }
@@ -369,17 +378,7 @@ fn on_a_fleet_of_unlike_gpus_a_fast_server_with_its_kv_nearly_full_gives_way() {
         table.rows_mut()[row].speed = crate::speed::Speed::exact(11_500.0, Millis(0));
     }
     let each = |table: &'_ EndpointTable, metrics: [&'_ VllmMetrics; 3], uncached: u64| -> Vec<Terms> {
-        let cands: Vec<Candidate> = table
-            .rows()
-            .iter()
-            .zip(metrics)
-            .map(|(endpoint, metrics)| Candidate {
-                endpoint,
-                metrics,
-                matched_blocks: 0,
-                uncached: Tokens(uncached),
-            })
-            .collect();
+        let cands = cands_of(table, metrics, uncached);
         let ctx = ctx_at_zero(rate_classes(&config, &cands, Millis(0)), None);
         let ctx = ScoreContext {
             unlike: unlike_rates(&config, &cands, &ctx),
