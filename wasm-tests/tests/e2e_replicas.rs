@@ -409,8 +409,11 @@ fn replicas_with_different_secrets_say_why_their_forwards_fail() {
         pairs.iter().all(|(_, _, r)| r == "cold"),
         "B took A's batches: {pairs:?}"
     );
+    // At least one failed batch per placement: a request's events can share a batch when
+    // they come within the batch interval (an idle machine counted 6 or 7 here, a loaded
+    // one 8).
     let failed = p.a.stat("wasmcustom.kvroute.replicas.forward_failure");
-    assert!(failed >= 8, "{failed} failed forwards");
+    assert!(failed >= 4, "{failed} failed forwards");
     let log = p.a.log_text();
     let line = format!(
         "forwards to replica 127.0.0.1:{} fail: 403: its share.replicas.secret differs",
