@@ -241,9 +241,10 @@ pub const UNLIKE: f64 = 2.0;
 /// prefix at 130% with holding on 4 H100s: counting one such server, TTFT p99 11.6 →
 /// 13.8 s; counting two, 12.1 s).
 pub fn unlike_rates(config: &Config, cands: &[Candidate], ctx: &ScoreContext) -> bool {
-    let rates: Vec<f64> = cands.iter().map(|c| server_rate(config, c, ctx)).collect();
-    let hi = rates.iter().copied().fold(0.0, f64::max);
-    rates.iter().filter(|r| hi >= UNLIKE * **r).count() >= 2
+    // Two passes rather than a list: this runs on every request.
+    let rate = |c: &Candidate| server_rate(config, c, ctx);
+    let hi = cands.iter().map(rate).fold(0.0, f64::max);
+    cands.iter().filter(|c| hi >= UNLIKE * rate(c)).count() >= 2
 }
 
 /// The ms `tokens` of prefill take at `c`'s rate.
