@@ -32,9 +32,9 @@ use crate::stats::ScrapeStats;
 /// reads fields by position, so a VM of another module version (during an update, both run
 /// for a while) would misread a state of another layout. Change the suffix with any change
 /// to `FleetState` or `Member`; until the new layout is published, workers fall back to
-/// Envoy's balancing. 2: `Member::weight`.
-pub const SNAPSHOT_KEY: &str = "kvroute.snapshot.2";
-pub const VERSION_KEY: &str = "kvroute.snapshot.2.version";
+/// Envoy's balancing. 2: `Member::weight`; 3: `VllmMetrics::finished`.
+pub const SNAPSHOT_KEY: &str = "kvroute.snapshot.3";
+pub const VERSION_KEY: &str = "kvroute.snapshot.3.version";
 
 /// The last published fleet state in shared data, if any and readable.
 pub fn read_snapshot() -> Option<FleetState> {

@@ -205,6 +205,13 @@ impl RequestStats {
         self.per_endpoint_gauge(endpoint, "step_us", us);
     }
 
+    /// Sets how many requests `endpoint` finished per minute over the last seconds, from its metrics
+    /// (`kvroute.endpoint.<ip_port>.completions_per_min`; `speed::Completions`): the pace
+    /// its waiting requests are admitted at, which the cost charges where some wait.
+    pub fn completions(&self, endpoint: &str, per_min: u64) {
+        self.per_endpoint_gauge(endpoint, "completions_per_min", per_min);
+    }
+
     /// Sets `endpoint`'s speed weight, in thousandths
     /// (`kvroute.endpoint.<ip_port>.speed_weight_permille`; `cost.speed_weights`, or its
     /// weight in Envoy's pool cluster with `cost.speed_weights_from_envoy`): the weight

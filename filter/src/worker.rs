@@ -307,6 +307,9 @@ impl Worker {
                 if let Some(ms) = e.step.ms(now) {
                     stats.step(e.id.as_str(), (ms * 1000.0) as u64);
                 }
+                if let Some(per_s) = e.completions.per_s() {
+                    stats.completions(e.id.as_str(), (per_s * 60.0).round() as u64);
+                }
                 if policy::weights_in_use(router.config()) {
                     let weight = policy::speed_weight(router.config(), e);
                     stats.speed_weight(e.id.as_str(), (weight * 1000.0).round() as u64);

@@ -11,7 +11,7 @@ use crate::metrics::VllmMetrics;
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::seen::SeenShare;
-use crate::speed::{self, PrefillPace, Speed, StepTime, TtftBias};
+use crate::speed::{self, Completions, PrefillPace, Speed, StepTime, TtftBias};
 use crate::types::{EndpointId, Millis, Tokens};
 
 pub type Slot = u16;
@@ -60,6 +60,8 @@ pub struct Endpoint {
     pub speed: Speed,
     /// Its recent step time from its metrics (see `speed::StepTime`).
     pub step: StepTime,
+    /// How fast it finishes requests, from its metrics (see `speed::Completions`).
+    pub completions: Completions,
     /// Observed ÷ predicted TTFT of this router's requests here (see `speed::TtftBias`).
     pub ttft_bias: TtftBias,
     /// Until when it counts as refusing work: a request sent here was served elsewhere
@@ -100,6 +102,7 @@ impl Endpoint {
             models: None,
             speed: Speed::default(),
             step: StepTime::default(),
+            completions: Completions::default(),
             ttft_bias: TtftBias::default(),
             refused_until: None,
             seen: SeenShare::default(),

@@ -60,6 +60,10 @@ pub struct VllmMetrics {
     /// its first token came (`vllm:prompt_tokens_total`, summed over engines and models):
     /// all the traffic it served, whoever sent it (see `seen`).
     pub prompt_tokens: Option<f64>,
+    /// Since the server started: its finished requests (`vllm:request_success_total`,
+    /// summed over finish reasons, engines and models). Their growth between scrapes is
+    /// how fast waiting requests get admitted (see `speed::Completions`).
+    pub finished: Option<f64>,
 }
 
 impl VllmMetrics {
@@ -116,6 +120,7 @@ struct Acc {
     itl_seconds: Option<f64>,
     itl_count: Option<f64>,
     prompt_tokens: Option<f64>,
+    finished: Option<f64>,
     lora: Option<(f64, LoraInfo)>,
     models: Vec<String>,
 }
@@ -129,6 +134,7 @@ const PREFILL_TOKENS: &str = "vllm:request_prefill_kv_computed_tokens_sum";
 const ITL_SECONDS: &str = "vllm:inter_token_latency_seconds_sum";
 const ITL_COUNT: &str = "vllm:inter_token_latency_seconds_count";
 const PROMPT_TOKENS: &str = "vllm:prompt_tokens_total";
+const FINISHED: &str = "vllm:request_success_total";
 
 /// Parses a `/metrics` body of at most `max_bytes` bytes.
 pub fn parse_metrics(body: &[u8], max_bytes: usize) -> Result<VllmMetrics, MetricsError> {
@@ -168,6 +174,7 @@ fn is_wanted(name: &str) -> bool {
             | ITL_SECONDS
             | ITL_COUNT
             | PROMPT_TOKENS
+            | FINISHED
     )
 }
 
@@ -214,6 +221,10 @@ impl Acc {
         }
         if s.name == PROMPT_TOKENS {
             *self.prompt_tokens.get_or_insert(0.0) += gauge(s, PROMPT_TOKENS, line, f64::MAX)?;
+            return Ok(());
+        }
+        if s.name == FINISHED {
+            *self.finished.get_or_insert(0.0) += gauge(s, FINISHED, line, f64::MAX)?;
             return Ok(());
         }
         if s.name == "vllm:lora_requests_info" {
@@ -277,6 +288,7 @@ impl Acc {
             itl_seconds: self.itl_seconds,
             itl_count: self.itl_count,
             prompt_tokens: self.prompt_tokens,
+            finished: self.finished,
             ..VllmMetrics::default()
         };
         let (mut kv_weighted, mut kv_weight, mut any_current, mut any_legacy) = (0.0, 0.0, false, false);

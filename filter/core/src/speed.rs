@@ -68,9 +68,11 @@
 
 use crate::types::Millis;
 
+mod admit;
 mod bias;
 mod pace;
 
+pub use admit::Completions;
 pub use bias::{TtftBias, BIAS_MIN_PREDICTED_MS};
 pub use pace::{prefill_work, tokens_for_work, PrefillPace};
 

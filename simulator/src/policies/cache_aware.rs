@@ -153,8 +153,8 @@ impl Policy for DynamoKv {
 
 /// kvroute's own cost function (`kvroute_core::policy::predicted_ttft`, with the configured
 /// weights) fed the truth: each server's real cached prefix, real queued prefill tokens,
-/// real running and waiting requests and KV usage, and its real prefill speed (profile and
-/// slowdown). It can only be beaten by luck or by what the cost function does not model.
+/// real running and waiting requests and KV usage, its real prefill speed (profile and
+/// slowdown) and its recent completion rate. It can only be beaten by luck or by what the cost function does not model.
 pub struct Oracle {
     config: Config,
     table: EndpointTable,
@@ -207,6 +207,10 @@ impl Policy for Oracle {
                 let context = e.kv().usage() * e.profile().num_gpu_blocks as f64 * BLOCK_TOKENS as f64;
                 let step = e.profile().step_ms(e.num_running() as u64, 0.0, context as u64) * e.slow();
                 row.step = StepTime::exact(step, now);
+                // Its requests finished so far, read at every arrival: the recent completion
+                // rate a waiting request is admitted at (`policy::admission_ms`).
+                let finished = e.counters.finished + e.counters.aborted;
+                row.completions.on_counters(Some(finished as f64), now);
                 let metrics = VllmMetrics {
                     kv_usage: e.kv().usage(),
                     running: e.num_running() as u64,

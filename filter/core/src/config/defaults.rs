@@ -156,6 +156,7 @@ impl Default for RawCost {
             // KV read 34% (whole-run means) (BENCHMARKS, "KV pressure on a fleet of unlike GPUs").
             kv_pressure_unlike_threshold: 0.7,
             kv_pressure_unlike_ms: 1000.0,
+            admission_weight: 1.0,
             cold_tolerance: 0.1,
             cold_balance: 16.0,
             served_tokens_kept: 0.5,

@@ -163,6 +163,7 @@ fn out_of_range_numbers_are_rejected() {
             r#"{"cost": {"kv_pressure_unlike_ms": -1}}"#,
             "cost.kv_pressure_unlike_ms",
         ),
+        (r#"{"cost": {"admission_weight": -1}}"#, "cost.admission_weight"),
         (
             r#"{"cost": {"max_num_batched_tokens": 0}}"#,
             "cost.max_num_batched_tokens",

@@ -172,6 +172,7 @@ pub(super) fn validate_scoring(raw: &RawConfig) -> Result<(), ConfigError> {
         ("cost.decode_ms_per_running", c.decode_ms_per_running),
         ("cost.kv_pressure_ms", c.kv_pressure_ms),
         ("cost.kv_pressure_unlike_ms", c.kv_pressure_unlike_ms),
+        ("cost.admission_weight", c.admission_weight),
         ("cost.work_weight", c.work_weight),
         ("cost.lora_load_ms", c.lora_load_ms),
         ("cost.phase_weight", c.phase_weight),

@@ -19,6 +19,8 @@ fn vllm_0_33_reference_body_is_read() {
     assert_eq!(m.capacity_tokens(), Some(467_280));
     assert_eq!((m.prefix_queries, m.prefix_hits), (Some(493_292.0), Some(315_392.0)));
     assert_eq!(m.prompt_tokens, Some(493_292.0), "vllm:prompt_tokens_total");
+    // 447 stopped and 33 at their length: the finish reasons add up.
+    assert_eq!(m.finished, Some(480.0), "vllm:request_success_total");
     assert_eq!(m.models, vec!["meta-llama/Llama-3.1-8B-Instruct".to_string()]);
     assert!(!m.legacy_names);
     // The step time sums: 755.5 s over 79,557 output tokens, 9.5 ms a step.

@@ -480,3 +480,55 @@ fn a_fleet_is_unlike_when_its_scored_rates_are_twice_apart_however_they_are_know
     let ctx = ctx_at_zero(RateClasses::default(), typical_pace(&config, &cands, Millis(0)));
     assert!(unlike_rates(&config, &cands, &ctx));
 }
+
+#[test]
+fn a_server_whose_slots_hold_long_decodes_is_charged_the_wait_for_one_to_finish() {
+    let config = Config::from_json(br#"{"cost": {"first_token_steps": 0}}"#).unwrap();
+    let mut table = table_of(2);
+    for row in 0..2 {
+        table.rows_mut()[row].speed = crate::speed::Speed::exact(11_500.0, Millis(0));
+    }
+    // Server 0's 256 sequence slots are full and 8 prompts wait; it finishes 5 requests a
+    // second. Server 1 runs 900 of its 1,024 slots and nothing waits there: its longer
+    // decode steps made it look the worse.
+    table.rows_mut()[0].completions = crate::speed::Completions::exact(5.0);
+    table.rows_mut()[1].completions = crate::speed::Completions::exact(5.0);
+    let slot_bound = VllmMetrics {
+        kv_usage: 0.3,
+        running: 256,
+        waiting: 8,
+        ..VllmMetrics::default()
+    };
+    let free = VllmMetrics {
+        kv_usage: 0.5,
+        running: 900,
+        ..VllmMetrics::default()
+    };
+    let cands = cands_of(&table, [&slot_bound, &free], 128);
+    let mut ctx = ctx_at_zero(rate_classes(&config, &cands, Millis(0)), None);
+    ctx.mean_uncached_tokens = 128.0;
+    let terms: Vec<Terms> = cands.iter().map(|c| predicted_ttft(&config, c, &ctx)).collect();
+    // Admitted after 9 completions at 5 a second: 1.8 s, of which the 8 queued prompts'
+    // prefill (1,024 tokens at 11.5k a second) was already counted.
+    assert!((admission_ms(&cands[0]) - 1800.0).abs() < 1e-9);
+    let queued_ms = 8.0 * 128.0 * 1000.0 / 11_500.0;
+    let own_ms = 128.0 * 1000.0 / 11_500.0;
+    let decode_ms = 256.0 * 0.1 * 20_000.0 / 11_500.0;
+    assert!(
+        (terms[0].ttft_ms - (1800.0 + own_ms + decode_ms)).abs() < 1e-6,
+        "{} against {queued_ms}",
+        terms[0].ttft_ms
+    );
+    assert_eq!(admission_ms(&cands[1]), 0.0, "nothing waits");
+    assert!(
+        terms[1].cost < terms[0].cost,
+        "the server with free slots wins: {terms:?}"
+    );
+    // Without the term (or without a known rate) the slot-bound server looked the better.
+    let off = Config::from_json(br#"{"cost": {"first_token_steps": 0, "admission_weight": 0}}"#).unwrap();
+    let terms: Vec<Terms> = cands.iter().map(|c| predicted_ttft(&off, c, &ctx)).collect();
+    assert!(terms[0].cost < terms[1].cost, "{terms:?}");
+    table.rows_mut()[0].completions = crate::speed::Completions::default();
+    let cands = cands_of(&table, [&slot_bound, &free], 128);
+    assert_eq!(admission_ms(&cands[0]), 0.0, "no rate yet");
+}

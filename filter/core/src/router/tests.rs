@@ -2290,3 +2290,53 @@ fn a_cold_fleet_places_new_prefixes_by_envoys_weights() {
         );
     }
 }
+
+#[test]
+fn a_server_whose_waiting_requests_move_slowly_loses_the_next_request() {
+    // Server 0's sequence slots are full and 2 requests wait; its counter of finished
+    // requests grows by 5 a second. Server 1 runs more and nothing waits there.
+    let route_with = |config_json: &[u8]| {
+        let raw: RawConfig = serde_json::from_slice(config_json).unwrap();
+        let raw = RawConfig {
+            endpoints: vec![ep(0).as_str().into(), ep(1).as_str().into()],
+            policy: PolicyKind::Cost,
+            ..raw
+        };
+        let mut r = Router::new(Config::try_from(raw).unwrap());
+        for second in 0..=10u64 {
+            let at = Millis(T0.0 + second * 1000);
+            let finished = Some(100.0 + 5.0 * second as f64);
+            r.on_metrics(
+                &ep(0),
+                VllmMetrics {
+                    finished,
+                    ..load(256, 2, 0.3)
+                },
+                at,
+            );
+            r.on_metrics(
+                &ep(1),
+                VllmMetrics {
+                    finished,
+                    ..load(900, 0, 0.5)
+                },
+                at,
+            );
+        }
+        let per_s = r
+            .endpoints()
+            .iter()
+            .find(|e| e.id == ep(0))
+            .unwrap()
+            .completions
+            .per_s();
+        assert!(per_s.is_some_and(|p| (p - 5.0).abs() < 1e-9), "{per_s:?}");
+        r.route(&req(1, 8), Millis(T0.0 + 10_050)).best().cloned()
+    };
+    assert_eq!(route_with(b"{}"), Some(ep(1)), "3 completions away: 0.6 s");
+    assert_eq!(
+        route_with(br#"{"cost": {"admission_weight": 0}}"#),
+        Some(ep(0)),
+        "without the admission wait, 2 prompts queued read as little"
+    );
+}
