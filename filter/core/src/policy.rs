@@ -191,17 +191,17 @@ pub fn predicted_ttft(config: &Config, c: &Candidate, ctx: &ScoreContext) -> Ter
     }
 }
 
-/// How long a new request waits at `c` for admission: vLLM admits its waiting requests
-/// in order as running ones finish (a sequence slot or KV blocks free), so with `waiting`
-/// in the scrape plus what this router sent since, the new one is admitted after that many
-/// more completions, at the server's recent completion rate (`speed::Completions`). 0 where
-/// nothing waits or the rate is unknown. The cost prices the queued prefill in tokens and
+/// How long a new request waits at `c` for admission: where its sequence slots are all
+/// taken (`speed::Completions::pinned`), vLLM admits its waiting requests in order as
+/// running ones finish, so with `waiting` in the scrape plus what this router sent since,
+/// the new one is admitted after one more completion than that, at the server's recent
+/// completion rate. 0 where it is not slot-bound or the rate is unknown. The cost prices the queued prefill in tokens and
 /// the KV pressure in usage; neither sees a server whose sequence slots all hold long
 /// decodes, where a prompt of a few hundred tokens waits seconds for a slot (replay, chat
 /// at 100 req/s on 4 A100 + 4 H100: the A100s' 256 slots full, their TTFT median 0.6–0.9
 /// s against the H100s' 50 ms).
 pub fn admission_ms(c: &Candidate) -> f64 {
-    if c.metrics.waiting == 0 {
+    if c.metrics.waiting == 0 || !c.endpoint.completions.pinned() {
         return 0.0;
     }
     let Some(per_s) = c.endpoint.completions.per_s() else {

@@ -211,6 +211,7 @@ impl Policy for Oracle {
                 // rate a waiting request is admitted at (`policy::admission_ms`).
                 let finished = e.counters.finished + e.counters.aborted;
                 row.completions.on_counters(Some(finished as f64), now);
+                row.completions.on_queue(e.num_running() as u64, e.num_waiting() as u64);
                 let metrics = VllmMetrics {
                     kv_usage: e.kv().usage(),
                     running: e.num_running() as u64,

@@ -188,9 +188,10 @@ pub struct RawCost {
     /// decodes free.
     pub kv_pressure_unlike_threshold: f64,
     pub kv_pressure_unlike_ms: f64,
-    /// Weight of the admission wait (`policy::admission_ms`): where vLLM's waiting queue is
-    /// not empty, a new request waits for that many running ones to finish, at the
-    /// server's recent completion rate. 0 leaves it out.
+    /// Weight of the admission wait (`policy::admission_ms`): where a server's sequence
+    /// slots are all taken and requests wait, a new request waits for one more running
+    /// request than wait there to finish, at the server's recent completion rate. 0 leaves
+    /// it out.
     pub admission_weight: f64,
     pub cold_tolerance: f64,
     /// A cold prefix's owner among the candidates within `cold_tolerance` is drawn by

@@ -393,6 +393,7 @@ impl Router {
         e.step.on_counters(metrics.itl_seconds, metrics.itl_count, scraped_at);
         e.seen.on_counters(metrics.prompt_tokens, scraped_at);
         e.completions.on_counters(metrics.finished, scraped_at);
+        e.completions.on_queue(metrics.running, metrics.waiting);
         let capacity_blocks = metrics.capacity_tokens().unwrap_or(default_capacity) / tpb;
         e.metrics = Some(metrics);
         e.scraped_at = Some(scraped_at);
