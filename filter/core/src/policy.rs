@@ -164,11 +164,16 @@ pub fn predicted_ttft(config: &Config, c: &Candidate, ctx: &ScoreContext) -> Ter
     };
     let over = ((c.metrics.kv_usage - threshold) / (1.0 - threshold)).max(0.0);
     let kv_ms = full_ms * over * over;
-    // Where requests wait for admission, the queue moves as running ones finish, however
-    // little prefill it holds: the admission wait counts as far as it exceeds the queued
-    // prefill's time.
+    // Where requests wait for a sequence slot, the queue moves as running ones finish,
+    // however little prefill it holds: the admission wait counts as far as it exceeds the
+    // queued prefill's time. Only in untiered routing on a fleet of unlike GPUs
+    // (`admission_ms`).
     let queued_ms = queued_tokens * 1000.0 / rate;
-    let admit_ms = (p.admission_weight * admission_ms(c) - queued_ms).max(0.0);
+    let admit_ms = if ctx.unlike && !config.tiers().on() {
+        (p.admission_weight * admission_ms(c) - queued_ms).max(0.0)
+    } else {
+        0.0
+    };
     let prefill_ms = prefill_ms + admit_ms;
     let ttft_ms = queued_ms + admit_ms + c.uncached.0 as f64 * 1000.0 / rate + decode_ms + kv_ms;
     // Phase-aware (`cost.phase_weight`): the decode stall this prefill causes there. It
@@ -195,7 +200,18 @@ pub fn predicted_ttft(config: &Config, c: &Candidate, ctx: &ScoreContext) -> Ter
 /// taken (`speed::Completions::pinned`), vLLM admits its waiting requests in order as
 /// running ones finish, so with `waiting` in the scrape plus what this router sent since,
 /// the new one is admitted after one more completion than that, at the server's recent
-/// completion rate. 0 where it is not slot-bound or the rate is unknown. The cost prices the queued prefill in tokens and
+/// completion rate. 0 where it is not slot-bound or the rate is unknown.
+///
+/// The cost charges it only on a fleet of unlike GPUs (`unlike_rates`) without tiers. There
+/// the slower GPUs' slots fill first, and their waiting requests wait for them whatever
+/// their prefill: replay, chat at 100 req/s on 4 A100 + 4 H100, untiered, the A100s' 256
+/// slots full, attainment of a 500 ms objective 81.8 → 88.0% (steady state, seeds 3–5).
+/// Charged on every fleet it also ranked like servers, all slot-bound at overload, by the
+/// noise of their completion rates (4 H100s, shared-prefix at 110% with holding: TTFT p99
+/// +55%; 5 H100s, chat at 100 req/s: attainment 45 → 32%); with tiers, whose sequence
+/// slots (`tiers.max_num_seqs`) keep a full server from meeting the objective, it cost
+/// attainment (rag at 40 req/s on 4 A100 + 3 H100: two seeds of six 97.5 / 95.7 → 91.9 /
+/// 90.1%). The cost prices the queued prefill in tokens and
 /// the KV pressure in usage; neither sees a server whose sequence slots all hold long
 /// decodes, where a prompt of a few hundred tokens waits seconds for a slot (replay, chat
 /// at 100 req/s on 4 A100 + 4 H100: the A100s' 256 slots full, their TTFT median 0.6–0.9

@@ -507,6 +507,8 @@ fn a_server_whose_slots_hold_long_decodes_is_charged_the_wait_for_one_to_finish(
     let cands = cands_of(&table, [&slot_bound, &free], 128);
     let mut ctx = ctx_at_zero(rate_classes(&config, &cands, Millis(0)), None);
     ctx.mean_uncached_tokens = 128.0;
+    // Charged on a fleet of unlike GPUs (these two stand for its slower ones).
+    ctx.unlike = true;
     let terms: Vec<Terms> = cands.iter().map(|c| predicted_ttft(&config, c, &ctx)).collect();
     // Admitted after 9 completions at 5 a second: 1.8 s, of which the 8 queued prompts'
     // prefill (1,024 tokens at 11.5k a second) was already counted.
@@ -528,6 +530,17 @@ fn a_server_whose_slots_hold_long_decodes_is_charged_the_wait_for_one_to_finish(
     let off = Config::from_json(br#"{"cost": {"first_token_steps": 0, "admission_weight": 0}}"#).unwrap();
     let terms: Vec<Terms> = cands.iter().map(|c| predicted_ttft(&off, c, &ctx)).collect();
     assert!(terms[0].cost < terms[1].cost, "{terms:?}");
+    // Not on a like fleet, nor with tiers.
+    let without = |config: &Config, ctx: &ScoreContext| {
+        let t = predicted_ttft(config, &cands[0], ctx);
+        (t.ttft_ms - (queued_ms + own_ms + decode_ms)).abs() < 1e-6
+    };
+    let tiered =
+        Config::from_json(br#"{"cost": {"first_token_steps": 0}, "tiers": {"endpoints": {"10.0.0.2:8000": 1}}}"#)
+            .unwrap();
+    assert!(without(&tiered, &ctx));
+    let like = ScoreContext { unlike: false, ..ctx };
+    assert!(without(&config, &like));
     table.rows_mut()[0].completions = crate::speed::Completions::default();
     let cands = cands_of(&table, [&slot_bound, &free], 128);
     assert_eq!(admission_ms(&cands[0]), 0.0, "no rate yet");

@@ -2292,13 +2292,21 @@ fn a_cold_fleet_places_new_prefixes_by_envoys_weights() {
 }
 
 #[test]
-fn a_server_whose_waiting_requests_move_slowly_loses_the_next_request() {
-    // Server 0's sequence slots are full and 2 requests wait; its counter of finished
-    // requests grows by 5 a second. Server 1 runs more and nothing waits there.
-    let route_with = |config_json: &[u8]| {
-        let raw: RawConfig = serde_json::from_slice(config_json).unwrap();
+fn a_slower_gpu_whose_waiting_requests_move_slowly_loses_the_next_request() {
+    // Two A100s and an H100 (speed weights 1, 1, 3.4: a fleet of unlike GPUs). A100 0's
+    // sequence slots are full and 2 requests wait; its counter of finished requests grows
+    // by 5 a second. A100 1 runs more and nothing waits there. The H100 is deep in queued
+    // prefill.
+    let route_with = |h100: f64, cost: &str| {
+        let raw: RawConfig = serde_json::from_str(&format!(
+            r#"{{"cost": {{"speed_weights": {{"{}": 1, "{}": 1, "{}": {h100}}}{cost}}}}}"#,
+            ep(0),
+            ep(1),
+            ep(2)
+        ))
+        .unwrap();
         let raw = RawConfig {
-            endpoints: vec![ep(0).as_str().into(), ep(1).as_str().into()],
+            endpoints: (0..3).map(|i| ep(i).as_str().into()).collect(),
             policy: PolicyKind::Cost,
             ..raw
         };
@@ -2306,22 +2314,13 @@ fn a_server_whose_waiting_requests_move_slowly_loses_the_next_request() {
         for second in 0..=10u64 {
             let at = Millis(T0.0 + second * 1000);
             let finished = Some(100.0 + 5.0 * second as f64);
-            r.on_metrics(
-                &ep(0),
-                VllmMetrics {
+            for (i, queue) in [(256, 2), (900, 0), (300, 50)].into_iter().enumerate() {
+                let metrics = VllmMetrics {
                     finished,
-                    ..load(256, 2, 0.3)
-                },
-                at,
-            );
-            r.on_metrics(
-                &ep(1),
-                VllmMetrics {
-                    finished,
-                    ..load(900, 0, 0.5)
-                },
-                at,
-            );
+                    ..load(queue.0, queue.1, 0.3)
+                };
+                r.on_metrics(&ep(i), metrics, at);
+            }
         }
         let per_s = r
             .endpoints()
@@ -2333,10 +2332,11 @@ fn a_server_whose_waiting_requests_move_slowly_loses_the_next_request() {
         assert!(per_s.is_some_and(|p| (p - 5.0).abs() < 1e-9), "{per_s:?}");
         r.route(&req(1, 8), Millis(T0.0 + 10_050)).best().cloned()
     };
-    assert_eq!(route_with(b"{}"), Some(ep(1)), "3 completions away: 0.6 s");
+    assert_eq!(route_with(3.4, ""), Some(ep(1)), "3 completions away: 0.6 s");
     assert_eq!(
-        route_with(br#"{"cost": {"admission_weight": 0}}"#),
+        route_with(3.4, r#", "admission_weight": 0"#),
         Some(ep(0)),
         "without the admission wait, 2 prompts queued read as little"
     );
+    assert_eq!(route_with(1.0, ""), Some(ep(0)), "like GPUs: no admission wait");
 }
