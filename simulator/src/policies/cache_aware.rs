@@ -208,7 +208,9 @@ impl Policy for Oracle {
                 let step = e.profile().step_ms(e.num_running() as u64, 0.0, context as u64) * e.slow();
                 row.step = StepTime::exact(step, now);
                 // Its requests finished so far, read at every arrival: the recent completion
-                // rate a waiting request is admitted at (`policy::admission_ms`).
+                // rate a waiting request is admitted at (`policy::admission_ms`). Its queue
+                // too, so "waited at two scrapes" means at two arrivals here, a weaker test
+                // than the router's (two scrapes 200 ms apart).
                 let finished = e.counters.finished + e.counters.aborted;
                 row.completions.on_counters(Some(finished as f64), now);
                 row.completions.on_queue(e.num_running() as u64, e.num_waiting() as u64);

@@ -35,11 +35,17 @@ fn legacy_names_are_read_and_flagged() {
     assert_eq!(m.num_gpu_blocks, Some(27_000));
     assert_eq!((m.prefix_queries, m.prefix_hits), (Some(120_000.0), Some(49_200.0)));
     assert!(m.legacy_names);
+    assert_eq!(m.finished, None, "no vllm:request_success_total there");
 }
 
 #[test]
 fn engines_are_combined_with_kv_weighted_by_blocks() {
     let m = parse(TWO).unwrap();
+    assert_eq!(
+        m.finished,
+        Some(100.0),
+        "finished requests summed over engines and reasons"
+    );
     assert_eq!((m.running, m.waiting, m.engines), (10, 3, 2));
     assert!((m.kv_usage - (0.2 * 10_000.0 + 0.5 * 30_000.0) / 40_000.0).abs() < 1e-9);
     assert_eq!(m.num_gpu_blocks, Some(40_000));
