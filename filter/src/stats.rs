@@ -208,7 +208,7 @@ impl RequestStats {
     /// Sets how many requests `endpoint` finished per minute over the last seconds, from its metrics
     /// (`kvroute.endpoint.<ip_port>.completions_per_min`; `speed::Completions`): the pace
     /// its waiting requests are admitted at where its sequence slots are full (charged in
-    /// untiered routing on a fleet of unlike GPUs, `cost.admission_weight`).
+    /// untiered routing, `cost.admission_weight`).
     pub fn completions(&self, endpoint: &str, per_min: u64) {
         self.per_endpoint_gauge(endpoint, "completions_per_min", per_min);
     }

@@ -65,6 +65,8 @@ pub struct ScoreContext {
     pub fleet_backlog: f64,
     /// The candidates are scored at rates at least `UNLIKE` times apart (`unlike_rates`).
     pub unlike: bool,
+    /// The most requests running on any candidate at its last scrape (`admission_ms`).
+    pub most_running: u64,
     pub mean_uncached_tokens: f64,
     pub rotation: u64,
     pub seed: u64,
@@ -166,10 +168,11 @@ pub fn predicted_ttft(config: &Config, c: &Candidate, ctx: &ScoreContext) -> Ter
     let kv_ms = full_ms * over * over;
     // Where requests wait for a sequence slot, the queue moves as running ones finish,
     // however little prefill it holds: the admission wait counts as far as it exceeds the
-    // queued prefill's time. Only in untiered routing on a fleet of unlike GPUs
-    // (`admission_ms`).
+    // queued prefill's time. Only in untiered routing, on a fleet of unlike GPUs or where
+    // another candidate runs twice the most requests this one ever ran (`admission_ms`).
     let queued_ms = queued_tokens * 1000.0 / rate;
-    let admit_ms = if ctx.unlike && !config.tiers().on() {
+    let room = ctx.most_running >= 2 * c.endpoint.completions.most_running().max(1);
+    let admit_ms = if (ctx.unlike || room) && !config.tiers().on() {
         (p.admission_weight * admission_ms(c) - queued_ms).max(0.0)
     } else {
         0.0
@@ -202,11 +205,16 @@ pub fn predicted_ttft(config: &Config, c: &Candidate, ctx: &ScoreContext) -> Ter
 /// the new one is admitted after one more completion than that, at the server's recent
 /// completion rate. 0 where it is not slot-bound or the rate is unknown.
 ///
-/// The cost charges it only on a fleet of unlike GPUs (`unlike_rates`) without tiers. There
-/// the slower GPUs' slots fill first, and their waiting requests wait for them whatever
-/// their prefill: replay, chat at 100 req/s on 4 A100 + 4 H100, untiered, the A100s' 256
-/// slots full, attainment of a 500 ms objective 81.8 → 88.0% (steady state, seeds 3–5).
-/// Charged on every fleet it also ranked like servers, all slot-bound at overload, by the
+/// The cost charges it only without tiers, on a fleet of unlike GPUs (`unlike_rates`) or
+/// where another candidate runs at least twice the most requests `c` ever ran
+/// (`ScoreContext::most_running`): servers of fewer slots beside servers of more. There
+/// the smaller servers' slots fill first, and their waiting requests wait for them
+/// whatever their prefill: replay, chat at 100 req/s on 4 A100 (256 slots) + 4 H100
+/// (1,024), untiered, attainment of a 500 ms objective 81.8 → 96.7% (steady state, seeds
+/// 3–5). On that decode-heavy workload every server's prefill rate is learned near 4k
+/// tokens/s (a short prompt's first token waits for a decode step, about as long on
+/// either GPU), so the fleet reads as like on 94% of those decisions; with the unlike test
+/// alone, 88.0%. Charged on every fleet it also ranked like servers, all slot-bound at overload, by the
 /// noise of their completion rates (4 H100s, shared-prefix at 110% with holding: TTFT p99
 /// +55%; 5 H100s, chat at 100 req/s: attainment 45 → 32%); with tiers, whose sequence
 /// slots (`tiers.max_num_seqs`) keep a full server from meeting the objective, it cost

@@ -240,6 +240,7 @@ impl Policy for Oracle {
             total_blocks: req.engine_blocks.len(),
             fleet_backlog: fleet_backlog(&self.config, &cands, self.mean_uncached, now),
             unlike: false,
+            most_running: cands.iter().map(|c| c.metrics.running).max().unwrap_or(0),
             // The true queued prefill is in `pending_prefill_tokens`; the scraped estimate
             // (waiting × mean) must not add to it.
             mean_uncached_tokens: 0.0,

@@ -28,6 +28,7 @@ fn ctx_at_zero(rates: RateClasses, typical_pace: Option<f64>) -> ScoreContext {
         total_blocks: 0,
         fleet_backlog: 0.0,
         unlike: false,
+        most_running: 0,
         mean_uncached_tokens: 0.0,
         rotation: 0,
         seed: 0,
@@ -492,6 +493,7 @@ fn a_server_whose_slots_hold_long_decodes_is_charged_the_wait_for_one_to_finish(
     // second. Server 1 runs 900 of its 1,024 slots and nothing waits there: its longer
     // decode steps made it look the worse.
     table.rows_mut()[0].completions = crate::speed::Completions::exact(5.0);
+    table.rows_mut()[0].completions.on_queue(256, 8);
     table.rows_mut()[1].completions = crate::speed::Completions::exact(5.0);
     let slot_bound = VllmMetrics {
         kv_usage: 0.3,
@@ -539,8 +541,19 @@ fn a_server_whose_slots_hold_long_decodes_is_charged_the_wait_for_one_to_finish(
         Config::from_json(br#"{"cost": {"first_token_steps": 0}, "tiers": {"endpoints": {"10.0.0.2:8000": 1}}}"#)
             .unwrap();
     assert!(without(&tiered, &ctx));
-    let like = ScoreContext { unlike: false, ..ctx };
+    // On a like fleet, charged only where another candidate runs at least twice the most
+    // this one ever ran (256).
+    let like = ScoreContext {
+        unlike: false,
+        most_running: 511,
+        ..ctx
+    };
     assert!(without(&config, &like));
+    let roomy = ScoreContext {
+        most_running: 512,
+        ..like
+    };
+    assert!(!without(&config, &roomy));
     table.rows_mut()[0].completions = crate::speed::Completions::default();
     let cands = cands_of(&table, [&slot_bound, &free], 128);
     assert_eq!(admission_ms(&cands[0]), 0.0, "no rate yet");
