@@ -558,3 +558,30 @@ fn a_server_whose_slots_hold_long_decodes_is_charged_the_wait_for_one_to_finish(
     let cands = cands_of(&table, [&slot_bound, &free], 128);
     assert_eq!(admission_ms(&cands[0]), 0.0, "no rate yet");
 }
+
+#[test]
+fn with_the_admission_wait_the_prediction_still_grows_with_the_queue() {
+    let config = Config::from_json(b"{}").unwrap();
+    let mut table = table_of(1);
+    table.rows_mut()[0].speed = crate::speed::Speed::exact(11_500.0, Millis(0));
+    table.rows_mut()[0].completions = crate::speed::Completions::exact(5.0);
+    for mean_uncached in [0.0, 128.0, 4800.0] {
+        for running in [100, 256, 900] {
+            let mut last = 0.0;
+            for waiting in 0..64 {
+                let m = VllmMetrics {
+                    kv_usage: 0.5,
+                    running,
+                    waiting,
+                    ..VllmMetrics::default()
+                };
+                let cands = cands_of(&table, [&m], 512);
+                let mut ctx = ctx_at_zero(rate_classes(&config, &cands, Millis(0)), None);
+                (ctx.mean_uncached_tokens, ctx.unlike) = (mean_uncached, true);
+                let ms = predicted_ttft(&config, &cands[0], &ctx).ttft_ms;
+                assert!(ms >= last, "{mean_uncached} {running} {waiting}: {ms} < {last}");
+                last = ms;
+            }
+        }
+    }
+}
