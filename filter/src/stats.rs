@@ -205,8 +205,8 @@ impl RequestStats {
         self.per_endpoint_gauge(endpoint, "step_us", us);
     }
 
-    /// Sets how many requests `endpoint` finished per minute over the last seconds, from its metrics
-    /// (`kvroute.endpoint.<ip_port>.completions_per_min`; `speed::Completions`): the pace
+    /// Sets how many requests `endpoint` finished per minute over the last seconds, from its
+    /// metrics (`kvroute.endpoint.<ip_port>.completions_per_min`; `speed::Completions`): the pace
     /// its waiting requests are admitted at where its sequence slots are full (charged in
     /// untiered routing, `cost.admission_weight`).
     pub fn completions(&self, endpoint: &str, per_min: u64) {

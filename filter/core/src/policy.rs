@@ -203,27 +203,25 @@ pub fn predicted_ttft(config: &Config, c: &Candidate, ctx: &ScoreContext) -> Ter
 /// taken (`speed::Completions::pinned`), vLLM admits its waiting requests in order as
 /// running ones finish, so with `waiting` in the scrape plus what this router sent since,
 /// the new one is admitted after one more completion than that, at the server's recent
-/// completion rate. 0 where it is not slot-bound or the rate is unknown.
+/// completion rate. 0 where it is not slot-bound or the rate is unknown. The rest of the
+/// cost prices the queued prefill in tokens and the KV pressure in usage; neither sees a
+/// server whose slots all hold long decodes, where a prompt of a few hundred tokens waits
+/// seconds for a slot (replay, chat at 100 req/s on 4 A100 + 4 H100: the A100s' 256 slots
+/// full, their TTFT median 0.6–0.9 s against the H100s' 50 ms).
 ///
 /// The cost charges it only without tiers, on a fleet of unlike GPUs (`unlike_rates`) or
 /// where another candidate runs at least twice the most requests `c` ever ran
-/// (`ScoreContext::most_running`): servers of fewer slots beside servers of more. There
-/// the smaller servers' slots fill first, and their waiting requests wait for them
-/// whatever their prefill: replay, chat at 100 req/s on 4 A100 (256 slots) + 4 H100
-/// (1,024), untiered, attainment of a 500 ms objective 81.8 → 96.7% (steady state, seeds
-/// 3–5). On that decode-heavy workload every server's prefill rate is learned near 4k
-/// tokens/s (a short prompt's first token waits for a decode step, about as long on
-/// either GPU), so the fleet reads as like on 94% of those decisions; with the unlike test
-/// alone, 88.0%. Charged on every fleet it also ranked like servers, all slot-bound at overload, by the
-/// noise of their completion rates (4 H100s, shared-prefix at 110% with holding: TTFT p99
-/// +55%; 5 H100s, chat at 100 req/s: attainment 45 → 32%); with tiers, whose sequence
-/// slots (`tiers.max_num_seqs`) keep a full server from meeting the objective, it cost
-/// attainment (rag at 40 req/s on 4 A100 + 3 H100: two seeds of six 97.5 / 95.7 → 91.9 /
-/// 90.1%). The cost prices the queued prefill in tokens and
-/// the KV pressure in usage; neither sees a server whose sequence slots all hold long
-/// decodes, where a prompt of a few hundred tokens waits seconds for a slot (replay, chat
-/// at 100 req/s on 4 A100 + 4 H100: the A100s' 256 slots full, their TTFT median 0.6–0.9
-/// s against the H100s' 50 ms).
+/// (`ScoreContext::most_running`): servers of fewer slots beside servers of more, whose
+/// smaller slots fill first. There untiered attainment of a 500 ms objective went 81.8 →
+/// 96.7% (steady state, seeds 3–5). On that decode-heavy workload every server's prefill
+/// rate is learned near 4k tokens/s (a short prompt's first token waits for a decode step,
+/// about as long on either GPU), so the fleet reads as like on 94% of those decisions;
+/// with the unlike test alone, 88.0%. Charged on every fleet, it ranked like servers, all
+/// slot-bound at overload, by the noise of their completion rates (4 H100s, shared-prefix
+/// at 110% with holding: TTFT p99 +55%; 5 H100s, chat at 100 req/s: attainment 45 → 32%).
+/// With tiers, whose sequence slots (`tiers.max_num_seqs`) already keep a full server from
+/// meeting the objective, it cost attainment (rag at 40 req/s on 4 A100 + 3 H100: two
+/// seeds of six 97.5 / 95.7 → 91.9 / 90.1%).
 pub fn admission_ms(c: &Candidate) -> f64 {
     if c.metrics.waiting == 0 || !c.endpoint.completions.pinned() {
         return 0.0;
@@ -233,6 +231,12 @@ pub fn admission_ms(c: &Candidate) -> f64 {
     };
     let ahead = c.metrics.waiting as f64 + f64::from(c.endpoint.sent_since_scrape);
     (ahead + 1.0) * 1000.0 / per_s
+}
+
+/// The most requests running on any candidate at its last scrape
+/// (`ScoreContext::most_running`).
+pub fn most_running(cands: &[Candidate]) -> u64 {
+    cands.iter().map(|c| c.metrics.running).max().unwrap_or(0)
 }
 
 /// How many requests queue at the least-loaded candidate: how overloaded the whole fleet

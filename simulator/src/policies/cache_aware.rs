@@ -17,7 +17,7 @@
 
 use kvroute_core::endpoint::{EndpointTable, Prefill};
 use kvroute_core::policy::{
-    fleet_backlog, predicted_ttft, rate_classes, unlike_rates, with_steps, Candidate, ScoreContext,
+    fleet_backlog, most_running, predicted_ttft, rate_classes, unlike_rates, with_steps, Candidate, ScoreContext,
 };
 use kvroute_core::speed::{Speed, StepTime};
 use kvroute_core::{Config, EndpointId, Millis, Tokens, VllmMetrics};
@@ -154,7 +154,8 @@ impl Policy for DynamoKv {
 /// kvroute's own cost function (`kvroute_core::policy::predicted_ttft`, with the configured
 /// weights) fed the truth: each server's real cached prefix, real queued prefill tokens,
 /// real running and waiting requests and KV usage, its real prefill speed (profile and
-/// slowdown) and its recent completion rate. It can only be beaten by luck or by what the cost function does not model.
+/// slowdown) and its recent completion rate. It can only be beaten by luck or by what the
+/// cost function does not model.
 pub struct Oracle {
     config: Config,
     table: EndpointTable,
@@ -240,7 +241,7 @@ impl Policy for Oracle {
             total_blocks: req.engine_blocks.len(),
             fleet_backlog: fleet_backlog(&self.config, &cands, self.mean_uncached, now),
             unlike: false,
-            most_running: cands.iter().map(|c| c.metrics.running).max().unwrap_or(0),
+            most_running: most_running(&cands),
             // The true queued prefill is in `pending_prefill_tokens`; the scraped estimate
             // (waiting × mean) must not add to it.
             mean_uncached_tokens: 0.0,

@@ -8,7 +8,8 @@
 //! (`policy::admission_ms`).
 //!
 //! Slot-bound is told from the scrapes (`pinned`): requests waited at the last two, and at
-//! both the number running was within 1/32 of the most ever seen there (the slots are not
+//! both the number running was at least `MIN_SLOTS` and within 1/32 of the most ever seen
+//! there (the slots are not
 //! exported; a slot-bound server keeps that many running, each freed slot refilled at
 //! once). Waiting alone is no sign: a burst that the token budget holds back clears as
 //! prefill proceeds, whatever the completion rate, and counting it cost like fleets TTFT
@@ -28,6 +29,13 @@ const WINDOW_MS: f64 = 10_000.0;
 /// cost untiered chat at 100 req/s on 4 A100 + 4 H100 (replay, seeds 3–5: 88.0 / 87.4 /
 /// 88.5 → 88.0 / 84.0 / 85.0%).
 const MIN_COMPLETIONS: f64 = 8.0;
+
+/// Fewer running than this is no full set of sequence slots (vLLM's `--max-num-seqs`
+/// defaults to 256 or more): a few requests waiting beside a few running are a burst the
+/// token budget holds back. Without it, a lightly loaded server of 4 H100s in a burst read
+/// as slot-bound beside one running twice as many, and the end-to-end test of two
+/// unshared replicas failed 2 runs in 10 (a server's unseen share read 845).
+const MIN_SLOTS: u64 = 32;
 
 /// One server's recent completions (see the module).
 #[derive(Clone, Debug, Default)]
@@ -76,7 +84,7 @@ impl Completions {
     pub fn on_queue(&mut self, running: u64, waiting: u64) {
         self.most_running = self.most_running.max(running);
         // Within 1/32 of the most: a completion or two between a step and the scrape.
-        let full = |r: u64| r + self.most_running / 32 >= self.most_running;
+        let full = |r: u64| r >= MIN_SLOTS && r + self.most_running / 32 >= self.most_running;
         self.pinned = waiting > 0 && full(running) && self.queue.is_some_and(|(r, w)| w > 0 && full(r));
         self.queue = Some((running, waiting));
     }
@@ -157,6 +165,8 @@ mod tests {
                 })
                 .collect()
         };
+        // A few running and a few waiting, at its most: a burst on a lightly loaded server.
+        assert_eq!(scrapes(&mut c, &[(3, 2), (3, 2), (4, 1)]), [false; 3]);
         // A burst: requests wait at one scrape, then the token budget admits them.
         assert_eq!(scrapes(&mut c, &[(40, 0), (90, 6), (120, 0)]), [false; 3]);
         // Every one of 256 slots taken: waiting at two scrapes, running held at the most.
