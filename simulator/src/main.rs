@@ -293,7 +293,8 @@ pub struct FleetArgs {
     #[arg(long, default_value_t = 1)]
     tp: u32,
     /// A mixed fleet instead of --servers/--gpu/--model/--tp (replay, matrix and serve):
-    /// `COUNTxGPU:MODEL[:tpN],...`, e.g. `4xh100-80g:llama-3.1-8b,4xa100-80g:llama-3.1-8b`.
+    /// `COUNTxGPU:MODEL[:tpN][:seqsN],...`, e.g. `4xh100-80g:llama-3.1-8b,4xa100-80g:llama-3.1-8b`;
+    /// `seqsN` sets those servers' sequence slots (vLLM's `--max-num-seqs`).
     #[arg(long)]
     fleet: Option<String>,
     /// Blocks become prefix-cache hits when their step ends, not when it is planned as vLLM

@@ -179,29 +179,38 @@ impl Profile {
     }
 }
 
-/// A mixed fleet from `COUNTxGPU:MODEL[:tpN],...` (e.g.
+/// A mixed fleet from `COUNTxGPU:MODEL[:tpN][:seqsN],...` (e.g.
 /// `4xh100-80g:llama-3.1-8b,4xa100-80g:llama-3.1-8b,2xh100-80g:llama-3.1-70b:tp4`): one
-/// profile per server, in the order given.
+/// profile per server, in the order given. `seqsN` sets the servers' sequence slots (vLLM's
+/// `--max-num-seqs`; by default 256 on an A100, 1024 on an H100): fewer slots fill at the
+/// request rates a small machine can drive live.
 pub fn parse_fleet(spec: &str) -> anyhow::Result<Vec<Profile>> {
     use clap::ValueEnum;
     let mut out = Vec::new();
     for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let bad = |why: &str| anyhow::anyhow!("--fleet {part:?}: {why} (expected COUNTxGPU:MODEL[:tpN])");
+        let bad = |why: &str| anyhow::anyhow!("--fleet {part:?}: {why} (expected COUNTxGPU:MODEL[:tpN][:seqsN])");
         let (count, rest) = part.split_once('x').ok_or_else(|| bad("no COUNTx"))?;
         let count: usize = count.parse().map_err(|_| bad("COUNT is not a number"))?;
         let mut fields = rest.split(':');
         let gpu = Gpu::from_str(fields.next().unwrap_or(""), true).map_err(|e| bad(&e))?;
         let model = Model::from_str(fields.next().ok_or_else(|| bad("no MODEL"))?, true).map_err(|e| bad(&e))?;
-        let tp = match fields.next() {
-            Some(t) => t
-                .strip_prefix("tp")
-                .and_then(|n| n.parse().ok())
-                .ok_or_else(|| bad("TP must read tpN"))?,
-            None => 1,
-        };
-        anyhow::ensure!(fields.next().is_none(), "--fleet {part:?}: too many fields");
+        let (mut tp, mut seqs) = (None, None);
+        for field in fields {
+            let number = |prefix: &str| field.strip_prefix(prefix).map(|n| n.parse::<u64>().ok());
+            match (number("tp"), number("seqs")) {
+                (Some(Some(n)), _) if tp.is_none() => tp = Some(n),
+                (_, Some(Some(n))) if seqs.is_none() && n >= 1 => seqs = Some(n),
+                (Some(_), _) => return Err(bad("TP must read tpN, once")),
+                (_, Some(_)) => return Err(bad("the sequence slots must read seqsN (N ≥ 1), once")),
+                _ => return Err(bad(&format!("unknown field {field:?}"))),
+            }
+        }
         anyhow::ensure!(count >= 1, "--fleet {part:?}: COUNT must be at least 1");
-        let profile = Profile::new(gpu, model, tp)?;
+        let tp = u32::try_from(tp.unwrap_or(1)).map_err(|_| bad("TP is too large"))?;
+        let mut profile = Profile::new(gpu, model, tp)?;
+        if let Some(n) = seqs {
+            profile.max_num_seqs = usize::try_from(n).map_err(|_| bad("too many sequence slots"))?;
+        }
         out.extend(std::iter::repeat_n(profile, count));
     }
     anyhow::ensure!(!out.is_empty(), "--fleet {spec:?} names no servers");
@@ -279,8 +288,21 @@ mod tests {
             "2xh100-80g",
             "2xh100-80g:llama-3.1-8b:4",
             "0xh100-80g:llama-3.1-8b",
+            "2xh100-80g:llama-3.1-8b:seqs0",
+            "2xh100-80g:llama-3.1-8b:seqs48:seqs64",
+            "2xh100-80g:llama-3.1-8b:tp2:tp4",
+            "2xh100-80g:llama-3.1-8b:slots48",
         ] {
             assert!(parse_fleet(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_fleet_spec_may_set_the_sequence_slots() {
+        let fleet = parse_fleet("1xa100-80g:llama-3.1-8b:seqs48,1xh100-80g:llama-3.1-70b:seqs64:tp2").unwrap();
+        let got: Vec<(u32, usize)> = fleet.iter().map(|p| (p.tp, p.max_num_seqs)).collect();
+        assert_eq!(got, vec![(1, 48), (2, 64)]);
+        let default = parse_fleet("1xa100-80g:llama-3.1-8b").unwrap();
+        assert_eq!(default[0].max_num_seqs, 256, "vLLM's default on an A100");
     }
 }
