@@ -9,7 +9,8 @@
 # is about servers whose slots are full beside servers with room. Prints, per run and as
 # medians: the share of the requests offered whose TTFT met OBJECTIVE_MS (from the bench's
 # 1%-step TTFT CDF; a failed request misses), TTFT p50 and p95, and the A100s' share.
-# Needs `make build setup-envoy`. Ports 25000-25004, 25900, 25901 must be free.
+# RATE and DURATION are whole numbers. Needs `make build setup-envoy`. Ports 25000 on (one
+# per server), 25900 and 25901 must be free.
 #   RUNS=3 DURATION=60 RATE=32 OUT=target/live-admission bash scripts/live-admission.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +18,7 @@ OUT=${OUT:-target/live-admission}
 RUNS=${RUNS:-3}
 DURATION=${DURATION:-60}
 RATE=${RATE:-32}
+[[ "$RATE$DURATION" =~ ^[0-9]+$ ]] || { echo "RATE and DURATION must be whole numbers" >&2; exit 2; }
 OBJECTIVE_MS=${OBJECTIVE_MS:-500}
 FLEET=${FLEET:-3xa100-80g:llama-3.1-8b:seqs32,1xh100-80g:llama-3.1-8b}
 # 32 system prompts, each asked RATE × DURATION / 32 questions: the run's requests.
