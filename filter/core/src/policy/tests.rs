@@ -554,6 +554,12 @@ fn a_server_whose_slots_hold_long_decodes_is_charged_the_wait_for_one_to_finish(
         ..like
     };
     assert!(!without(&config, &roomy));
+    // Nor where every candidate has requests queued: the fleet is past what it serves.
+    let backlogged = ScoreContext {
+        fleet_backlog: ADMISSION_BACKLOG,
+        ..roomy
+    };
+    assert!(without(&config, &backlogged));
     table.rows_mut()[0].completions = crate::speed::Completions::default();
     let cands = cands_of(&table, [&slot_bound, &free], 128);
     assert_eq!(admission_ms(&cands[0]), 0.0, "no rate yet");
