@@ -18,7 +18,9 @@ OUT=${OUT:-target/live-admission}
 RUNS=${RUNS:-3}
 DURATION=${DURATION:-60}
 RATE=${RATE:-32}
-[[ "$RATE$DURATION" =~ ^[0-9]+$ ]] || { echo "RATE and DURATION must be whole numbers" >&2; exit 2; }
+for v in RATE DURATION RUNS; do
+  [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || { echo "$v must be a whole number of at least 1 (got ${!v})" >&2; exit 2; }
+done
 OBJECTIVE_MS=${OBJECTIVE_MS:-500}
 FLEET=${FLEET:-3xa100-80g:llama-3.1-8b:seqs32,1xh100-80g:llama-3.1-8b}
 # 32 system prompts, each asked RATE × DURATION / 32 questions: the run's requests.
@@ -31,7 +33,9 @@ for f in "$SIM" "$ENVOY" dist/kvroute.wasm; do
   [ -e "$f" ] || { echo "missing $f: run make build setup-envoy" >&2; exit 2; }
 done
 SERVERS=$(python3 -c "import sys; print(sum(int(p.split('x')[0]) for p in sys.argv[1].split(',')))" "$FLEET")
-A100S=$(python3 -c "import sys; print(sum(int(p.split('x')[0]) for p in sys.argv[1].split(',') if 'a100' in p))" "$FLEET")
+# A run interrupted leaves no Envoy or simulator behind.
+envoy='' sim=''
+trap 'kill $envoy $sim 2>/dev/null || true' EXIT
 
 config() { # admission weight → $OUT/envoy.yaml
   python3 - "$SERVERS" "$1" "$OUT/envoy.yaml" <<'PY'
@@ -54,14 +58,15 @@ run() { # name, admission weight, run
   local name=$1 weight=$2 n=$3
   config "$weight"
   "$SIM" serve --fleet "$FLEET" --base-port 25001 --admin-port 25000 >"$OUT/sim.log" 2>&1 &
-  local sim=$!
+  sim=$!
   "$ENVOY" -c "$OUT/envoy.yaml" --concurrency 2 --use-dynamic-base-id -l warning >"$OUT/envoy.log" 2>&1 &
-  local envoy=$!
+  envoy=$!
   sleep 3
   "$SIM" bench "${CHAT[@]}" --rate "$RATE" --seed "$n" --url http://127.0.0.1:25900 \
     --duration "$DURATION" --json "$OUT/$name-$n.json" >/dev/null 2>&1 || echo "$name run $n: bench failed" >&2
   kill "$envoy" "$sim" 2>/dev/null || true
   wait "$envoy" "$sim" 2>/dev/null || true
+  envoy='' sim=''
   sleep 1
 }
 
@@ -70,9 +75,11 @@ for n in $(seq 1 "$RUNS"); do
   run with 1 "$n"
 done
 
-python3 - "$OUT" "$RUNS" "$OBJECTIVE_MS" "$A100S" "$FLEET" "$RATE" <<'PY'
+python3 - "$OUT" "$RUNS" "$OBJECTIVE_MS" "$FLEET" "$RATE" <<'PY'
 import json, statistics, sys
-out, runs, objective, a100s, fleet, rate = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
+out, runs, objective, fleet, rate = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4], sys.argv[5]
+# Server i of the fleet (in FLEET's order) listens on port 25001 + i.
+gpus = [p.split("x", 1)[1].split(":")[0] for p in fleet.split(",") for _ in range(int(p.split("x")[0]))]
 print(f"chat at {rate} req/s on {fleet}, TTFT objective {objective:g} ms, {runs} runs, medians [min–max]")
 print("| admission wait | requests | met the objective | TTFT p50 (ms) | TTFT p95 (ms) | A100s' share |")
 print("|---|---|---|---|---|---|")
@@ -89,10 +96,9 @@ for name in ("without", "with"):
         done = r["completed"]
         met_done = 1.0 if cdf[-1] <= objective else sum(q <= objective for q in cdf[1:]) / (len(cdf) - 1)
         met = met_done * done / max(r["requests"], 1)
-        # The fleet's servers are on ports 25001 on, the A100s first when FLEET lists them first.
         port = lambda k: int(k.rsplit(":", 1)[1]) if k.rsplit(":", 1)[-1].isdigit() else 0
         shares = dict(zip(doc["servers"], (s["share"] for s in r["per_server"])))
-        cheap = sum(v for k, v in shares.items() if 25000 < port(k) <= 25000 + a100s)
+        cheap = sum(v for k, v in shares.items() if 0 <= port(k) - 25001 < len(gpus) and gpus[port(k) - 25001].startswith("a100"))
         rows.append((met, r["ttft_ms"]["p50"], r["ttft_ms"]["p95"], cheap, r["requests"]))
         print(f"  {name} run {n}: {r['requests']} requests, {r['failed']} failed, met {100 * met:.1f}%, "
               f"TTFT p50 {r['ttft_ms']['p50']:.0f} p95 {r['ttft_ms']['p95']:.0f} ms, A100s {100 * cheap:.0f}%", file=sys.stderr)

@@ -207,7 +207,7 @@ pub fn parse_fleet(spec: &str) -> anyhow::Result<Vec<Profile>> {
         }
         anyhow::ensure!(count >= 1, "--fleet {part:?}: COUNT must be at least 1");
         let tp = u32::try_from(tp.unwrap_or(1)).map_err(|_| bad("TP is too large"))?;
-        let mut profile = Profile::new(gpu, model, tp)?;
+        let mut profile = Profile::new(gpu, model, tp).map_err(|e| bad(&e.to_string()))?;
         if let Some(n) = seqs {
             profile.max_num_seqs = usize::try_from(n).map_err(|_| bad("too many sequence slots"))?;
         }

@@ -210,19 +210,19 @@ proptest! {
     #[test]
     fn a_slot_bound_servers_wait_is_charged_and_grows_with_its_queue(
         slots in 32..600u64, per_s in 2..40u64, waiting in 1..300u64, d_waiting in 0..100u64,
-        kv in 0.0..0.9f64, len in 1..100usize,
+        other_waiting in 1..50u64, kv in 0.0..0.9f64, len in 1..100usize,
     ) {
         // Server 0's slots are full (`slots` running at every scrape, requests waiting) and
-        // it finishes `per_s` requests a second; server 1 runs twice as many and nothing
-        // waits there. Server 0's predicted TTFT and cost, for a config's `cost` and
-        // `tiers` settings and `waiting` at the last scrape.
-        let score = |settings: &str, waiting: u64| {
+        // it finishes `per_s` requests a second; server 1 runs twice as many with
+        // `other_waiting` waiting there. Server 0's predicted TTFT and cost, for a config's
+        // `cost` and `tiers` settings and `waiting` at the last scrape.
+        let score = |settings: &str, waiting: u64, other_waiting: u64| {
             let json = format!(r#"{{"endpoints": ["10.0.0.1:1", "10.0.0.2:1"], "policy": "cost"{settings}}}"#);
             let mut r = Router::new(Config::from_json(json.as_bytes()).unwrap());
             for second in 0..=10u64 {
                 let at = Millis(1_000_000 + second * 1000);
                 let finished = Some(100.0 + (per_s * second) as f64);
-                for (i, (running, waiting)) in [(slots, waiting), (2 * slots, 0)].into_iter().enumerate() {
+                for (i, (running, waiting)) in [(slots, waiting), (2 * slots, other_waiting)].into_iter().enumerate() {
                     let m = VllmMetrics { finished, ..metrics(running, waiting, kv, 10_000) };
                     r.on_metrics(&EndpointId::new(format!("10.0.0.{}:1", i + 1)), m, at);
                 }
@@ -231,19 +231,20 @@ proptest! {
             let s = d.breakdown.iter().find(|s| s.endpoint.as_str() == "10.0.0.1:1").unwrap();
             (s.ttft_ms, s.cost.0)
         };
-        let (ttft, cost) = score("", waiting);
+        let off = r#", "cost": {"admission_weight": 0}"#;
+        // Server 1 has room (nothing waits there): the wait is charged.
+        let (ttft, cost) = score("", waiting, 0);
         // Admitted after the `waiting` ahead and itself have finished somewhere in the slots.
         let wait_ms = (waiting + 1) as f64 * 1000.0 / per_s as f64;
         prop_assert!(ttft >= wait_ms * (1.0 - 1e-9), "predicted {ttft} ms, the slots' wait {wait_ms} ms");
-        let (_, unweighted) = score(r#", "cost": {"admission_weight": 0}"#, waiting);
-        prop_assert!(cost >= unweighted, "the wait lowered the cost: {cost} < {unweighted}");
-        let (_, heavier) = score("", waiting + d_waiting);
-        prop_assert!(heavier >= cost, "{heavier} < {cost} with {d_waiting} more waiting");
-        // With tiers the slots are the tiers' own (`tiers.max_num_seqs`): not charged.
+        let (heavier, heavier_cost) = score("", waiting + d_waiting, 0);
+        prop_assert!(heavier_cost >= cost, "{heavier_cost} < {cost} with {d_waiting} more waiting");
+        prop_assert!(heavier >= ttft, "{heavier} < {ttft} ms with {d_waiting} more waiting");
+        // Requests wait at every server: the fleet is past what it serves, nothing charged.
+        prop_assert_eq!(score("", waiting, other_waiting), score(off, waiting, other_waiting));
+        // With tiers the slots are the tiers' own (`tiers.max_num_seqs`): nothing charged.
         let tiers = r#", "tiers": {"endpoints": {"10.0.0.2:1": 1}}"#;
-        let tiered = score(tiers, waiting);
-        let tiered_unweighted = score(&format!(r#"{tiers}, "cost": {{"admission_weight": 0}}"#), waiting);
-        prop_assert_eq!(tiered, tiered_unweighted);
+        prop_assert_eq!(score(tiers, waiting, 0), score(&format!("{tiers}{off}"), waiting, 0));
     }
 
     #[test]
