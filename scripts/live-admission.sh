@@ -40,17 +40,10 @@ trap 'kill $envoy $sim 2>/dev/null || true' EXIT
 config() { # admission weight → $OUT/envoy.yaml
   python3 - "$SERVERS" "$1" "$OUT/envoy.yaml" <<'PY'
 import sys
+sys.path.insert(0, "scripts")
+from live_fleet import envoy_config
 n, weight, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-s = open("envoy/envoy.yaml").read()
-line = "              - endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: %d } } }\n"
-old = "".join(line % (8001 + i) for i in range(4))
-assert old in s, "envoy/envoy.yaml's pool is not the four servers this script expects"
-s = s.replace(old, "".join(line % (25001 + i) for i in range(n)))
-s = s.replace("port_value: 9901", "port_value: 25901").replace("port_value: 10000", "port_value: 25900")
-old = '"policy": "cost",'
-assert old in s
-s = s.replace(old, f'"policy": "cost", "cost": {{"admission_weight": {weight}}},')
-open(out, "w").write(s)
+open(out, "w").write(envoy_config(n, 25001, 25900, 25901, f'"cost": {{"admission_weight": {weight}}},'))
 PY
 }
 
@@ -76,7 +69,9 @@ for n in $(seq 1 "$RUNS"); do
 done
 
 python3 - "$OUT" "$RUNS" "$OBJECTIVE_MS" "$FLEET" "$RATE" <<'PY'
-import json, statistics, sys
+import sys
+sys.path.insert(0, "scripts")
+from live_fleet import bench_runs, met, share_of, spread
 out, runs, objective, fleet, rate = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4], sys.argv[5]
 # Server i of the fleet (in FLEET's order) listens on port 25001 + i.
 gpus = [p.split("x", 1)[1].split(":")[0] for p in fleet.split(",") for _ in range(int(p.split("x")[0]))]
@@ -85,27 +80,17 @@ print("| admission wait | requests | met the objective | TTFT p50 (ms) | TTFT p9
 print("|---|---|---|---|---|---|")
 for name in ("without", "with"):
     rows = []
-    for n in range(1, runs + 1):
-        try:
-            doc = json.load(open(f"{out}/{name}-{n}.json"))
-        except (OSError, ValueError) as e:
-            print(f"  {name} run {n}: no result ({e})", file=sys.stderr)
-            continue
+    for n, doc in bench_runs(out, name, runs):
         r = doc["runs"][0]
-        cdf = r["ttft_cdf_ms"]  # quantiles 0, 0.01, ..., 1 of the completed requests
-        done = r["completed"]
-        met_done = 1.0 if cdf[-1] <= objective else sum(q <= objective for q in cdf[1:]) / (len(cdf) - 1)
-        met = met_done * done / max(r["requests"], 1)
-        port = lambda k: int(k.rsplit(":", 1)[1]) if k.rsplit(":", 1)[-1].isdigit() else 0
-        shares = dict(zip(doc["servers"], (s["share"] for s in r["per_server"])))
-        cheap = sum(v for k, v in shares.items() if 0 <= port(k) - 25001 < len(gpus) and gpus[port(k) - 25001].startswith("a100"))
-        rows.append((met, r["ttft_ms"]["p50"], r["ttft_ms"]["p95"], cheap, r["requests"]))
-        print(f"  {name} run {n}: {r['requests']} requests, {r['failed']} failed, met {100 * met:.1f}%, "
+        hit = met(r, objective)
+        cheap = share_of(doc, r, 25001, lambda i: i < len(gpus) and gpus[i].startswith("a100"))
+        rows.append((hit, r["ttft_ms"]["p50"], r["ttft_ms"]["p95"], cheap, r["requests"]))
+        print(f"  {name} run {n}: {r['requests']} requests, {r['failed']} failed, met {100 * hit:.1f}%, "
               f"TTFT p50 {r['ttft_ms']['p50']:.0f} p95 {r['ttft_ms']['p95']:.0f} ms, A100s {100 * cheap:.0f}%", file=sys.stderr)
     if not rows:
         continue
     col = list(zip(*rows))
-    m = lambda v, f: f"{f.format(statistics.median(v))} [{f.format(min(v))}–{f.format(max(v))}]"
+    m = spread
     print(f"| {name} | {m(col[4], '{:.0f}')} | {m([100 * x for x in col[0]], '{:.1f}')}% | "
           f"{m(col[1], '{:.0f}')} | {m(col[2], '{:.0f}')} | {m([100 * x for x in col[3]], '{:.0f}')}% |")
 PY

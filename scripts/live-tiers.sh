@@ -31,20 +31,15 @@ done
 config() { # servers, premium servers (the last ones; 0: no tiers) → $OUT/envoy.yaml
   python3 - "$1" "$2" "$OBJECTIVE_MS" "$OUT/envoy.yaml" <<'PY'
 import json, sys
+sys.path.insert(0, "scripts")
+from live_fleet import envoy_config
 n, premium, objective, out = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
-s = open("envoy/envoy.yaml").read()
-line = "              - endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: %d } } }\n"
-old = "".join(line % (8001 + i) for i in range(4))
-assert old in s, "envoy/envoy.yaml's pool is not the four servers this script expects"
-s = s.replace(old, "".join(line % (24001 + i) for i in range(n)))
-s = s.replace("port_value: 9901", "port_value: 24901").replace("port_value: 10000", "port_value: 24900")
+plugin = ""
 if premium:
     tiers = {"endpoints": {f"127.0.0.1:{24001 + i}": 1 for i in range(n - premium, n)},
              "ttft_objective_ms": objective, "max_num_seqs": [256, 1024]}
-    old = '"policy": "cost",'
-    assert old in s
-    s = s.replace(old, f'"policy": "cost", "tiers": {json.dumps(tiers)},')
-open(out, "w").write(s)
+    plugin = f'"tiers": {json.dumps(tiers)},'
+open(out, "w").write(envoy_config(n, 24001, 24900, 24901, plugin))
 PY
 }
 
@@ -73,7 +68,9 @@ for n in $(seq 1 "$RUNS"); do
 done
 
 python3 - "$OUT" "$RUNS" "$OBJECTIVE_MS" "$A100_PRICE" "$H100_PRICE" <<'PY'
-import json, statistics, sys
+import sys
+sys.path.insert(0, "scripts")
+from live_fleet import bench_runs, met, share_of, spread
 out, runs, objective, a100, h100 = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
 fleets = {"premium": (0, 3), "mixed": (4, 2), "tiered": (4, 2)}
 print(f"rag, TTFT objective {objective:g} ms, {runs} runs, medians [min–max]")
@@ -81,27 +78,17 @@ print("| fleet | routing | requests | met the objective | TTFT p95 (ms) | H100s'
 print("|---|---|---|---|---|---|---|")
 for name, (cheap, premium) in fleets.items():
     rows = []
-    for n in range(1, runs + 1):
-        try:
-            doc = json.load(open(f"{out}/{name}-{n}.json"))
-        except (OSError, ValueError) as e:
-            print(f"  {name} run {n}: no result ({e})", file=sys.stderr)
-            continue
+    for n, doc in bench_runs(out, name, runs):
         r = doc["runs"][0]
-        cdf = r["ttft_cdf_ms"]  # quantiles 0, 0.01, ..., 1 of the completed requests
-        done = r["completed"]
-        met_done = 1.0 if cdf[-1] <= objective else sum(q <= objective for q in cdf[1:]) / (len(cdf) - 1)
-        met = met_done * done / max(r["requests"], 1)
-        shares = dict(zip(doc["servers"], (s["share"] for s in r["per_server"])))
-        port = lambda k: int(k.rsplit(":", 1)[1]) if k.rsplit(":", 1)[-1].isdigit() else 0
-        prem = sum(v for k, v in shares.items() if port(k) > 24000 + cheap)
-        rows.append((met, r["ttft_ms"]["p95"], prem, r["requests"], r["failed"]))
-        print(f"  {name} run {n}: {r['requests']} requests, {r['failed']} failed, met {100 * met:.1f}%, "
-              f"TTFT p95 {r['ttft_ms']['p95']:.0f} ms, max {cdf[-1]:.0f} ms, H100s {100 * prem:.0f}%", file=sys.stderr)
+        hit = met(r, objective)
+        prem = share_of(doc, r, 24001, lambda i: i >= cheap)  # the H100s follow the A100s
+        rows.append((hit, r["ttft_ms"]["p95"], prem, r["requests"], r["failed"]))
+        print(f"  {name} run {n}: {r['requests']} requests, {r['failed']} failed, met {100 * hit:.1f}%, "
+              f"TTFT p95 {r['ttft_ms']['p95']:.0f} ms, max {r['ttft_cdf_ms'][-1]:.0f} ms, H100s {100 * prem:.0f}%", file=sys.stderr)
     if not rows:
         continue
     col = list(zip(*rows))
-    m = lambda v, f: f"{f.format(statistics.median(v))} [{f.format(min(v))}–{f.format(max(v))}]"
+    m = spread
     label = {"premium": "3 H100", "mixed": "4 A100 + 2 H100", "tiered": "4 A100 + 2 H100"}[name]
     routing = "tiered" if name == "tiered" else "kvroute"
     print(f"| {label} | {routing} | {m(col[3], '{:.0f}')} | {m([100 * x for x in col[0]], '{:.1f}')}% | "
