@@ -2297,7 +2297,7 @@ fn a_slower_gpu_whose_waiting_requests_move_slowly_loses_the_next_request() {
     // sequence slots are full and 2 requests wait; its counter of finished requests grows
     // by 5 a second. A100 1 runs more (900, more slots) and nothing waits there. The
     // H100 is deep in queued prefill.
-    let route_with = |h100: f64, other_running: u64, cost: &str| {
+    let route_with = |h100: f64, cost: &str| {
         let raw: RawConfig = serde_json::from_str(&format!(
             r#"{{"cost": {{"speed_weights": {{"{}": 1, "{}": 1, "{}": {h100}}}{cost}}}}}"#,
             ep(0),
@@ -2314,7 +2314,7 @@ fn a_slower_gpu_whose_waiting_requests_move_slowly_loses_the_next_request() {
         for second in 0..=10u64 {
             let at = Millis(T0.0 + second * 1000);
             let finished = Some(100.0 + 5.0 * second as f64);
-            for (i, queue) in [(256, 2), (other_running, 0), (300, 50)].into_iter().enumerate() {
+            for (i, queue) in [(256, 2), (900, 0), (300, 50)].into_iter().enumerate() {
                 let metrics = VllmMetrics {
                     finished,
                     ..load(queue.0, queue.1, 0.3)
@@ -2332,13 +2332,13 @@ fn a_slower_gpu_whose_waiting_requests_move_slowly_loses_the_next_request() {
         assert!(per_s.is_some_and(|p| (p - 5.0).abs() < 1e-9), "{per_s:?}");
         r.route(&req(1, 8), Millis(T0.0 + 10_050)).best().cloned()
     };
-    assert_eq!(route_with(3.4, 900, ""), Some(ep(1)), "3 completions away: 0.6 s");
+    assert_eq!(route_with(3.4, ""), Some(ep(1)), "3 completions away: 0.6 s");
     let off = r#", "admission_weight": 0"#;
     assert_eq!(
-        route_with(3.4, 900, off),
+        route_with(3.4, off),
         Some(ep(0)),
         "without the admission wait, 2 prompts queued read as little"
     );
     // Like GPUs, where another server runs twice the most server 0 ever ran: charged.
-    assert_eq!(route_with(1.0, 900, ""), Some(ep(1)));
+    assert_eq!(route_with(1.0, ""), Some(ep(1)));
 }
