@@ -76,7 +76,7 @@ fn report_in(
     for _ in 0..CAS_TRIES {
         let (bytes, cas) = cells.get(TABLE_KEY).ok()?;
         let mut rows = decode(bytes.as_deref().unwrap_or_default());
-        rows.retain(|r| r.vm != vm && now.0.saturating_sub(r.at_ms) <= stale_ms * FORGET_STALE);
+        rows.retain(|r| r.vm != vm && now.0.saturating_sub(r.at_ms) <= stale_ms.saturating_mul(FORGET_STALE));
         rows.push(Row {
             vm,
             at_ms: now.0,

@@ -46,7 +46,7 @@ pub fn add_response_header(name: &str, value: &str) -> HostResult<()> {
     hostcalls::add_map_value(MapType::HttpResponseHeaders, name, value)
 }
 
-pub fn call_response_header(name: &str) -> HostResult<Option<Vec<u8>>> {
+fn call_response_header(name: &str) -> HostResult<Option<Vec<u8>>> {
     hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, name)
 }
 
@@ -55,8 +55,14 @@ pub fn call_response_header(name: &str) -> HostResult<Option<Vec<u8>>> {
 /// answer) comes with none: Envoy then has no response map, and reading one is an error the
 /// SDK turns into a panic, so nothing is read.
 pub fn call_status(num_headers: usize) -> Option<Vec<u8>> {
+    call_header(num_headers, ":status")
+}
+
+/// The header `name` of an HTTP call's answer with `num_headers` headers; none is read from
+/// a call that failed (`call_status`).
+pub fn call_header(num_headers: usize, name: &str) -> Option<Vec<u8>> {
     (num_headers > 0)
-        .then(|| call_response_header(":status").ok().flatten())
+        .then(|| call_response_header(name).ok().flatten())
         .flatten()
 }
 

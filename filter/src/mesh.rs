@@ -303,7 +303,7 @@ impl Mesh {
         }
         // Long gone (a replica restarted with new origins): no need to remember them.
         self.peers
-            .retain(|_, p| !p.gone || now.0.saturating_sub(p.heard_ms) <= 10 * timeout_ms);
+            .retain(|_, p| !p.gone || now.0.saturating_sub(p.heard_ms) <= timeout_ms.saturating_mul(10));
         gone
     }
 

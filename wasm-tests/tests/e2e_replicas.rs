@@ -366,6 +366,57 @@ fn a_batch_the_fallback_brought_back_does_not_make_another_address_this_gateway(
     assert!(p.b.stat("wasmcustom.kvroute.replicas.events_taken") >= 12);
 }
 
+/// A peer that sends its answer's headers and then drops the connection (a replica killed
+/// in the middle of an answer): Envoy reports the call failed with no headers, and the
+/// scraping service must not read any (the SDK turns that read into a panic that takes the
+/// service down). It counts each failed forward and goes on forwarding.
+#[test]
+fn a_replica_that_drops_its_answer_after_the_headers_costs_a_failed_forward() {
+    use std::io::{Read, Write};
+    let (servers, ports) = idle_fleet(2);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dropping = listener.local_addr().unwrap().port();
+    thread::spawn(move || {
+        for mut conn in listener.incoming().flatten() {
+            let _ = conn.set_read_timeout(Some(Duration::from_millis(200)));
+            let _ = conn.read(&mut [0u8; 65536]);
+            // The body is cut short: the connection closes after the headers went through.
+            let _ = conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\ncut");
+        }
+    });
+    let peers = [free_port(), dropping];
+    let a = Envoy::start_listening("envoy.yaml", &ports, 2, Some(peers[0]), |t| {
+        with_replicas_options(
+            replica_config_every(t, peers, Share::Listed, 1000),
+            r#""from_workers": false"#,
+        )
+    })
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while servers.iter().any(|s| s.scrapes() < 4) {
+        assert!(Instant::now() < deadline, "no scrapes:\n{}", a.log_text());
+        thread::sleep(Duration::from_millis(20));
+    }
+    let failed_after = |tag: &str| {
+        for i in 0..4 {
+            let (_, reason) = chat(&a, &chat_body(&long_prompt(&format!("{tag}-{i}")), "q"));
+            assert!(!reason.is_empty(), "kvroute did not route: {}", a.log_text());
+            thread::sleep(Duration::from_millis(100));
+        }
+        thread::sleep(Duration::from_millis(500));
+        a.stat("wasmcustom.kvroute.replicas.forward_failure")
+    };
+    let first = failed_after("dropped-first");
+    let then = failed_after("dropped-then");
+    let log = a.log_text();
+    assert!(first >= 1, "no failed forward counted:\n{log}");
+    assert!(
+        then > first,
+        "the service stopped forwarding ({first} then {then}):\n{log}"
+    );
+    assert!(!log.contains("panicked"), "{log}");
+}
+
 /// A replicas' cluster kvroute cannot read (here: an admin cluster Envoy does not have) is
 /// counted every interval and logged once, not every 200 ms.
 #[test]

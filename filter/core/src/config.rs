@@ -108,7 +108,9 @@ impl Config {
         else {
             return base;
         };
-        budget.min(self.raw.health.stale_after_ms * 2 / 5).max(base)
+        budget
+            .min(self.raw.health.stale_after_ms.saturating_mul(2) / 5)
+            .max(base)
     }
     pub fn scrape(&self) -> &RawScrape {
         &self.raw.scrape

@@ -23,7 +23,7 @@ impl Poller {
         match call {
             Call::Forward(peer) => {
                 let delivered = status.as_deref() == Some(b"204");
-                let marker = host::call_response_header(SELF_HEADER).ok().flatten();
+                let marker = host::call_header(num_headers, SELF_HEADER);
                 let failure = (!delivered).then(|| {
                     let by_kvroute = marker.as_deref() == Some(REFUSED_VALUE.as_bytes());
                     forward_failure(status.as_deref(), by_kvroute)

@@ -144,7 +144,7 @@ pub(super) fn validate_health(h: &RawHealth, s: &RawScrape) -> Result<(), Config
     }
     // A round of scrapes is published when its slowest answer is in, up to timeout_ms after
     // it began, and replaced one interval later: metrics are that old before the next.
-    if h.stale_after_ms <= s.interval_ms + s.timeout_ms {
+    if h.stale_after_ms <= s.interval_ms.saturating_add(s.timeout_ms) {
         return Err(reject(
             "health.stale_after_ms",
             format!(

@@ -153,7 +153,7 @@ impl Router {
             self.stats.overpredicted_tokens += predicted.saturating_sub(cached_in_prompt);
             self.stats.underpredicted_tokens += cached_in_prompt.saturating_sub(predicted);
             self.stats.predicted_cached_tokens += predicted;
-            self.stats.reported_cached_tokens += cached;
+            self.stats.reported_cached_tokens = self.stats.reported_cached_tokens.saturating_add(cached);
             self.stats.reported_prompt_tokens += record.prompt_tokens.0;
         }
         self.tell_peers(|| PeerEvent::Completed {
