@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Packs dist/kvroute.wasm as the OCI image Istio's WasmPlugin pulls (`url: oci://...`),
+# Packs dist/kvroute.wasm as the OCI image istio-agent pulls for envoy/istio/'s EnvoyFilters
+# (their ECDS patch's `uri: oci://...`),
 # without Docker: an OCI image layout directory (oci-layout, index.json, blobs/sha256/...)
 # holding one image manifest whose single layer (application/vnd.oci.image.layer.v1.tar+gzip)
 # is a tar with `plugin.wasm` — the "compat" variant of the Wasm image specification, which
@@ -11,9 +12,9 @@
 #     IMAGE  where you will push it, REGISTRY/REPOSITORY:TAG (default
 #            registry.example.com/kvroute/kvroute:dev)
 #
-# It prints the manifest digest and writes OUT/wasmplugin-*.yaml: envoy/istio/'s WasmPlugins
-# with `url` set to oci://IMAGE and `sha256` to that digest (istio-agent compares `sha256`
-# with the digest of the manifest it pulls). Push the layout with a tool that keeps the
+# It prints the manifest digest and writes OUT/envoyfilter-*.yaml: envoy/istio/'s EnvoyFilters
+# with the module's `uri` set to oci://IMAGE and `sha256` to that digest (istio-agent compares
+# `sha256` with the digest of the manifest it pulls). Push the layout with a tool that keeps the
 # manifest bytes, e.g.
 #   skopeo copy --preserve-digests oci:target/oci:TAG docker://REGISTRY/REPOSITORY:TAG
 #   oras cp --from-oci-layout target/oci:TAG REGISTRY/REPOSITORY:TAG
@@ -95,7 +96,7 @@ print(f"module sha256 {hashlib.sha256(module).hexdigest()} ({len(module)} bytes)
 PY
 
 digest=$(cat "$OUT/DIGEST")
-for f in envoy/istio/wasmplugin-*.yaml; do
+for f in envoy/istio/envoyfilter-*.yaml; do
   sed -e "s#oci://REGISTRY/kvroute:TAG#oci://$IMAGE#" -e "s#sha256: SHA256_OF_THE_OCI_MANIFEST#sha256: $digest#" "$f" >"$OUT/$(basename "$f")"
   grep -q "sha256: $digest" "$OUT/$(basename "$f")" || { echo "$f has no sha256 placeholder to fill" >&2; exit 1; }
   echo "wrote $OUT/$(basename "$f") (url oci://$IMAGE, sha256 $digest)"

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes an Envoy config shaped like what Istio (and Envoy Gateway) generate for the vLLM
-pool, with envoy/istio/'s EnvoyFilter patches and envoy/envoy-gateway/'s patch applied and
-the WasmPlugin's pluginConfig as the filter configuration, for `envoy --mode validate`
+pool, with envoy/istio/'s EnvoyFilter patches and envoy/envoy-gateway/'s patches applied and
+kvroute's filter as Envoy gets it once istio-agent has pulled the module (the ECDS patch's
+configuration, its remote code a local file), for `envoy --mode validate` and a real run
 (scripts/test-manifests.sh). It checks that the patch values are valid Envoy config where
 Istio puts them, next to the fields Istio sets itself; it does not run Istio.
 
@@ -34,8 +35,11 @@ def merge(base, patch):
 
 
 def patches(path):
+    """The EnvoyFilter's patches by (applyTo, operation)."""
     doc = yaml.safe_load(open(path))
-    return {p["applyTo"]: p for p in doc["spec"]["configPatches"]}
+    found = {(p["applyTo"], p["patch"]["operation"]): p for p in doc["spec"]["configPatches"]}
+    assert len(found) == len(doc["spec"]["configPatches"]), f"{path}: two patches of one kind"
+    return found
 
 
 gw = patches("envoy/istio/envoyfilter-gateway.yaml")
@@ -47,12 +51,23 @@ sidecar = patches("envoy/istio/envoyfilter-sidecar.yaml")
 # The sidecar's patches carry the same values (only their match differs): checking the
 # gateway's checks both.
 assert sidecar.keys() == gw.keys() and all(sidecar[k]["patch"] == gw[k]["patch"] for k in gw), "sidecar and gateway patches differ"
-plugin = yaml.safe_load(open("envoy/istio/wasmplugin-gateway.yaml"))["spec"]
-assert yaml.safe_load(open("envoy/istio/wasmplugin-sidecar.yaml"))["spec"]["pluginConfig"] == plugin["pluginConfig"]
-assert plugin["failStrategy"] == "FAIL_OPEN"
+# kvroute's filter: an ECDS configuration (EXTENSION_CONFIG) and the HTTP filter that names it,
+# inserted before the router.
+ecds = gw[("EXTENSION_CONFIG", "ADD")]["patch"]["value"]
+kvroute_filter = gw[("HTTP_FILTER", "INSERT_BEFORE")]
+assert kvroute_filter["match"]["listener"]["filterChain"]["filter"]["subFilter"]["name"] == "envoy.filters.http.router"
+discovery = kvroute_filter["patch"]["value"]["config_discovery"]
+assert kvroute_filter["patch"]["value"]["name"] == ecds["name"]
+assert ecds["typed_config"]["@type"] in discovery["type_urls"]
+plugin = ecds["typed_config"]["config"]
+# Without it Envoy never gives kvroute the body of a request it paused on its headers.
+assert plugin["allow_on_headers_stop_iteration"] is True
+assert plugin["failure_policy"] == "FAIL_OPEN"
+remote = plugin["vm_config"]["code"]["remote"]
+assert remote["http_uri"]["uri"].startswith("oci://") and remote["sha256"], remote
 eg_docs = list(yaml.safe_load_all(open("envoy/envoy-gateway/kvroute.yaml")))
 eg_policy = next(d for d in eg_docs if d["kind"] == "EnvoyExtensionPolicy")["spec"]["wasm"][0]
-eg_patch = next(d for d in eg_docs if d["kind"] == "EnvoyPatchPolicy")["spec"]["jsonPatches"][0]
+eg_patch, eg_stop = next(d for d in eg_docs if d["kind"] == "EnvoyPatchPolicy")["spec"]["jsonPatches"]
 assert eg_patch["name"] == EG_POOL and eg_patch["operation"]["path"] == "/load_balancing_policy"
 
 
@@ -74,26 +89,47 @@ def istio_cluster(name, port=8000):
     }
 
 
-def wasm_filter(name, config_json, fail_open):
-    # What an ECDS wasm filter from a WasmPlugin looks like: no vm_id, config as a JSON string.
-    return {
+def istio_filter(name, config_json):
+    """kvroute's filter as Envoy gets it on Istio: the ECDS patch's configuration with the
+    module pulled (istio-agent rewrites the remote code to the local file it cached)."""
+    typed = copy.deepcopy(ecds["typed_config"])
+    typed["config"]["vm_config"]["code"] = {"local": {"filename": wasm}}
+    typed["config"]["configuration"]["value"] = config_json
+    return {"name": name, "typed_config": typed}
+
+
+def eg_filter(config_json):
+    """The wasm filter Envoy Gateway generates for the EnvoyExtensionPolicy (no
+    allow_on_headers_stop_iteration: the policy has no such field), then the EnvoyPatchPolicy's
+    listener patch applied where its JSONPath points."""
+    name = "envoy.filters.http.wasm/envoyextensionpolicy/kvroute/kvroute/wasm/0"
+    f = {
         "name": name,
         "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
             "config": {
-                "name": name,
-                "root_id": "kvroute",
-                "vm_config": {"runtime": "envoy.wasm.runtime.v8", "code": {"local": {"filename": wasm}}},
+                "name": eg_policy["name"],
+                "root_id": eg_policy["rootID"],
+                "vm_config": {"vm_id": eg_policy["name"], "runtime": "envoy.wasm.runtime.v8", "code": {"local": {"filename": wasm}}},
                 "configuration": {"@type": "type.googleapis.com/google.protobuf.StringValue", "value": config_json},
-                "allow_on_headers_stop_iteration": True,
-                "failure_policy": "FAIL_OPEN" if fail_open else "FAIL_CLOSED",
+                "fail_open": eg_policy.get("failOpen", False),
             },
         },
     }
+    op = eg_stop["operation"]
+    assert eg_stop["type"].endswith("envoy.config.listener.v3.Listener") and op["op"] == "add"
+    assert op["jsonPath"] == f"..http_filters[?(@.name=='{name}')]", op["jsonPath"]
+    *parents, leaf = op["path"].strip("/").split("/")
+    target = f
+    for key in parents:
+        target = target[key]
+    target[leaf] = op["value"]
+    assert f["typed_config"]["config"]["allow_on_headers_stop_iteration"] is True
+    return f
 
 
 def build(plugin_config, eg_config, replicas_config):
-    pool = merge(istio_cluster(POOL), gw["CLUSTER"]["patch"]["value"])
+    pool = merge(istio_cluster(POOL), gw[("CLUSTER", "MERGE")]["patch"]["value"])
     peers = merge(istio_cluster(PEERS, 8080), replicas_patch["patch"]["value"])
     eg_pool = istio_cluster(EG_POOL)
     eg_pool[eg_patch["operation"]["path"].strip("/")] = eg_patch["operation"]["value"]
@@ -114,14 +150,14 @@ def build(plugin_config, eg_config, replicas_config):
             },
         },
     }
-    route = merge(route, gw["HTTP_ROUTE"]["patch"]["value"])
+    route = merge(route, gw[("HTTP_ROUTE", "MERGE")]["patch"]["value"])
     eg_route = {"name": "eg", "match": {"prefix": "/eg/"}, "route": {"cluster": EG_POOL, "timeout": "300s"}}
     hcm_filters = [
-        gw["HTTP_FILTER"]["patch"]["value"],  # INSERT_FIRST
-        wasm_filter("istio.kvroute", plugin_config, True),
-        # The pluginConfig with the replicas' exchange on (replicas-gateway.yaml's addition).
-        wasm_filter("istio.kvroute.replicas", replicas_config, True),
-        wasm_filter("eg.kvroute", eg_config, eg_policy.get("failOpen", False)),
+        gw[("HTTP_FILTER", "INSERT_FIRST")]["patch"]["value"],
+        istio_filter(kvroute_filter["patch"]["value"]["name"], plugin_config),
+        # The configuration with the replicas' exchange on (replicas-gateway.yaml's addition).
+        istio_filter("kvroute.replicas", replicas_config),
+        eg_filter(eg_config),
         {"name": "envoy.filters.http.router", "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}},
     ]
     hcm = {
@@ -150,7 +186,7 @@ def build(plugin_config, eg_config, replicas_config):
     }
 
 
-istio_cfg, eg_cfg = plugin["pluginConfig"], eg_policy["config"]
+istio_cfg, eg_cfg = json.loads(plugin["configuration"]["value"]), eg_policy["config"]
 assert istio_cfg["discovery"]["admin_cluster"] == "prometheus_stats" and istio_cfg["discovery"]["cluster"] == POOL
 assert eg_cfg["discovery"]["cluster"] == EG_POOL
 replicas_cfg = dict(istio_cfg, share={"replicas": {"cluster": PEERS, "secret": "example-secret-0123456789"}})

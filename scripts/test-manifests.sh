@@ -3,8 +3,8 @@
 #
 #  1. Schemas: every Kubernetes, Istio, Gateway API and Envoy Gateway document under
 #     envoy/kubernetes, envoy/istio, envoy/envoy-gateway (scripts/validate_manifests.py; the
-#     schemas and their provenance: envoy/schemas/README.md). The WasmPlugins are validated
-#     as scripts/build-oci.sh fills them (their `sha256` placeholder is not a valid digest),
+#     schemas and their provenance: envoy/schemas/README.md). envoy/istio's EnvoyFilters are
+#     validated as scripts/build-oci.sh fills them (with the image's `uri` and `sha256`),
 #     and the wasm ConfigMap as scripts/k8s-wasm-configmap.py generates it from dist/kvroute.wasm.
 #  2. The gateway's envoy.yaml (the ConfigMap in envoy/kubernetes/gateway.yaml), its variant
 #     with the commented price-tier lines and the one with the replicas' exchange on (the
@@ -16,10 +16,14 @@
 #     through the locked-down admin and route requests, and the admin must refuse
 #     /config_dump (needs KVROUTE_SIM or target/release/kvroute-sim).
 #  3. The Istio and Envoy Gateway patches' Envoy values (override_host policy, route retry
-#     policy and body limit, header_mutation filter, the gateway replicas' cluster of
-#     envoy/istio/replicas-gateway.yaml with the pluginConfig that uses it) merged into a
+#     policy and body limit, header_mutation filter, kvroute's filter as istio-agent hands it
+#     to Envoy and as Envoy Gateway's listener patch leaves it, the gateway replicas' cluster
+#     of envoy/istio/replicas-gateway.yaml with the configuration that uses it) merged into a
 #     cluster, route and listener shaped like the ones Istio generates, through
-#     `envoy --mode validate`.
+#     `envoy --mode validate`; then that config run as a real Envoy in front of 2 simulated
+#     servers: kvroute must get the bodies of the requests it pauses (Istio's WasmPlugin
+#     cannot say `allow_on_headers_stop_iteration`, and without it every request hangs),
+#     discover the pool through `prometheus_stats` and route.
 #  4. The Prometheus configuration for Kubernetes with `promtool check config` (Debian's
 #     promtool is built without Kubernetes discovery: its kubernetes_sd_configs blocks are
 #     swapped for static_configs; everything else, relabelling included, is checked as is)
@@ -57,7 +61,7 @@ bash scripts/build-oci.sh "$WASM" "$OUT/oci" registry.example.com/kvroute/kvrout
 "$PYTHON" scripts/k8s-wasm-configmap.py "$WASM" >"$OUT/kvroute-wasm-configmap.yaml"
 files=()
 for f in envoy/kubernetes/*.y*ml envoy/istio/*.yaml envoy/envoy-gateway/*.yaml; do
-  case "$f" in envoy/istio/wasmplugin-*) files+=("$OUT/oci/$(basename "$f")") ;; *) files+=("$f") ;; esac
+  case "$f" in envoy/istio/envoyfilter-*) files+=("$OUT/oci/$(basename "$f")") ;; *) files+=("$f") ;; esac
 done
 files+=("$OUT/kvroute-wasm-configmap.yaml")
 if "$PYTHON" scripts/validate_manifests.py check "${files[@]}" | tee "$OUT/schemas.txt"; then :; fi
@@ -116,7 +120,7 @@ envoy_validate "envoy/kubernetes/gateway.yaml's envoy.yaml with the replicas' ex
 
 echo "==> the Istio / Envoy Gateway patch values in an Istio-shaped Envoy config"
 "$PYTHON" scripts/istio_patch_config.py "$OUT/istio-shaped.yaml" "$WASM" >/dev/null
-envoy_validate "envoy/istio/envoyfilter-gateway.yaml + wasmplugin-gateway.yaml, envoy/envoy-gateway patches, in an Istio-shaped config" \
+envoy_validate "envoy/istio/envoyfilter-gateway.yaml (kvroute as istio-agent delivers it), envoy/envoy-gateway patches, in an Istio-shaped config" \
   "$OUT/istio-shaped.yaml"
 
 echo "==> Prometheus configuration for Kubernetes, Prometheus Adapter queries"
@@ -191,89 +195,74 @@ echo "==> envoy/kubernetes/gateway.yaml's envoy.yaml, run: real Envoy + kvroute 
 SIM=${KVROUTE_SIM:-target/release/kvroute-sim}
 if [ -x "$SIM" ]; then
   if "$PYTHON" - "$ENVOY" "$SIM" "$OUT" <<'PY'; then pass "the gateway's envoy.yaml runs: kvroute discovers the STRICT_DNS pool through the locked-down admin and routes"; else fail "the gateway's envoy.yaml did not run and route (see $OUT/gateway-run.log)"; fi
-import json, socket, subprocess, sys, time, urllib.request
+import sys, urllib.error
+sys.path.insert(0, "scripts")
+from envoy_run_check import Ports, get, prometheus, route, running
 envoy, sim, out = sys.argv[1:4]
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-def get(port, path):
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
-        return r.status, r.read().decode()
-
-def free_pair():
-    """A port whose next one is free too (the two simulated servers)."""
-    for _ in range(100):
-        base = free_port()
-        try:
-            s = socket.socket()
-            s.bind(("127.0.0.1", base + 1))
-            s.close()
-            return base
-        except OSError:
-            continue
-    raise RuntimeError("no two consecutive free ports")
-
-base = free_pair()
-taken = {base, base + 1}
-def other_port():
-    while True:
-        p = free_port()
-        if p not in taken:
-            taken.add(p)
-            return p
-listen, stats, admin, sim_admin = other_port(), other_port(), other_port(), other_port()
+ports = Ports()
 text = open(f"{out}/gateway-envoy.yaml").read()
 # The pool's one lb_endpoint (the headless Service's name) becomes one per simulated server.
 lines = text.splitlines()
 at = next(i for i, l in enumerate(lines) if "vllm-pool.kvroute.svc.cluster.local" in l)
 start = max(i for i in range(at) if lines[i].lstrip().startswith("- endpoint:"))
 item = lines[start : at + 1]
-copies = ["\n".join(item).replace("vllm-pool.kvroute.svc.cluster.local", "localhost").replace("port_value: 8000", f"port_value: {base + i}") for i in range(2)]
+copies = ["\n".join(item).replace("vllm-pool.kvroute.svc.cluster.local", "localhost").replace("port_value: 8000", f"port_value: {ports.base + i}") for i in range(2)]
 text = "\n".join(lines[:start] + copies + lines[at + 1 :]) + "\n"
 text = text.replace("address: 0.0.0.0", "address: 127.0.0.1")
-text = text.replace("port_value: 10000", f"port_value: {listen}").replace("port_value: 9902", f"port_value: {stats}").replace("port_value: 9901", f"port_value: {admin}")
+text = text.replace("port_value: 10000", f"port_value: {ports.listen}").replace("port_value: 9902", f"port_value: {ports.stats}").replace("port_value: 9901", f"port_value: {ports.admin}")
 open(f"{out}/gateway-run.yaml", "w").write(text)
 log = open(f"{out}/gateway-run.log", "w")
-procs = [subprocess.Popen([sim, "serve", "--servers", "2", "--base-port", str(base), "--admin-port", str(sim_admin)], stdout=log, stderr=log)]
-try:
-    procs.append(subprocess.Popen([envoy, "-c", f"{out}/gateway-run.yaml", "--concurrency", "2", "--use-dynamic-base-id", "-l", "warning"], stdout=log, stderr=log))
-    deadline = time.time() + 30
-    routed = 0
-    while time.time() < deadline and routed < 4:
-        try:
-            body = json.dumps({"model": "meta-llama/Llama-3.1-8B-Instruct", "max_tokens": 4,
-                               "messages": [{"role": "user", "content": f"hello gateway {routed} " * 40}]}).encode()
-            req = urllib.request.Request(f"http://127.0.0.1:{listen}/v1/chat/completions", body, {"content-type": "application/json"})
-            with urllib.request.urlopen(req, timeout=10) as r:
-                assert r.status == 200
-            _, prom = get(admin, "/stats/prometheus")
-            routed = sum(int(float(l.split()[-1])) for l in prom.splitlines()
-                         if l.startswith(("kvroute_decision_cold", "kvroute_decision_prefix_hit")))
-        except Exception as e:
-            print(f"waiting: {e}", file=log)
-            time.sleep(0.3)
-    _, prom = get(admin, "/stats/prometheus")
-    hosts = [l for l in prom.splitlines() if l.startswith("kvroute_discovery_hosts")]
+with running(envoy, sim, f"{out}/gateway-run.yaml", ports, log):
+    routed = route(ports, log)
+    hosts = prometheus(ports, "kvroute_discovery_hosts")
     print(f"routed by kvroute: {routed}; {hosts}", file=log)
     assert routed >= 4, f"kvroute routed {routed} requests"
     assert hosts and float(hosts[0].split()[-1]) == 2, hosts
     try:
-        get(admin, "/config_dump")
+        get(ports.admin, "/config_dump")
         raise AssertionError("the admin answered /config_dump")
     except urllib.error.HTTPError as e:
         assert e.code == 403, e.code
-finally:
-    for p in procs:
-        p.kill()
-        p.wait()
 PY
 else
   fail "no simulator at $SIM to run the gateway's envoy.yaml against"
+fi
+
+echo "==> the Istio-shaped config, run: kvroute's filter as istio-agent delivers it, in front of 2 simulated servers"
+if [ -x "$SIM" ]; then
+  if "$PYTHON" - "$ENVOY" "$SIM" "$OUT" <<'PY'; then pass "envoy/istio's filter runs as Istio delivers it: kvroute gets the bodies it paused for, discovers the pool through prometheus_stats and routes"; else fail "envoy/istio's filter did not run and route (see $OUT/istio-run.log)"; fi
+import sys, yaml
+sys.path.insert(0, "scripts")
+from envoy_run_check import Ports, prometheus, route, running
+envoy, sim, out = sys.argv[1:4]
+ports = Ports()
+cfg = yaml.safe_load(open(f"{out}/istio-shaped.yaml"))
+cfg["admin"]["address"]["socket_address"]["port_value"] = ports.admin
+(listener,) = cfg["static_resources"]["listeners"]
+listener["address"]["socket_address"] = {"address": "127.0.0.1", "port_value": ports.listen}
+hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
+# The ingress gateway's chain: the header removal, kvroute, the router (not the variants
+# the validation carries beside it).
+hcm["http_filters"] = [f for f in hcm["http_filters"] if f["name"] in ("envoy.filters.http.header_mutation", "kvroute", "envoy.filters.http.router")]
+assert [f["name"] for f in hcm["http_filters"]] == ["envoy.filters.http.header_mutation", "kvroute", "envoy.filters.http.router"]
+for c in cfg["static_resources"]["clusters"]:
+    eps = c["load_assignment"]["endpoints"][0]["lb_endpoints"]
+    if c["name"].startswith("outbound|8000||vllm."):
+        for i, e in enumerate(eps):
+            e["endpoint"]["address"]["socket_address"] = {"address": "127.0.0.1", "port_value": ports.base + i}
+    elif c["name"] == "prometheus_stats":
+        eps[0]["endpoint"]["address"]["socket_address"]["port_value"] = ports.admin
+yaml.safe_dump(cfg, open(f"{out}/istio-run.yaml", "w"), sort_keys=False)
+log = open(f"{out}/istio-run.log", "w")
+with running(envoy, sim, f"{out}/istio-run.yaml", ports, log):
+    routed = route(ports, log)
+    hosts = prometheus(ports, "kvroute_discovery_hosts")
+    print(f"routed by kvroute: {routed}; {hosts}", file=log)
+    assert routed >= 4, f"kvroute routed {routed} requests"
+    assert hosts and float(hosts[0].split()[-1]) == 2, hosts
+PY
+else
+  fail "no simulator at $SIM to run the Istio-shaped config against"
 fi
 
 echo "test-manifests: $passed passed, $failed failed"

@@ -1,7 +1,7 @@
 //! Who polls Envoy and scrapes the servers for this process: one `Poller`, never more.
 //!
 //! With the singleton service (`envoy.bootstrap.wasm`) the service always holds the lease.
-//! Without one (Istio's `WasmPlugin` inserts HTTP filters only), the worker VMs elect one
+//! Without one (on Istio, where kvroute comes as an HTTP filter), the worker VMs elect one
 //! of themselves through a lease in shared data: the holder renews it every quarter of
 //! `discovery.lease_ms`; the others check as often and take it, by compare-and-swap, once it
 //! has not been renewed for `discovery.lease_ms` (the holder's VM crashed, or its thread

@@ -2,7 +2,7 @@
 //! pool cluster switched to file-based EDS (or STRICT_DNS), with no pool list in kvroute's
 //! configuration: kvroute learns the hosts and Envoy's verdict on each from the admin's
 //! `/clusters`. Every scenario runs with the singleton service and in lease mode (no
-//! bootstrap service: one worker VM polls for the others, as under Istio's `WasmPlugin`).
+//! bootstrap service: one worker VM polls for the others, as on Istio).
 
 #![allow(clippy::disallowed_methods)] // wall-time end-to-end tests read the clock
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] functions

@@ -197,7 +197,7 @@ fn replicas_learned_from_envoys_cluster_exchange_and_skip_themselves() {
     learned_replicas_exchange(|t| t);
 }
 
-/// The same without the singleton service (as under Istio's WasmPlugin): the worker VM that
+/// The same without the singleton service (as on Istio): the worker VM that
 /// holds the polling lease reads the replicas' cluster and forwards.
 #[test]
 fn lease_mode_replicas_learned_from_envoys_cluster_exchange_and_skip_themselves() {
