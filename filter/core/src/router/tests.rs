@@ -2342,3 +2342,31 @@ fn a_slower_gpu_whose_waiting_requests_move_slowly_loses_the_next_request() {
     // Like GPUs, where another server runs twice the most server 0 ever ran: charged.
     assert_eq!(route_with(1.0, ""), Some(ep(1)));
 }
+
+#[test]
+fn the_margin_buys_no_dearer_tier_than_the_best_scored_servers_when_it_meets_the_objective() {
+    // Cheap server 0 holds the whole prompt behind 6 waiting requests: predicted TTFT ≈ 262
+    // ms at the lowest cost (its hit). The premium servers, nearly idle, would compute the
+    // prompt in ≈ 205 ms at about twice the cost.
+    let route = |objective_ms: f64| {
+        let loads = [load(8, 6, 0.3), load(8, 6, 0.3), load(2, 0, 0.1), load(2, 0, 0.1)];
+        let mut r = tiered(objective_ms, &loads);
+        route_to(&mut r, 1, &req(5, 64), 0, T0);
+        r.on_first_token(1, T0.plus(50));
+        r.on_completed(1, &Completion::default(), T0.plus(60));
+        for (i, m) in loads.iter().enumerate() {
+            r.on_metrics(&ep(i), m.clone(), T0.plus(100));
+        }
+        let d = r.route(&req(5, 64), T0.plus(100));
+        let ttft: Vec<f64> = d.breakdown.iter().map(|s| s.ttft_ms).collect();
+        assert!(ttft[0] > 250.0 && ttft[0] < 275.0 && ttft[2] < 210.0, "{ttft:?}");
+        (d.tier.map(|t| (t.tier, t.spilled, t.met)), d.best().cloned())
+    };
+    // 400 ms, planned for 240: only the premium servers meet the planned share, but server
+    // 0 is the best scored and within 400 ms: it keeps the request in the cheap tier.
+    assert_eq!(route(400.0), (Some((0, false, true)), Some(ep(0))));
+    // 250 ms: server 0 misses the whole objective; the premium tier, within it, serves.
+    let (tiering, best) = route(250.0);
+    assert_eq!(tiering, Some((1, true, true)));
+    assert!(best == Some(ep(2)) || best == Some(ep(3)), "{best:?}");
+}
