@@ -7,8 +7,6 @@
 //! `on_metrics` / `on_scrape_failed` (a scrape result), `on_endpoints` (membership).
 //! The filter, the simulator's replay and its live mode all drive the same events.
 
-use std::collections::BTreeMap;
-
 use crate::config::Config;
 use crate::decision::{Decision, EndpointScore, FallbackReason, FilterReason, Outcome};
 use crate::endpoint::{Endpoint, EndpointTable};
@@ -18,10 +16,18 @@ use crate::peer::PeerEvent;
 use crate::policy::{self, Candidate, ScoreContext};
 use crate::request::{ParsedRequest, BYTES_PER_TOKEN};
 use crate::types::{BlockHash, EndpointId, Millis, Tokens};
+use inflight::InflightTable;
 
 /// Requests tracked in flight at most; the oldest is released past it (lost completions
 /// must not leak memory or pin load on an endpoint forever).
 pub const MAX_INFLIGHT: usize = 65_536;
+
+/// The records of requests in flight hold their prompts' block hashes in at most this
+/// fraction of the index's memory budget (`index.max_memory_bytes`): the default's 256 MiB
+/// allow 8M blocks, 16,384 prompts of the longest `max_blocks` (512); without the bound,
+/// 65,536 such prompts held 256 MiB besides the index, and a larger `max_blocks` more than
+/// a wasm VM can address.
+pub const INFLIGHT_SHARE: usize = 4;
 
 /// What routing needs from one request, already hashed.
 #[derive(Clone, Debug, PartialEq)]
@@ -103,7 +109,7 @@ pub struct Router {
     hasher: PrefixHasher,
     table: EndpointTable,
     index: PrefixIndex,
-    inflight: BTreeMap<u64, Inflight>,
+    inflight: InflightTable,
     rotation: u64,
     mean_uncached: f64,
     stats: RouterStats,
@@ -152,7 +158,7 @@ impl Router {
             hasher,
             table: EndpointTable::default(),
             index,
-            inflight: BTreeMap::new(),
+            inflight: InflightTable::default(),
             rotation: 0,
             mean_uncached,
             stats: RouterStats::default(),
@@ -331,6 +337,7 @@ impl Router {
 
 mod candidates;
 mod events;
+mod inflight;
 mod order;
 mod peers;
 

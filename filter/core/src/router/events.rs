@@ -5,7 +5,7 @@
 //! routers did is in `peers`.
 
 use super::RouteRequest;
-use super::{Completion, Inflight, Router, MAX_INFLIGHT};
+use super::{Completion, Inflight, Router, INFLIGHT_SHARE, MAX_INFLIGHT};
 use crate::decision::Decision;
 use crate::endpoint::Prefill;
 use crate::fleet::FleetState;
@@ -113,13 +113,16 @@ impl Router {
             let cached = prompt_tokens.saturating_sub(uncached);
             e.prefilling.insert((routed_at, key), Prefill { cached, uncached });
         }
-        if self.inflight.len() > MAX_INFLIGHT {
-            // Lost completions must not pin load forever: release the oldest request (a scan,
-            // but only past 65,536 requests in flight).
+        // Lost completions must not pin load or memory forever: past 65,536 requests in
+        // flight, or past the blocks their records may hold, the oldest are released (a
+        // scan, but only there).
+        let most_blocks = self.config.index().max_memory_bytes / INFLIGHT_SHARE / std::mem::size_of::<BlockHash>();
+        while self.inflight.len() > MAX_INFLIGHT || (self.inflight.len() > 1 && self.inflight.blocks() > most_blocks) {
             let oldest = self.inflight.iter().min_by_key(|(_, r)| r.routed_at).map(|(k, _)| *k);
-            if let Some(old) = oldest.and_then(|k| self.inflight.remove(&k)) {
-                self.release(&old);
-            }
+            let Some(old) = oldest.and_then(|k| self.inflight.remove(&k)) else {
+                break;
+            };
+            self.release(&old);
         }
         true
     }

@@ -2370,3 +2370,45 @@ fn the_margin_buys_no_dearer_tier_than_the_best_scored_servers_when_it_meets_the
     assert_eq!(tiering, Some((1, true, true)));
     assert!(best == Some(ep(2)) || best == Some(ep(3)), "{best:?}");
 }
+
+#[test]
+fn the_records_of_requests_in_flight_hold_no_more_blocks_than_their_share_of_the_budget() {
+    // A 64 KiB index budget leaves the records 2,048 block hashes: 20 prompts of 100 blocks.
+    let raw = RawConfig {
+        endpoints: (0..2).map(|i| format!("10.0.0.{i}:8000")).collect(),
+        index: crate::config::RawIndex {
+            max_memory_bytes: 64 * 1024,
+            ..RawConfig::default().index
+        },
+        ..RawConfig::default()
+    };
+    let mut r = Router::new(Config::try_from(raw).unwrap());
+    for i in 0..2 {
+        r.on_metrics(&ep(i), load(0, 0, 0.0), T0);
+    }
+    for id in 1..=30u64 {
+        let q = req(id, 100);
+        let at = T0.plus(id);
+        let d = r.route(&q, at);
+        r.on_routed(id, &q, &d, at);
+    }
+    assert_eq!(r.inflight_requests(), 20);
+    // The oldest went, their load with them: the servers count the 20 left.
+    let counted: u32 = r.endpoints().iter().map(|e| e.inflight).sum();
+    assert_eq!(counted, 20);
+    // A request released early finishes as one the router no longer knows.
+    r.on_completed(1, &Completion::default(), T0.plus(100));
+    r.on_completed(30, &Completion::default(), T0.plus(100));
+    assert_eq!(r.inflight_requests(), 19);
+    // 30 short prompts more fit beside them (2,020 blocks); one of 100 more does not.
+    for id in 31..=60u64 {
+        let q = req(id, 4);
+        let d = r.route(&q, T0.plus(id));
+        r.on_routed(id, &q, &d, T0.plus(id));
+    }
+    assert_eq!(r.inflight_requests(), 49);
+    let q = req(61, 100);
+    let d = r.route(&q, T0.plus(61));
+    r.on_routed(61, &q, &d, T0.plus(61));
+    assert_eq!(r.inflight_requests(), 49, "the oldest record (100 blocks) made room");
+}
