@@ -118,6 +118,10 @@ def eg_filter(config_json):
     }
     op = eg_stop["operation"]
     assert eg_stop["type"].endswith("envoy.config.listener.v3.Listener") and op["op"] == "add"
+    # Envoy Gateway's default listener name: GATEWAY_NAMESPACE/GATEWAY/LISTENER.
+    gateway = next(d for d in eg_docs if d["kind"] == "Gateway")
+    (http,) = gateway["spec"]["listeners"]
+    assert eg_stop["name"] == f"{gateway['metadata']['namespace']}/{gateway['metadata']['name']}/{http['name']}", eg_stop["name"]
     assert op["jsonPath"] == f"..http_filters[?(@.name=='{name}')]", op["jsonPath"]
     *parents, leaf = op["path"].strip("/").split("/")
     target = f
