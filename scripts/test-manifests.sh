@@ -21,7 +21,9 @@
 #     of envoy/istio/replicas-gateway.yaml with the configuration that uses it) merged into a
 #     cluster, route and listener shaped like the ones Istio generates, through
 #     `envoy --mode validate`; then that config run as a real Envoy in front of 2 simulated
-#     servers: kvroute must get the bodies of the requests it pauses (Istio's WasmPlugin
+#     servers, kvroute's filter delivered by ECDS (the HTTP_FILTER patch as it stands, from a
+#     file holding the EXTENSION_CONFIG patch's resource instead of istiod): kvroute must
+#     get the bodies of the requests it pauses (Istio's WasmPlugin
 #     cannot say `allow_on_headers_stop_iteration`, and without it every request hangs),
 #     discover the pool through `prometheus_stats` and route.
 #  4. The Prometheus configuration for Kubernetes with `promtool check config` (Debian's
@@ -230,7 +232,7 @@ fi
 
 echo "==> the Istio-shaped config, run: kvroute's filter as istio-agent delivers it, in front of 2 simulated servers"
 if [ -x "$SIM" ]; then
-  if "$PYTHON" - "$ENVOY" "$SIM" "$OUT" <<'PY'; then pass "envoy/istio's filter runs as Istio delivers it: kvroute gets the bodies it paused for, discovers the pool through prometheus_stats and routes"; else fail "envoy/istio's filter did not run and route (see $OUT/istio-run.log)"; fi
+  if "$PYTHON" - "$ENVOY" "$SIM" "$OUT" <<'PY'; then pass "envoy/istio's filter runs as Istio delivers it (by ECDS): kvroute gets the bodies it paused for, discovers the pool through prometheus_stats and routes"; else fail "envoy/istio's filter did not run and route (see $OUT/istio-run.log)"; fi
 import sys, yaml
 sys.path.insert(0, "scripts")
 from envoy_run_check import Ports, prometheus, route, running
@@ -245,6 +247,22 @@ hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
 # the validation carries beside it).
 hcm["http_filters"] = [f for f in hcm["http_filters"] if f["name"] in ("envoy.filters.http.header_mutation", "kvroute", "envoy.filters.http.router")]
 assert [f["name"] for f in hcm["http_filters"]] == ["envoy.filters.http.header_mutation", "kvroute", "envoy.filters.http.router"]
+# kvroute by ECDS as on Istio: the HTTP_FILTER patch's filter as it stands, its config source
+# a file instead of istiod holding the EXTENSION_CONFIG patch's resource with the module
+# pulled (Envoy then checks the name and the type the filter asks for).
+patches = yaml.safe_load(open("envoy/istio/envoyfilter-gateway.yaml"))["spec"]["configPatches"]
+(inserted,) = [p["patch"]["value"] for p in patches if p["applyTo"] == "HTTP_FILTER" and p["patch"]["operation"] == "INSERT_BEFORE"]
+(added,) = [p["patch"]["value"] for p in patches if p["applyTo"] == "EXTENSION_CONFIG"]
+at = next(i for i, f in enumerate(hcm["http_filters"]) if f["name"] == "kvroute")
+resource = {"@type": "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig", "name": added["name"],
+            "typed_config": hcm["http_filters"][at]["typed_config"]}
+yaml.safe_dump({"version_info": "1", "resources": [resource]}, open(f"{out}/istio-ecds.yaml", "w"), sort_keys=False)
+source = inserted["config_discovery"]["config_source"]
+assert "ads" in source, source
+source.pop("ads")
+source["path_config_source"] = {"path": f"{out}/istio-ecds.yaml"}
+hcm["http_filters"][at] = inserted
+cfg["node"] = {"id": "router~10.0.0.9~istio-ingressgateway.istio-system~istio-system.svc.cluster.local", "cluster": "istio-ingressgateway.istio-system"}
 for c in cfg["static_resources"]["clusters"]:
     eps = c["load_assignment"]["endpoints"][0]["lb_endpoints"]
     if c["name"].startswith("outbound|8000||vllm."):
