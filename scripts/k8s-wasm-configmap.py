@@ -3,10 +3,13 @@
 (envoy/kubernetes/gateway.yaml mounts it at /etc/kvroute/kvroute.wasm), with the module in
 binaryData and its SHA-256 in an annotation:
 
-    python3 scripts/k8s-wasm-configmap.py dist/kvroute.wasm | kubectl apply -n kvroute -f -
+    python3 scripts/k8s-wasm-configmap.py dist/kvroute.wasm | kubectl apply --server-side --force-conflicts -n kvroute -f -
 
-A ConfigMap holds at most 1 MiB: a larger module is refused with a message (then deliver it
-with an init container or an OCI image instead, as envoy/istio/ does).
+Server-side apply: a client-side `kubectl apply` copies the whole object into its
+`last-applied-configuration` annotation, and annotations are capped at 256 KiB, so the
+API server would refuse the ConfigMap. A ConfigMap holds at most 1 MiB: a larger module is
+refused with a message (then deliver it with an init container or an OCI image instead, as
+envoy/istio/ does).
 """
 
 import base64
