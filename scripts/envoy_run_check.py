@@ -95,3 +95,15 @@ def route(ports, log, wanted=4, within_s=30):
             print(f"waiting: {e}", file=log, flush=True)
             time.sleep(0.3)
     return routed
+
+
+def routes_both(envoy, sim, config, ports, log, then=lambda: None):
+    """Runs `config` in front of the two simulated servers: kvroute must route 4 requests and
+    count both servers in its pool; `then` checks more while it runs."""
+    with running(envoy, sim, config, ports, log):
+        routed = route(ports, log)
+        hosts = prometheus(ports, "kvroute_discovery_hosts")
+        print(f"routed by kvroute: {routed}; {hosts}", file=log)
+        assert routed >= 4, f"kvroute routed {routed} requests"
+        assert hosts and float(hosts[0].split()[-1]) == 2, hosts
+        then()
