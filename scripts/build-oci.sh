@@ -99,5 +99,5 @@ digest=$(cat "$OUT/DIGEST")
 for f in envoy/istio/envoyfilter-*.yaml; do
   sed -e "s#oci://REGISTRY/kvroute:TAG#oci://$IMAGE#" -e "s#sha256: SHA256_OF_THE_OCI_MANIFEST#sha256: $digest#" "$f" >"$OUT/$(basename "$f")"
   grep -q "sha256: $digest" "$OUT/$(basename "$f")" || { echo "$f has no sha256 placeholder to fill" >&2; exit 1; }
-  echo "wrote $OUT/$(basename "$f") (url oci://$IMAGE, sha256 $digest)"
+  echo "wrote $OUT/$(basename "$f") (uri oci://$IMAGE, sha256 $digest)"
 done

@@ -46,7 +46,7 @@ gw = patches("envoy/istio/envoyfilter-gateway.yaml")
 replica_docs = list(yaml.safe_load_all(open("envoy/istio/replicas-gateway.yaml")))
 replicas_patch = next(d for d in replica_docs if d["kind"] == "EnvoyFilter")["spec"]["configPatches"][0]
 assert replicas_patch["match"]["cluster"]["service"] == PEERS.split("|")[3] and replicas_patch["match"]["cluster"]["portNumber"] == int(PEERS.split("|")[1])
-assert PEERS in open("envoy/istio/replicas-gateway.yaml").read(), "the pluginConfig line to add names another cluster"
+assert PEERS in open("envoy/istio/replicas-gateway.yaml").read(), "the configuration line to add names another cluster"
 sidecar = patches("envoy/istio/envoyfilter-sidecar.yaml")
 # The sidecar's patches carry the same values (only their match differs): checking the
 # gateway's checks both.

@@ -22,12 +22,15 @@ use inflight::InflightTable;
 /// must not leak memory or pin load on an endpoint forever).
 pub const MAX_INFLIGHT: usize = 65_536;
 
-/// The records of requests in flight hold their prompts' block hashes in at most this
-/// fraction of the index's memory budget (`index.max_memory_bytes`): the default's 256 MiB
-/// allow 8M blocks, 16,384 prompts of the longest `max_blocks` (512); without the bound,
-/// 65,536 such prompts held 256 MiB besides the index, and a larger `max_blocks` more than
-/// a wasm VM can address.
-pub const INFLIGHT_SHARE: usize = 4;
+/// The records of requests in flight hold their prompts' block hashes in at most
+/// `index.max_memory_bytes / INFLIGHT_BUDGET_DIVISOR` bytes per router, that is per worker
+/// VM (each holds every request of its process when they share, so a process holds the
+/// workers' count times this): the default's 256 MiB allow 8M blocks, 16,384 prompts of
+/// the longest `max_blocks` (512). Without the bound, 65,536 such prompts held 256 MiB per
+/// worker besides the index, and a larger `max_blocks` more than a wasm VM can address. The
+/// configured budget, not a worker's split of it: split, 16 workers would release live
+/// requests from about a thousand long prompts in flight.
+pub const INFLIGHT_BUDGET_DIVISOR: usize = 4;
 
 /// What routing needs from one request, already hashed.
 #[derive(Clone, Debug, PartialEq)]
@@ -85,6 +88,9 @@ pub struct RouterStats {
     /// Requests served elsewhere than where they were sent (Envoy retried them after a
     /// refusal: vLLM's 503, a failed connection), this router's and its peers'.
     pub refusals: u64,
+    /// Requests released before their completion to keep the records within bounds
+    /// (`MAX_INFLIGHT`, `INFLIGHT_BUDGET_DIVISOR`): their load no longer counts.
+    pub released_unfinished: u64,
 }
 
 #[derive(Clone, Debug)]

@@ -5,7 +5,7 @@
 //! routers did is in `peers`.
 
 use super::RouteRequest;
-use super::{Completion, Inflight, Router, INFLIGHT_SHARE, MAX_INFLIGHT};
+use super::{Completion, Inflight, Router, INFLIGHT_BUDGET_DIVISOR, MAX_INFLIGHT};
 use crate::decision::Decision;
 use crate::endpoint::Prefill;
 use crate::fleet::FleetState;
@@ -114,15 +114,22 @@ impl Router {
             e.prefilling.insert((routed_at, key), Prefill { cached, uncached });
         }
         // Lost completions must not pin load or memory forever: past 65,536 requests in
-        // flight, or past the blocks their records may hold, the oldest are released (a
-        // scan, but only there).
-        let most_blocks = self.config.index().max_memory_bytes / INFLIGHT_SHARE / std::mem::size_of::<BlockHash>();
-        while self.inflight.len() > MAX_INFLIGHT || (self.inflight.len() > 1 && self.inflight.blocks() > most_blocks) {
-            let oldest = self.inflight.iter().min_by_key(|(_, r)| r.routed_at).map(|(k, _)| *k);
+        // flight, or past the blocks their records may hold, the oldest others are released
+        // (a scan, but only there); the request just placed stays.
+        let most_blocks =
+            self.config.index().max_memory_bytes / INFLIGHT_BUDGET_DIVISOR / std::mem::size_of::<BlockHash>();
+        while self.inflight.len() > MAX_INFLIGHT || self.inflight.blocks() > most_blocks {
+            let oldest = self
+                .inflight
+                .iter()
+                .filter(|(k, _)| **k != key)
+                .min_by_key(|(_, r)| r.routed_at)
+                .map(|(k, _)| *k);
             let Some(old) = oldest.and_then(|k| self.inflight.remove(&k)) else {
                 break;
             };
             self.release(&old);
+            self.stats.released_unfinished += 1;
         }
         true
     }

@@ -37,15 +37,23 @@ impl InflightTable {
         self.blocks += record.blocks.len();
         let old = self.records.insert(key, record);
         if let Some(old) = &old {
-            self.blocks -= old.blocks.len();
+            self.forget_blocks(old);
         }
         old
     }
 
     pub(super) fn remove(&mut self, key: &u64) -> Option<Inflight> {
         let old = self.records.remove(key)?;
-        self.blocks -= old.blocks.len();
+        self.forget_blocks(&old);
         Some(old)
+    }
+
+    fn forget_blocks(&mut self, old: &Inflight) {
+        debug_assert!(
+            self.blocks >= old.blocks.len(),
+            "a record's blocks changed after it was counted"
+        );
+        self.blocks = self.blocks.saturating_sub(old.blocks.len());
     }
 
     pub(super) fn iter(&self) -> impl Iterator<Item = (&u64, &Inflight)> {

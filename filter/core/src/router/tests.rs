@@ -2396,10 +2396,12 @@ fn the_records_of_requests_in_flight_hold_no_more_blocks_than_their_share_of_the
     // The oldest went, their load with them: the servers count the 20 left.
     let counted: u32 = r.endpoints().iter().map(|e| e.inflight).sum();
     assert_eq!(counted, 20);
+    assert_eq!(r.stats().released_unfinished, 10);
     // A request released early finishes as one the router no longer knows.
     r.on_completed(1, &Completion::default(), T0.plus(100));
+    assert_eq!((r.inflight_requests(), r.stats().completed), (20, 0));
     r.on_completed(30, &Completion::default(), T0.plus(100));
-    assert_eq!(r.inflight_requests(), 19);
+    assert_eq!((r.inflight_requests(), r.stats().completed), (19, 1));
     // 30 short prompts more fit beside them (2,020 blocks); one of 100 more does not.
     for id in 31..=60u64 {
         let q = req(id, 4);
@@ -2411,4 +2413,13 @@ fn the_records_of_requests_in_flight_hold_no_more_blocks_than_their_share_of_the
     let d = r.route(&q, T0.plus(61));
     r.on_routed(61, &q, &d, T0.plus(61));
     assert_eq!(r.inflight_requests(), 49, "the oldest record (100 blocks) made room");
+    r.on_completed(61, &Completion::default(), T0.plus(100));
+    assert_eq!(r.inflight_requests(), 48, "the new record stayed");
+    // A prompt past the whole bound releases every other record but stays itself.
+    let q = req(62, 2100);
+    let d = r.route(&q, T0);
+    r.on_routed(62, &q, &d, T0);
+    assert_eq!(r.inflight_requests(), 1);
+    r.on_completed(62, &Completion::default(), T0.plus(100));
+    assert_eq!(r.inflight_requests(), 0);
 }
