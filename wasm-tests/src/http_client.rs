@@ -20,7 +20,8 @@ impl Response {
     }
 }
 
-/// Sends one request; `headers` are added as given. Errors are strings for test messages.
+/// Sends one request; `headers` are added as given (with a JSON `content-type` for a body
+/// that has none). Errors are strings for test messages.
 pub fn request(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Result<Response, String> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).map_err(|e| format!("connect {port}: {e}"))?;
     s.set_read_timeout(Some(Duration::from_secs(20)))
@@ -31,6 +32,11 @@ pub fn request(port: u16, method: &str, path: &str, headers: &[(&str, &str)], bo
     );
     for (k, v) in headers {
         head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    // A body goes as JSON unless the caller says otherwise, as OpenAI clients send it: vLLM
+    // (and the simulator, like it) refuses a request without `content-type: application/json`.
+    if !body.is_empty() && !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("content-type")) {
+        head.push_str("content-type: application/json\r\n");
     }
     head.push_str("\r\n");
     // One write: a server that answers from the headers alone (a local reply) and closes

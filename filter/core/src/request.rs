@@ -8,7 +8,8 @@
 //!   different images never share affinity.
 //! - completions: the prompt string; for an array of strings, the first string is the
 //!   canonical text (vLLM runs them as separate sequences) while all count toward the token
-//!   estimate; token ids are written as 4-byte little-endian integers.
+//!   estimate, and the response's `usage` is not read (vLLM reports one prompt's cached
+//!   tokens); token ids are written as 4-byte little-endian integers.
 //!
 //! Token estimate (documented rule): ceil(bytes / 4) for text, plus 4 tokens per chat
 //! message for the template and 1,024 per content part that is not text (an image, audio);
@@ -194,12 +195,15 @@ pub fn parse(kind: ApiKind, body: &[u8]) -> Result<ParsedRequest, RequestError> 
         prompt_tokens,
         max_tokens: body.max_completion_tokens.or(body.max_tokens),
         stream: body.stream,
-        reports_usage: !body.stream
-            || body
-                .stream_options
-                .as_ref()
-                .and_then(|o| o.get("include_usage"))
-                .is_some_and(truthy),
+        // A batch of prompts is left unread: vLLM reports the cached tokens of one of its
+        // prompts (the last to finish), which says nothing of the first, the one routed on.
+        reports_usage: !body.prompt.as_ref().is_some_and(Prompt::is_batch)
+            && (!body.stream
+                || body
+                    .stream_options
+                    .as_ref()
+                    .and_then(|o| o.get("include_usage"))
+                    .is_some_and(truthy)),
         user: body.user,
         cache_salt: body.cache_salt,
     })
@@ -272,9 +276,9 @@ fn append_parts(out: &mut Vec<u8>, parts: &[Value], media: &mut Media) {
 fn completion_canonical(prompt: &Prompt) -> Result<(Vec<u8>, Tokens), RequestError> {
     match prompt {
         Prompt::Text(text) => Ok((text.as_bytes().to_vec(), Tokens(text_tokens(text.len())))),
-        Prompt::Texts { first, tokens } => Ok((first.as_bytes().to_vec(), Tokens(*tokens))),
+        Prompt::Texts { first, tokens, .. } => Ok((first.as_bytes().to_vec(), Tokens(*tokens))),
         Prompt::Ids(ids) => Ok((ids_bytes(ids), Tokens(ids.len() as u64))),
-        Prompt::IdBatches { first, tokens } => Ok((ids_bytes(first), Tokens(*tokens))),
+        Prompt::IdBatches { first, tokens, .. } => Ok((ids_bytes(first), Tokens(*tokens))),
         Prompt::Empty => Err(RequestError::InvalidField {
             field: "prompt",
             reason: "must not be empty",
@@ -287,10 +291,29 @@ fn completion_canonical(prompt: &Prompt) -> Result<(Vec<u8>, Tokens), RequestErr
 #[derive(Debug)]
 enum Prompt {
     Text(String),
-    Texts { first: String, tokens: u64 },
+    /// `batch`: more than one prompt.
+    Texts {
+        first: String,
+        tokens: u64,
+        batch: bool,
+    },
     Ids(Vec<u32>),
-    IdBatches { first: Vec<u32>, tokens: u64 },
+    IdBatches {
+        first: Vec<u32>,
+        tokens: u64,
+        batch: bool,
+    },
     Empty,
+}
+
+impl Prompt {
+    /// Several prompts in one request (vLLM runs each as its own sequence).
+    fn is_batch(&self) -> bool {
+        matches!(
+            self,
+            Prompt::Texts { batch: true, .. } | Prompt::IdBatches { batch: true, .. }
+        )
+    }
 }
 
 /// One element of a `prompt` array.
@@ -325,18 +348,22 @@ impl<'de> Deserialize<'de> for Prompt {
                         (Prompt::Empty, PromptItem::Text(t)) => Prompt::Texts {
                             tokens: text_tokens(t.len()),
                             first: t,
+                            batch: false,
                         },
-                        (Prompt::Texts { first, tokens }, PromptItem::Text(t)) => Prompt::Texts {
+                        (Prompt::Texts { first, tokens, .. }, PromptItem::Text(t)) => Prompt::Texts {
                             first,
                             tokens: tokens + text_tokens(t.len()),
+                            batch: true,
                         },
                         (Prompt::Empty, PromptItem::Ids(ids)) => Prompt::IdBatches {
                             tokens: ids.len() as u64,
                             first: ids,
+                            batch: false,
                         },
-                        (Prompt::IdBatches { first, tokens }, PromptItem::Ids(ids)) => Prompt::IdBatches {
+                        (Prompt::IdBatches { first, tokens, .. }, PromptItem::Ids(ids)) => Prompt::IdBatches {
                             first,
                             tokens: tokens + ids.len() as u64,
+                            batch: true,
                         },
                         _ => {
                             return Err(serde::de::Error::custom(format!(

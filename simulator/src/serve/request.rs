@@ -45,7 +45,8 @@ pub struct Ask {
     pub echo: bool,
 }
 
-/// Validates `body` (with its `content-type`, if any) against the served names and context.
+/// Validates `body` (with its `content-type`) against the served names and context. A
+/// request without `content-type` is refused as vLLM refuses it.
 pub fn read(
     kind: ApiKind,
     content_type: Option<&str>,
@@ -53,13 +54,17 @@ pub fn read(
     served: &[String],
     max_model_len: u64,
 ) -> Result<Ask, ApiError> {
-    if let Some(ct) = content_type {
-        let media = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
-        if media != "application/json" {
-            return Err(ApiError::bad_request(
-                "Unsupported Media Type: Only 'application/json' is allowed",
-            ));
-        }
+    let media = content_type
+        .unwrap_or("")
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    if media != "application/json" {
+        return Err(ApiError::bad_request(
+            "Unsupported Media Type: Only 'application/json' is allowed",
+        ));
     }
     let json: Value =
         serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("JSON decode error: {e}")))?;

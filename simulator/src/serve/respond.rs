@@ -65,19 +65,24 @@ impl Reply {
     }
 }
 
-/// `usage` over the finished sequences: prompt tokens once per prompt (not per sample).
+/// `usage` over the finished sequences: prompt tokens once per prompt (not per sample); the
+/// cached tokens of the last prompt only, as vLLM reports a batch of prompts.
 fn usage(reply: &Reply, finished: &[Finished]) -> Value {
     let mut prompt_seen = vec![false; reply.ask.prompts.len()];
-    let (mut prompt, mut cached, mut completion) = (0u64, 0u64, 0u64);
+    let (mut prompt, mut completion) = (0u64, 0u64);
+    let mut cached_of_last = (0usize, 0u64);
     for f in finished {
         completion += f.output_tokens;
         let p = reply.choices.get(&f.id).map_or(0, |c| c.1);
         if let Some(seen) = prompt_seen.get_mut(p).filter(|s| !**s) {
             *seen = true;
             prompt += f.prompt_tokens;
-            cached += f.cached_tokens;
+            if p >= cached_of_last.0 {
+                cached_of_last = (p, f.cached_tokens);
+            }
         }
     }
+    let cached = cached_of_last.1;
     // As vLLM 0.33 started with --enable-prompt-tokens-details: the details only when some
     // prompt tokens were cached (a miss has none).
     let mut usage = json!({

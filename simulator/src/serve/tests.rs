@@ -660,3 +660,39 @@ fn http2_prior_knowledge_is_not_served() {
         &raw[..raw.len().min(32)]
     );
 }
+
+#[test]
+fn a_request_without_content_type_is_refused_as_vllm_refuses_it() {
+    let f = fleet(1);
+    let body = serde_json::json!({"model": MODEL, "prompt": "hi", "max_tokens": 1}).to_string();
+    let mut s = TcpStream::connect(("127.0.0.1", f.base)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(
+        s,
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    assert!(raw.starts_with("HTTP/1.1 400"), "{raw}");
+    assert!(raw.contains("Only 'application/json' is allowed"), "{raw}");
+}
+
+#[test]
+fn a_batch_of_prompts_reports_the_cached_tokens_of_its_last_prompt() {
+    let f = fleet(1);
+    let long = "abcd".repeat(64);
+    completion(f.base, serde_json::json!({"prompt": long, "max_tokens": 1}));
+    let cached = |prompt: Value| {
+        completion(f.base, serde_json::json!({"prompt": prompt, "max_tokens": 1})).json()["usage"]
+            ["prompt_tokens_details"]["cached_tokens"]
+            .clone()
+    };
+    assert_eq!(cached(serde_json::json!(["a fresh prompt", long])), 48);
+    assert_eq!(
+        cached(serde_json::json!([long, "another fresh prompt"])),
+        Value::Null,
+        "a miss has no details"
+    );
+}

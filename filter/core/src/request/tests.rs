@@ -254,3 +254,20 @@ fn include_usage_is_read_as_leniently_as_stream() {
     let off = r#"{"model":"m","stream":true,"stream_options":{"include_usage":"false"},"messages":[{"role":"user","content":"x"}]}"#;
     assert!(!chat(off).unwrap().reports_usage);
 }
+
+#[test]
+fn a_batch_of_prompts_leaves_its_usage_unread() {
+    // vLLM reports the cached tokens of one prompt of a batch, not of the first (the one
+    // routed on): nothing to learn from.
+    for (prompt, read) in [
+        (r#""one""#, true),
+        (r#"["one"]"#, true),
+        (r#"["one", "two"]"#, false),
+        ("[1, 2, 3]", true),
+        ("[[1, 2]]", true),
+        ("[[1, 2], [3]]", false),
+    ] {
+        let body = format!(r#"{{"model":"m","prompt":{prompt}}}"#);
+        assert_eq!(completion(&body).unwrap().reports_usage, read, "{prompt}");
+    }
+}
