@@ -227,8 +227,10 @@ fn serve(stream: TcpStream, state: Arc<State>, port: u16) {
                 if stream {
                     respond_stream(&mut writer, port)
                 } else {
+                    // Every answer is a miss: vLLM (with --enable-prompt-tokens-details) then
+                    // gives no details, null in a whole response and absent from a stream's usage.
                     let body = format!(
-                        r#"{{"id":"x","object":"chat.completion","model":"{model}","choices":[{{"index":0,"message":{{"role":"assistant","content":"ok from {port}"}},"finish_reason":"stop"}}],"usage":{{"prompt_tokens":{},"completion_tokens":3,"prompt_tokens_details":{{"cached_tokens":0}}}}}}"#,
+                        r#"{{"id":"x","object":"chat.completion","model":"{model}","choices":[{{"index":0,"message":{{"role":"assistant","content":"ok from {port}"}},"finish_reason":"stop"}}],"usage":{{"prompt_tokens":{},"completion_tokens":3,"prompt_tokens_details":null}}}}"#,
                         req.body.len() / 4
                     );
                     respond(&mut writer, 200, "application/json", body.as_bytes(), port)
@@ -268,11 +270,13 @@ fn respond_stream(w: &mut TcpStream, port: u16) -> bool {
     let mut ok = w.write_all(head.as_bytes()).is_ok();
     for event in [
         r#"data: {"choices":[{"index":0,"delta":{"role":"assistant","content":"ok"}}]}"#.to_string(),
-        r#"data: {"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":0}}}"#.to_string(),
+        r#"data: {"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":1}}"#.to_string(),
         "data: [DONE]".to_string(),
     ] {
         let chunk = format!("{event}\n\n");
-        ok = ok && w.write_all(format!("{:x}\r\n{chunk}\r\n", chunk.len()).as_bytes()).is_ok();
+        ok = ok
+            && w.write_all(format!("{:x}\r\n{chunk}\r\n", chunk.len()).as_bytes())
+                .is_ok();
     }
     ok && w.write_all(b"0\r\n\r\n").and_then(|_| w.flush()).is_ok()
 }
