@@ -45,17 +45,20 @@ impl Answer {
     }
 }
 
+/// The header line an OpenAI client sends with its JSON body.
+const JSON: &str = "content-type: application/json\r\n";
+
 fn send(port: u16, method: &str, path: &str, body: &[u8]) -> Answer {
-    send_with(port, method, path, "", body)
+    send_with(port, method, path, JSON, body)
 }
 
-/// `send` with extra header lines (each ending in `\r\n`).
+/// `send` with these header lines instead of `JSON` (each ending in `\r\n`).
 fn send_with(port: u16, method: &str, path: &str, headers: &str, body: &[u8]) -> Answer {
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     write!(
         s,
-        "{method} {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-type: application/json\r\n{headers}content-length: {}\r\n\r\n",
+        "{method} {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n{headers}content-length: {}\r\n\r\n",
         body.len()
     )
     .unwrap();
@@ -317,7 +320,7 @@ fn ids_are_unique_across_servers_and_requests_and_shaped_like_vllms() {
     }
     // A client's (or Envoy's) X-Request-Id becomes the id, as in vLLM.
     let body = serde_json::json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1});
-    let given = "x-request-id: 5e1f0c7a-envoy\r\n";
+    let given = &format!("x-request-id: 5e1f0c7a-envoy\r\n{JSON}");
     let a = send_with(
         f.base,
         "POST",
@@ -664,19 +667,10 @@ fn http2_prior_knowledge_is_not_served() {
 #[test]
 fn a_request_without_content_type_is_refused_as_vllm_refuses_it() {
     let f = fleet(1);
-    let body = serde_json::json!({"model": MODEL, "prompt": "hi", "max_tokens": 1}).to_string();
-    let mut s = TcpStream::connect(("127.0.0.1", f.base)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    write!(
-        s,
-        "POST /v1/completions HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).unwrap();
-    assert!(raw.starts_with("HTTP/1.1 400"), "{raw}");
-    assert!(raw.contains("Only 'application/json' is allowed"), "{raw}");
+    let body = serde_json::json!({"model": MODEL, "prompt": "hi", "max_tokens": 1});
+    let a = send_with(f.base, "POST", "/v1/completions", "", body.to_string().as_bytes());
+    assert_eq!(a.status, 400, "{}", a.body);
+    assert!(a.body.contains("Only 'application/json' is allowed"), "{}", a.body);
 }
 
 #[test]
