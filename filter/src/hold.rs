@@ -328,7 +328,7 @@ impl Shared {
         let mut slot = w.slot.borrow_mut();
         slot.reason = Some(decision.outcome.label());
         match decision.outcome {
-            Outcome::PrefixHit | Outcome::Cold => {
+            Outcome::PrefixHit | Outcome::Cold | Outcome::ResponseHome => {
                 self.stats.hold_released.inc();
                 slot.routed = self.apply_decision(router, &w.req, decision, now);
                 self.peers.publish_now(router, &self.stats, now);

@@ -7,7 +7,7 @@
 
 use std::rc::Rc;
 
-use kvroute_core::request::{parse, ApiKind};
+use kvroute_core::request::{parse, response_key, stored_response_path, ApiKind};
 use kvroute_core::response::{cached_tokens, prompt_tokens, reports_usage};
 use kvroute_core::{Completion, Outcome};
 use proxy_wasm::traits::{Context, HttpContext};
@@ -27,6 +27,13 @@ use capture::Captured;
 
 /// Bytes of the response kept to find `usage.prompt_tokens_details.cached_tokens`.
 const TAIL_BYTES: usize = 4096;
+/// Bytes at the start of a Responses answer searched for its id (vLLM writes it first: the
+/// whole response's first field, a stream's first event's response's first field).
+const HEAD_BYTES: usize = 2048;
+/// A Responses stream starts with events sent before any token (`response.created`,
+/// `response.in_progress`); the first token comes with the first output event
+/// (`response.output_item.added`, then `response.output_text.delta`).
+const RESPONSES_FIRST_TOKEN: &[u8] = b"response.output_";
 
 #[derive(Debug, PartialEq)]
 enum Phase {
@@ -61,6 +68,11 @@ pub struct Http {
     /// A streamed request whose first response bytes have not come yet (its first token:
     /// the headers of a stream may come before it).
     awaiting_first_chunk: bool,
+    /// What marks the first token in a stream, when its first bytes do not (Responses).
+    first_token_marker: Option<&'static [u8]>,
+    /// A Responses request the server may store: the start of its answer, until its id is
+    /// read (`None` once read, or when there is nothing to learn).
+    head: Option<Vec<u8>>,
     tail: Vec<u8>,
     /// What the capture line needs from the request, when this one is in the sample.
     capture: Option<Box<Captured>>,
@@ -82,6 +94,8 @@ impl Http {
             responded: false,
             read_usage: false,
             awaiting_first_chunk: false,
+            first_token_marker: None,
+            head: None,
             tail: Vec::new(),
             capture: None,
         }
@@ -146,6 +160,13 @@ impl Http {
         // into the VM (one host call each) would buy nothing.
         self.read_usage = parsed.reports_usage;
         self.awaiting_first_chunk = parsed.stream;
+        if kind == ApiKind::Responses {
+            self.first_token_marker = Some(RESPONSES_FIRST_TOKEN);
+            self.head = parsed.stores.then(Vec::new);
+            if req.continues.is_some_and(|r| router.home_of(r).is_none()) {
+                shared.stats.home_unknown.inc();
+            }
+        }
         // Behind requests already held here, a new one waits its turn.
         let decision = if shared.holding() {
             None
@@ -172,7 +193,7 @@ impl Http {
                 shared.count_outcome(&outcome);
                 return Action::Continue;
             }
-            Outcome::PrefixHit | Outcome::Cold => {}
+            Outcome::PrefixHit | Outcome::Cold | Outcome::ResponseHome => {}
         }
         let Some(decision) = decision else {
             return Action::Continue;
@@ -254,6 +275,72 @@ impl Http {
     }
 }
 
+impl Http {
+    /// A request about a stored response (`GET /v1/responses/{id}`, its cancel): sent to
+    /// the server that stored it, when known; otherwise Envoy balances it (and a server
+    /// that does not hold it answers 404).
+    fn send_home(&mut self, shared: &Shared, id: &str) {
+        let home = shared
+            .router
+            .try_borrow()
+            .ok()
+            .and_then(|r| r.home_of(response_key(id)).map(ToString::to_string));
+        let Some(home) = home else {
+            shared.stats.home_unknown.inc();
+            self.reason = "response_home_unknown";
+            return;
+        };
+        if host::set_request_header(crate::DESTINATION_HEADER, Some(&home)).is_ok() {
+            shared.stats.response_home.inc();
+            self.reason = Outcome::ResponseHome.label();
+            self.chosen = Some(home);
+        }
+    }
+
+    /// Whether this chunk of a stream brings its first token: any bytes do, except in a
+    /// stream whose first token has a marker (Responses), which is searched for.
+    fn first_token_in(&self, body_size: usize, end_of_stream: bool) -> bool {
+        let Some(marker) = self.first_token_marker else {
+            return true;
+        };
+        end_of_stream
+            || host::buffer(BufferType::HttpResponseBody, 0, body_size)
+                .is_ok_and(|chunk| chunk.windows(marker.len()).any(|w| w == marker))
+    }
+
+    /// Reads the id of a Responses answer from its first bytes and tells the router where
+    /// it is stored: the upstream that answered (Envoy's choice too, when kvroute chose
+    /// none). Only a successful answer is stored.
+    fn learn_home(&mut self, body_size: usize) {
+        let Some(head) = self.head.as_mut() else { return };
+        if self.status != 200 {
+            self.head = None;
+            return;
+        }
+        let want = HEAD_BYTES.saturating_sub(head.len()).min(body_size);
+        if let Ok(chunk) = host::buffer(BufferType::HttpResponseBody, 0, want) {
+            head.extend_from_slice(&chunk);
+        }
+        let id = kvroute_core::response::response_id(head);
+        if id.is_none() && head.len() < HEAD_BYTES && want == body_size {
+            return;
+        }
+        self.head = None;
+        let (Some(id), Some(shared)) = (id, &self.shared) else {
+            return;
+        };
+        let Some(served_by) = host::property_string(&["upstream", "address"]) else {
+            return;
+        };
+        if let Ok(mut router) = shared.router.try_borrow_mut() {
+            router.on_stored(&id, &kvroute_core::EndpointId::new(served_by));
+            shared.stats.homes_learned.inc();
+            // Before the client has the id: a follow-up through any worker finds its home.
+            shared.peers.publish_now(&mut router, &shared.stats, host::now());
+        }
+    }
+}
+
 impl Context for Http {
     /// The answer to this worker's own POST of a placement to another replica, sent from
     /// this request's context (`replicas::DirectSender`): the only call a stream makes.
@@ -293,6 +380,10 @@ impl HttpContext for Http {
         };
         if let Some(action) = self.peer_batch_headers(&shared, &headers, end_of_stream) {
             return action;
+        }
+        if let Some(id) = headers.text(":path").and_then(stored_response_path) {
+            self.send_home(&shared, id);
+            return Action::Continue;
         }
         let kind = headers.text(":path").and_then(ApiKind::from_path);
         let (Some("POST"), Some(kind)) = (headers.text(":method"), kind) else {
@@ -379,7 +470,13 @@ impl HttpContext for Http {
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        if self.awaiting_first_chunk && (body_size > 0 || end_of_stream) {
+        if self.head.is_some() && body_size > 0 {
+            self.learn_home(body_size);
+        }
+        if self.awaiting_first_chunk
+            && (body_size > 0 || end_of_stream)
+            && self.first_token_in(body_size, end_of_stream)
+        {
             self.awaiting_first_chunk = false;
             self.first_token();
         }

@@ -112,6 +112,12 @@ pub struct RequestStats {
     /// answered that reached the client.
     pub refused_moved: Metric,
     pub refused_by_server: Metric,
+    /// Requests about a stored response (a continuation, `GET /v1/responses/{id}`, its
+    /// cancel) sent to the server that stored it, those whose home was unknown, and homes
+    /// learned from answers.
+    pub response_home: Metric,
+    pub home_unknown: Metric,
+    pub homes_learned: Metric,
     per_endpoint: RefCell<BTreeMap<String, Metric>>,
     /// Per-server gauges (learned rate, pace, step, unseen share) by name and server, and
     /// the value each was last set to.
@@ -181,6 +187,9 @@ impl RequestStats {
             hold_waiting: g("hold.waiting"),
             refused_moved: c("refused.moved"),
             refused_by_server: c("refused.by_server"),
+            response_home: c("decision.response_home"),
+            home_unknown: c("stored_response.home_unknown"),
+            homes_learned: c("stored_response.homes_learned"),
             per_endpoint: RefCell::new(BTreeMap::new()),
             speeds: RefCell::new(BTreeMap::new()),
         }

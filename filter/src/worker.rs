@@ -86,6 +86,7 @@ impl Shared {
             }
             Outcome::Shed { .. } => self.stats.shed.inc(),
             Outcome::Hold => {}
+            Outcome::ResponseHome => self.stats.response_home.inc(),
         }
     }
 

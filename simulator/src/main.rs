@@ -82,6 +82,11 @@ struct ServeArgs {
     /// past this.
     #[arg(long)]
     max_num_queued_tokens: Option<u64>,
+    /// Keep Responses API responses for `previous_response_id` and `GET /v1/responses/{id}`,
+    /// as vLLM does with VLLM_ENABLE_RESPONSES_API_STORE=1 (the default, from that variable:
+    /// off when unset); `--responses-store=false` turns it off.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    responses_store: Option<bool>,
 }
 
 #[derive(Args)]
@@ -113,14 +118,21 @@ fn serve_cmd(a: &ServeArgs) -> anyhow::Result<()> {
         profiles = profiles.into_iter().map(|p| p.with_blocks(b)).collect();
     }
     let admin = a.admin_port.unwrap_or(a.base_port.saturating_sub(1));
-    let admission = kvroute_sim::serve::Admission {
-        max_num_queued_reqs: a.max_num_queued_reqs,
-        max_num_queued_tokens: a.max_num_queued_tokens,
+    let options = kvroute_sim::serve::Options {
+        legacy: a.legacy_metrics,
+        admission: kvroute_sim::serve::Admission {
+            max_num_queued_reqs: a.max_num_queued_reqs,
+            max_num_queued_tokens: a.max_num_queued_tokens,
+        },
+        responses_store: match a.responses_store {
+            Some(on) => on,
+            None => kvroute_sim::serve::responses_store_from_env()?,
+        },
     };
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async {
         tokio::select! {
-            r = kvroute_sim::serve::serve(profiles, &a.host, a.base_port, admin, a.time_scale, a.legacy_metrics, None, admission) => r,
+            r = kvroute_sim::serve::serve(profiles, &a.host, a.base_port, admin, a.time_scale, None, options) => r,
             _ = tokio::signal::ctrl_c() => Ok(()),
         }
     })

@@ -1,8 +1,12 @@
 //! Live mode: each simulated server is a real HTTP server that answers like vLLM 0.33.
 //!
 //! `/v1/chat/completions` and `/v1/completions` (validation in `request`, bodies and streams
-//! in `respond`, errors in `errors`), `/tokenize` and `/detokenize` (`tokenize`),
-//! `/v1/models`, `/health`, `/metrics` (vLLM 0.33's format, or the legacy names). Tokens come
+//! in `respond`, errors in `errors`), OpenAI's Responses API (`POST /v1/responses`,
+//! `GET /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`, in `responses`; responses are
+//! stored only with `--responses-store`, as vLLM stores them only with
+//! `VLLM_ENABLE_RESPONSES_API_STORE=1`), `/tokenize` and `/detokenize` (`tokenize`),
+//! `/v1/models`, `/health`, `/metrics` (vLLM 0.33's format, or the legacy names). What the
+//! APIs share (engine submission, streaming, aborts) is in `answer`. Tokens come
 //! from the engine model in wall time: a driver task per server runs the engine's steps and
 //! sleeps each step's duration divided by `--time-scale`. Every response names its server in
 //! `x-served-by`. HTTP/1.1 only, as uvicorn serves vLLM, and a connection idle for
@@ -39,22 +43,39 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinSet;
 
-use crate::engine::{Engine, Event, SeqSpec};
-use crate::tokens::engine_blocks;
+use crate::engine::{Engine, Event};
 use respond::Reply;
 
 mod admin;
+mod answer;
 mod errors;
 mod info;
 mod request;
 mod respond;
+mod responses;
 mod start;
 mod testing;
 mod tokenize;
 pub use errors::ApiError;
+use responses::ResponseStore;
 use start::listen;
-pub use start::{serve, serve_names};
-pub use testing::{free_base_port, start_in_background, wait_listening};
+pub use start::{responses_store_from_env, serve, serve_names};
+pub use testing::{
+    free_base_port, start_in_background, start_in_background_with, start_storing_in_background, wait_listening,
+};
+
+/// How every server of a fleet runs, besides its profile: `serve`'s flags.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Options {
+    /// Export the pre-0.12 metric names (`--legacy-metrics`).
+    pub legacy: bool,
+    /// vLLM's admission limits (`--max-num-queued-reqs`, `--max-num-queued-tokens`).
+    pub admission: Admission,
+    /// Keep responses of the Responses API for `previous_response_id` and
+    /// `GET /v1/responses/{id}` (`--responses-store`; vLLM's
+    /// `VLLM_ENABLE_RESPONSES_API_STORE=1`). Off, as on vLLM by default.
+    pub responses_store: bool,
+}
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -140,6 +161,8 @@ pub struct SimServer {
     /// Model names served (vLLM's `--served-model-name`); the first is the default.
     served: Vec<String>,
     max_model_len: u64,
+    /// Responses kept for the Responses API (empty unless `Options::responses_store`).
+    responses: ResponseStore,
 }
 
 impl SimServer {
@@ -152,14 +175,18 @@ impl SimServer {
     fn name(&self) -> String {
         self.addr.to_string()
     }
-    /// A request id unique across servers and requests: 32 hex digits from this server's
-    /// address and a per-server counter (vLLM uses a random UUID's hex).
+    /// A request id unique across servers and requests: `prefix-` and [`Self::hex_id`].
     fn request_id(&self, prefix: &str, n: u64) -> String {
+        format!("{prefix}-{}", self.hex_id(n))
+    }
+    /// 32 hex digits from this server's address, its start time and `n` (a per-server
+    /// counter): unique across servers, requests and restarts (vLLM uses a random UUID's hex).
+    fn hex_id(&self, n: u64) -> String {
         use kvroute_core::policy::mix;
-        let seed = (u64::from(self.addr.port()) << 40) ^ (self.index as u64) << 32;
+        let seed = (u64::from(self.addr.port()) << 40) ^ (self.index as u64) << 32 ^ mix(self.created.to_bits());
         let a = mix(seed ^ n);
         let b = mix(a ^ 0x9e37_79b9_7f4a_7c15);
-        format!("{prefix}-{a:016x}{b:016x}")
+        format!("{a:016x}{b:016x}")
     }
 }
 
@@ -181,6 +208,9 @@ fn app(srv: Arc<SimServer>) -> Router {
             "/v1/completions",
             post(|s, h, b| complete(s, h, b, ApiKind::Completions)),
         )
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/responses/{id}", get(responses::retrieve))
+        .route("/v1/responses/{id}/cancel", post(responses::cancel))
         .route("/v1/models", get(info::models))
         .route("/tokenize", post(info::tokenize))
         .route("/detokenize", post(info::detokenize))
@@ -320,59 +350,33 @@ async fn metrics(State(srv): State<Arc<SimServer>>) -> Response {
     with_server(r, &srv)
 }
 
-async fn complete(State(srv): State<Arc<SimServer>>, headers: HeaderMap, body: Bytes, kind: ApiKind) -> Response {
-    hang_if_faulted(&srv).await;
+/// Hangs when the server is hung, numbers the request, and answers the injected 500 of
+/// `error_rate` (every inference endpoint's faults).
+async fn request_number(srv: &SimServer) -> Result<u64, Response> {
+    hang_if_faulted(srv).await;
     let f = srv.fault();
     let n = srv.next_id.fetch_add(1, Ordering::Relaxed);
     if f.error_rate > 0.0 && (kvroute_core::policy::mix(n ^ srv.index as u64) % 10_000) as f64 / 10_000.0 < f.error_rate
     {
-        return with_server(ApiError::internal("injected fault").into_response(), &srv);
+        return Err(with_server(ApiError::internal("injected fault").into_response(), srv));
     }
+    Ok(n)
+}
+
+async fn complete(State(srv): State<Arc<SimServer>>, headers: HeaderMap, body: Bytes, kind: ApiKind) -> Response {
+    let n = match request_number(&srv).await {
+        Ok(n) => n,
+        Err(r) => return r,
+    };
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
     let ask = match request::read(kind, content_type, &body, &srv.served, srv.max_model_len) {
         Ok(a) => a,
         Err(e) => return with_server(e.into_response(), &srv),
     };
-    let seqs = ask.prompts.len() as u64 * ask.n;
-    let admission = srv.admission.lock().map(|a| *a).unwrap_or_default();
-    let (tx, rx) = mpsc::unbounded_channel();
-    let mut choices = HashMap::new();
-    let mut specs = Vec::new();
-    for (p, prompt) in ask.prompts.iter().enumerate() {
-        for j in 0..ask.n {
-            // Sequence ids: this request's counter in the high bits, the choice in the low.
-            let seq = (n << 20) | choices.len() as u64;
-            choices.insert(seq, (p * ask.n as usize + j as usize, p));
-            specs.push(SeqSpec {
-                id: seq,
-                prompt_tokens: prompt.tokens,
-                output_tokens: ask.output_tokens[p].max(1),
-                block_hashes: engine_blocks(&prompt.canonical, prompt.tokens),
-                stops: !ask.finish_by_length,
-            });
-        }
-    }
-    {
-        // Admission and submission under one lock: a burst cannot pass the check together.
-        let Ok(mut engine) = srv.engine.lock() else {
-            return with_server(ApiError::internal("the engine is unavailable").into_response(), &srv);
-        };
-        if let Some((why, limit)) = admission.refuses(&engine, seqs) {
-            engine.counters.admission_rejected[limit] += 1;
-            return with_server(ApiError::overloaded(why).into_response(), &srv);
-        }
-        if let Ok(mut s) = srv.streams.lock() {
-            for spec in &specs {
-                s.insert(spec.id, tx.clone());
-            }
-        }
-        let now = srv.now_ms();
-        for spec in specs {
-            engine.add(spec, now);
-        }
-    }
-    drop(tx);
-    srv.wake.notify_one();
+    let sub = match answer::submit(&srv, &ask, n) {
+        Ok(s) => s,
+        Err(e) => return with_server(e.into_response(), &srv),
+    };
     let prefix = if kind == ApiKind::Chat { "chatcmpl" } else { "cmpl" };
     let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     // vLLM's request id (and so the response's) is the client's `X-Request-Id` when it sent
@@ -381,17 +385,12 @@ async fn complete(State(srv): State<Arc<SimServer>>, headers: HeaderMap, body: B
         Some(given) => format!("{prefix}-{given}"),
         None => srv.request_id(prefix, n),
     };
-    let reply = Reply {
-        id,
-        created,
-        choices,
-        ask,
-    };
-    let guard = respond::AbortOnDrop::new(srv.clone(), reply.choices.keys().copied().collect());
-    let r = if reply.ask.stream {
-        respond::stream(rx, reply, guard)
+    let stream = ask.stream;
+    let reply = Reply::new(ask, id, created, sub.choices.clone());
+    let r = if stream {
+        answer::stream(sub, reply)
     } else {
-        respond::whole(rx, reply, guard).await
+        answer::whole(sub, reply).await
     };
     with_server(r, &srv)
 }

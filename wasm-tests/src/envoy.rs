@@ -296,6 +296,21 @@ impl Drop for Envoy {
     }
 }
 
+/// A shipped config's text with the gateway replicas' cluster
+/// (`envoy/fragments/replicas-cluster.yaml`) naming the two replicas' peer listeners `peers`.
+pub fn with_replicas_cluster(text: &str, peers: [u16; 2]) -> String {
+    let fragment = std::fs::read_to_string(repo_root().join("envoy/fragments/replicas-cluster.yaml"))
+        .expect("envoy/fragments/replicas-cluster.yaml");
+    let cluster: String = fragment
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .collect::<Vec<_>>()
+        .join("\n")
+        .replace("port_value: 10100", &format!("port_value: {}", peers[0]))
+        .replace("port_value: 10200", &format!("port_value: {}", peers[1]));
+    text.replace("  clusters:\n", &format!("  clusters:\n{cluster}\n"))
+}
+
 /// Removes the `bootstrap_extensions` block (the singleton service), moving the plugin
 /// configuration it anchors into the HTTP filter.
 pub fn without_service(text: &str) -> String {

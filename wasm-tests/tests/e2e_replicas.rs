@@ -9,7 +9,7 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
-use kvroute_wasm_tests::envoy::{free_port, repo_root, without_service, Envoy};
+use kvroute_wasm_tests::envoy::{free_port, with_replicas_cluster, without_service, Envoy};
 use kvroute_wasm_tests::fake_vllm::{FakeVllm, Load, MODEL};
 use kvroute_wasm_tests::http_client;
 
@@ -39,14 +39,6 @@ enum Share {
 /// envoy.yaml with the replicas' cluster (envoy/fragments/replicas-cluster.yaml) naming
 /// `peers`, and kvroute told to exchange with them (or not).
 fn replica_config_every(text: String, peers: [u16; 2], share: Share, interval_ms: u64) -> String {
-    let fragment = std::fs::read_to_string(repo_root().join("envoy/fragments/replicas-cluster.yaml")).unwrap();
-    let cluster: String = fragment
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .collect::<Vec<_>>()
-        .join("\n")
-        .replace("port_value: 10100", &format!("port_value: {}", peers[0]))
-        .replace("port_value: 10200", &format!("port_value: {}", peers[1]));
     let listed = match share {
         Share::Listed => format!(r#""peers": ["127.0.0.1:{}", "127.0.0.1:{}"], "#, peers[0], peers[1]),
         _ => String::new(),
@@ -58,8 +50,7 @@ fn replica_config_every(text: String, peers: [u16; 2], share: Share, interval_ms
             r#""policy": "cost", "debug_headers": true, "share": {{"replicas": {{{listed}"secret": "{SECRET}", "interval_ms": {interval_ms}}}}},"#
         )
     };
-    text.replace("\"policy\": \"cost\",", &plugin)
-        .replace("  clusters:\n", &format!("  clusters:\n{cluster}\n"))
+    with_replicas_cluster(&text.replace("\"policy\": \"cost\",", &plugin), peers)
 }
 
 /// `n` idle fake vLLM servers and their ports.

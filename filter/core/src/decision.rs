@@ -18,6 +18,8 @@ pub enum Outcome {
     /// Every endpoint is full (`overload.hold`) and the request may wait: the caller holds
     /// it and routes it again when a tick finds room.
     Hold,
+    /// It continues a stored response: sent to the server that stored it.
+    ResponseHome,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,6 +43,7 @@ impl Outcome {
             Outcome::Fallback(FallbackReason::UnknownModel) => "fallback_unknown_model",
             Outcome::Shed { .. } => "shed",
             Outcome::Hold => "held",
+            Outcome::ResponseHome => "response_home",
         }
     }
 }

@@ -82,14 +82,22 @@ pub enum PeerEvent {
         served_by: Option<EndpointId>,
         cached_tokens: Option<u64>,
     },
+    /// `endpoint` stored response `response` (a `request::response_key`): requests about it
+    /// go there (`Router::home_of`). `key` only names the router that learned it.
+    Stored {
+        key: u64,
+        response: u64,
+        endpoint: EndpointId,
+    },
 }
 
 impl PeerEvent {
     pub fn key(&self) -> u64 {
         match self {
-            PeerEvent::Routed { key, .. } | PeerEvent::FirstToken { key, .. } | PeerEvent::Completed { key, .. } => {
-                *key
-            }
+            PeerEvent::Routed { key, .. }
+            | PeerEvent::FirstToken { key, .. }
+            | PeerEvent::Completed { key, .. }
+            | PeerEvent::Stored { key, .. } => *key,
         }
     }
 
@@ -97,8 +105,18 @@ impl PeerEvent {
     /// (a cold prefix, or one moved to a server without it). Its siblings, arriving on other
     /// workers within milliseconds, need it at once; a prefix hit only adds load where the
     /// peers already send that prefix, and can wait for the next tick (`share.hits_on_tick`).
+    /// A stored response's home is news too: its follow-up may come at once, through any
+    /// worker or replica, and only that server can answer it.
     pub fn is_news(&self) -> bool {
-        matches!(self, PeerEvent::Routed { prompt_tokens, uncached, .. } if uncached.0.saturating_mul(2) >= prompt_tokens.0)
+        match self {
+            PeerEvent::Routed {
+                prompt_tokens,
+                uncached,
+                ..
+            } => uncached.0.saturating_mul(2) >= prompt_tokens.0,
+            PeerEvent::Stored { .. } => true,
+            _ => false,
+        }
     }
 }
 

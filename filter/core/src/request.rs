@@ -6,6 +6,12 @@
 //!   then per message: role, `\x1f`, content text, `\x1e`. Content given as parts joins the
 //!   `text` parts; any other part (an image, audio) contributes its compact JSON, so two
 //!   different images never share affinity.
+//! - responses (`/v1/responses`): as chat, with `instructions` as a first `system` message
+//!   and `input` as the messages (a string is one `user` message; message items give their
+//!   role and content, `input_text`/`output_text` parts count as text; any other item, a
+//!   function call or its output, gives its `type` as the role and its compact JSON as the
+//!   content). A request that continues a stored response (`previous_response_id`) is
+//!   routed to the server that stored it, the only one that can answer it (`Router::route`).
 //! - completions: the prompt string; for an array of strings, the first string is the
 //!   canonical text (vLLM runs them as separate sequences) while all count toward the token
 //!   estimate, and the response's `usage` is not read (vLLM reports one prompt's cached
@@ -34,6 +40,8 @@ use crate::types::Tokens;
 pub enum ApiKind {
     Chat,
     Completions,
+    /// OpenAI's Responses API (`/v1/responses`).
+    Responses,
 }
 
 impl ApiKind {
@@ -43,9 +51,28 @@ impl ApiKind {
         match path {
             "/v1/chat/completions" => Some(ApiKind::Chat),
             "/v1/completions" => Some(ApiKind::Completions),
+            "/v1/responses" => Some(ApiKind::Responses),
             _ => None,
         }
     }
+}
+
+/// The response id in the path of a request about a stored response (vLLM's
+/// `GET /v1/responses/{id}` and `POST /v1/responses/{id}/cancel`): only the server that
+/// stored it can answer.
+pub fn stored_response_path(path: &str) -> Option<&str> {
+    let path = path.split('?').next().unwrap_or(path);
+    let rest = path.strip_prefix("/v1/responses/")?;
+    let id = rest.strip_suffix("/cancel").unwrap_or(rest);
+    (!id.is_empty() && !id.contains('/')).then_some(id)
+}
+
+/// A response id as the routers of every worker and replica key it (FNV-1a, mixed).
+pub fn response_key(id: &str) -> u64 {
+    let fnv = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    crate::policy::mix(fnv)
 }
 
 pub const BYTES_PER_TOKEN: u64 = 4;
@@ -73,6 +100,11 @@ pub struct ParsedRequest {
     pub reports_usage: bool,
     pub user: Option<String>,
     pub cache_salt: Option<String>,
+    /// Responses: the stored response this request continues (`previous_response_id`).
+    pub continues: Option<String>,
+    /// Responses: the server keeps the response for a follow-up (`store`, true unless the
+    /// body says otherwise; vLLM stores only with `VLLM_ENABLE_RESPONSES_API_STORE=1`).
+    pub stores: bool,
 }
 
 /// Why a body could not be used for routing; the caller falls back to Envoy's balancing.
@@ -116,6 +148,14 @@ struct Body {
     stream_options: Option<Value>,
     user: Option<String>,
     cache_salt: Option<String>,
+    input: Option<Value>,
+    instructions: Option<Value>,
+    #[serde(default, deserialize_with = "lax_count")]
+    max_output_tokens: Option<u64>,
+    previous_response_id: Option<String>,
+    /// Absent: true (the API's default); `null`: vLLM stores nothing (`Some(Null)`).
+    #[serde(default, deserialize_with = "present")]
+    store: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -161,6 +201,11 @@ fn lax_count<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::E
     Ok(n.filter(|n| *n > 0))
 }
 
+/// A field's value as given, `null` included (`Option` alone reads `null` as absent).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
+}
+
 /// A flag as pydantic's lax `bool` reads it (`true`, `"true"`, `1`, `"yes"`…); null and
 /// anything else are false.
 fn lax_bool<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
@@ -188,25 +233,111 @@ pub fn parse(kind: ApiKind, body: &[u8]) -> Result<ParsedRequest, RequestError> 
         ApiKind::Completions => {
             completion_canonical(body.prompt.as_ref().ok_or(RequestError::MissingField("prompt"))?)?
         }
+        ApiKind::Responses => {
+            let input = body.input.as_ref().ok_or(RequestError::MissingField("input"))?;
+            chat_canonical(
+                &responses_messages(body.instructions.as_ref(), input)?,
+                body.tools.as_ref(),
+            )?
+        }
     };
     Ok(ParsedRequest {
         model,
         canonical,
         prompt_tokens,
-        max_tokens: body.max_completion_tokens.or(body.max_tokens),
+        max_tokens: match kind {
+            ApiKind::Responses => body.max_output_tokens,
+            _ => body.max_completion_tokens.or(body.max_tokens),
+        },
         stream: body.stream,
-        // A batch of prompts is left unread: vLLM reports the cached tokens of one of its
-        // prompts (the last to finish), which says nothing of the first, the one routed on.
-        reports_usage: !body.prompt.as_ref().is_some_and(Prompt::is_batch)
-            && (!body.stream
-                || body
-                    .stream_options
-                    .as_ref()
-                    .and_then(|o| o.get("include_usage"))
-                    .is_some_and(truthy)),
+        reports_usage: match kind {
+            // A Responses answer always ends with `usage` (a stream's in `response.completed`);
+            // a continuation's counts its stored history too, which the filter never saw.
+            ApiKind::Responses => body.previous_response_id.is_none(),
+            // A batch of prompts is left unread: vLLM reports the cached tokens of one of
+            // its prompts (the last to finish), which says nothing of the first, the one
+            // routed on.
+            _ => {
+                !body.prompt.as_ref().is_some_and(Prompt::is_batch)
+                    && (!body.stream
+                        || body
+                            .stream_options
+                            .as_ref()
+                            .and_then(|o| o.get("include_usage"))
+                            .is_some_and(truthy))
+            }
+        },
         user: body.user,
         cache_salt: body.cache_salt,
+        continues: body
+            .previous_response_id
+            .filter(|id| kind == ApiKind::Responses && !id.is_empty()),
+        stores: kind == ApiKind::Responses && body.store.as_ref().is_none_or(truthy),
     })
+}
+
+/// A Responses body's `instructions` and `input` as chat messages (see the module's
+/// canonical text).
+fn responses_messages(instructions: Option<&Value>, input: &Value) -> Result<Vec<Message>, RequestError> {
+    let mut out = Vec::new();
+    match instructions {
+        None | Some(Value::Null) => {}
+        Some(Value::String(text)) if text.is_empty() => {}
+        Some(Value::String(text)) => out.push(Message {
+            role: "system".to_string(),
+            content: Some(Value::String(text.clone())),
+        }),
+        Some(_) => {
+            return Err(RequestError::InvalidField {
+                field: "instructions",
+                reason: "must be a string",
+            })
+        }
+    }
+    match input {
+        Value::String(text) => out.push(Message {
+            role: "user".to_string(),
+            content: Some(Value::String(text.clone())),
+        }),
+        Value::Array(items) => {
+            if items.len() > MAX_MESSAGES {
+                return Err(RequestError::Malformed(format!("more than {MAX_MESSAGES} input items")));
+            }
+            for item in items {
+                let role = item.get("role").and_then(Value::as_str);
+                let kind = item.get("type").and_then(Value::as_str).unwrap_or("message");
+                out.push(match role {
+                    Some(role) if kind == "message" => Message {
+                        role: role.to_string(),
+                        content: item.get("content").cloned(),
+                    },
+                    _ if item.is_object() => Message {
+                        role: kind.to_string(),
+                        content: Some(Value::String(item.to_string())),
+                    },
+                    _ => {
+                        return Err(RequestError::InvalidField {
+                            field: "input",
+                            reason: "must be a string or an array of input items",
+                        })
+                    }
+                });
+            }
+        }
+        _ => {
+            return Err(RequestError::InvalidField {
+                field: "input",
+                reason: "must be a string or an array of input items",
+            })
+        }
+    }
+    if out.is_empty() {
+        return Err(RequestError::InvalidField {
+            field: "input",
+            reason: "must not be empty",
+        });
+    }
+    Ok(out)
 }
 
 fn text_tokens(bytes: usize) -> u64 {
@@ -260,7 +391,12 @@ struct Media {
 fn append_parts(out: &mut Vec<u8>, parts: &[Value], media: &mut Media) {
     for part in parts {
         match part.get("text").and_then(Value::as_str) {
-            Some(text) if part.get("type").and_then(Value::as_str) == Some("text") => {
+            Some(text)
+                if matches!(
+                    part.get("type").and_then(Value::as_str),
+                    Some("text" | "input_text" | "output_text")
+                ) =>
+            {
                 out.extend_from_slice(text.as_bytes())
             }
             _ => {

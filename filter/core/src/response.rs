@@ -13,12 +13,14 @@
 //! details" as 0 cached from a server that has shown details before.
 
 const CACHED: &[u8] = b"\"cached_tokens\"";
-const USAGE: &[u8] = b"\"prompt_tokens\"";
-const COMPLETION: &[u8] = b"\"completion_tokens\"";
+/// `usage.prompt_tokens`, or the Responses API's `usage.input_tokens`.
+const USAGE: [&[u8]; 2] = [b"\"prompt_tokens\"", b"\"input_tokens\""];
+/// `usage.completion_tokens`, or the Responses API's `usage.output_tokens`.
+const COMPLETION: [&[u8]; 2] = [b"\"completion_tokens\"", b"\"output_tokens\""];
 
-/// Whether `tail` holds a `usage` object (its `prompt_tokens`).
+/// Whether `tail` holds a `usage` object (its `prompt_tokens`, or `input_tokens`).
 pub fn reports_usage(tail: &[u8]) -> bool {
-    tail.windows(USAGE.len()).any(|w| w == USAGE)
+    USAGE.iter().any(|key| tail.windows(key.len()).any(|w| w == *key))
 }
 
 /// The last `cached_tokens` value in `tail`, if one is there whole.
@@ -28,12 +30,42 @@ pub fn cached_tokens(tail: &[u8]) -> Option<u64> {
 
 /// The last `usage.prompt_tokens` in `tail`.
 pub fn prompt_tokens(tail: &[u8]) -> Option<u64> {
-    last_count(tail, USAGE)
+    last_of(tail, USAGE)
 }
 
 /// The last `usage.prompt_tokens` and `usage.completion_tokens` in `tail`, when both are there.
 pub fn usage_tokens(tail: &[u8]) -> Option<(u64, u64)> {
-    Some((last_count(tail, USAGE)?, last_count(tail, COMPLETION)?))
+    Some((last_of(tail, USAGE)?, last_of(tail, COMPLETION)?))
+}
+
+/// The value of whichever of `keys` comes last in `tail`.
+fn last_of(tail: &[u8], keys: [&[u8]; 2]) -> Option<u64> {
+    let at = |key: &[u8]| tail.windows(key.len()).rposition(|w| w == key);
+    let key = match (at(keys[0]), at(keys[1])) {
+        (Some(a), Some(b)) if b > a => keys[1],
+        (None, Some(_)) => keys[1],
+        _ => keys[0],
+    };
+    last_count(tail, key)
+}
+
+/// The id of a Responses answer from its first bytes: the first `"id"` string value (a
+/// whole response's first field; a stream's first event, `response.created`, holds the
+/// response, whose first field it is). `None` until the value is there whole.
+pub fn response_id(head: &[u8]) -> Option<String> {
+    const ID: &[u8] = b"\"id\"";
+    let at = head.windows(ID.len()).position(|w| w == ID)? + ID.len();
+    let rest = &head[at..];
+    let colon = rest.iter().position(|b| !b.is_ascii_whitespace())?;
+    let rest = rest[colon..].strip_prefix(b":")?;
+    let open = rest.iter().position(|b| !b.is_ascii_whitespace())?;
+    let rest = rest[open..].strip_prefix(b"\"")?;
+    let end = rest.iter().position(|b| *b == b'"' || *b == b'\\')?;
+    // An id with an escape, or longer than any server writes, is not one kvroute keys.
+    if rest[end] != b'"' || end == 0 || end > 256 {
+        return None;
+    }
+    std::str::from_utf8(&rest[..end]).ok().map(str::to_string)
 }
 
 /// The last integer value of the JSON key `key` (quotes included) in `tail`.
@@ -87,6 +119,32 @@ mod tests {
         assert_eq!(usage_tokens(body), Some((2100, 5)));
         assert_eq!(prompt_tokens(body), Some(2100));
         assert_eq!(usage_tokens(br#"{"usage":{"prompt_tokens":7}}"#), None);
+    }
+
+    #[test]
+    fn reads_the_usage_of_a_responses_answer() {
+        let body = br#"{"id":"resp_1","output":[],"usage":{"input_tokens":2100,"input_tokens_details":{"cached_tokens":2048},"output_tokens":5,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":2105},"user":null}"#;
+        assert!(reports_usage(body));
+        assert_eq!(cached_tokens(body), Some(2048));
+        assert_eq!(usage_tokens(body), Some((2100, 5)));
+        // Text that quotes a key is escaped in JSON, so it never reads as one.
+        let quoted = br#"{"text":"say \"input_tokens\": 9","usage":null}"#;
+        assert!(!reports_usage(quoted));
+    }
+
+    #[test]
+    fn reads_a_responses_id_from_the_first_bytes() {
+        let whole = br#"{"id":"resp_0123abcd","created_at":1}"#;
+        assert_eq!(response_id(whole).as_deref(), Some("resp_0123abcd"));
+        let stream = b"event: response.created\ndata: {\"response\":{\"id\": \"resp_9\",\"created_at\":1},\"sequence_number\":0,\"type\":\"response.created\"}\n\n";
+        assert_eq!(response_id(stream).as_deref(), Some("resp_9"));
+        let typed_first =
+            br#"data: {"type":"response.created","sequence_number":0,"item_id":"msg_1","response":{"id":"resp_7"}}"#;
+        assert_eq!(response_id(typed_first).as_deref(), Some("resp_7"), "item_id is not id");
+        assert_eq!(response_id(br#"{"id":"resp_01"#), None, "cut: the id may continue");
+        assert_eq!(response_id(br#"{"id":"a\"b"}"#), None);
+        assert_eq!(response_id(br#"{"id":null}"#), None);
+        assert_eq!(response_id(br#"{"id":""}"#), None);
     }
 
     #[test]

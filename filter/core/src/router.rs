@@ -32,6 +32,8 @@ pub const MAX_INFLIGHT: usize = 65_536;
 /// requests from about a thousand long prompts in flight.
 pub const INFLIGHT_BUDGET_DIVISOR: usize = 4;
 
+pub use homes::MAX_HOMES;
+
 /// What routing needs from one request, already hashed.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RouteRequest {
@@ -47,6 +49,9 @@ pub struct RouteRequest {
     /// with its last token, so its wait says nothing of the server's TTFT: tiers learn
     /// neither their scaling nor their floor from it.
     pub first_token_timed: bool,
+    /// The stored response this request continues (`request::response_key` of its
+    /// `previous_response_id`): only the server that stored it can answer.
+    pub continues: Option<u64>,
 }
 
 /// How a routed request ended.
@@ -125,6 +130,8 @@ pub struct Router {
     outbox: Option<Vec<PeerEvent>>,
     /// Peers' requests whose completion arrived before their placement (bounded).
     early_completions: RecentKeys,
+    /// The servers that stored responses (`homes`).
+    homes: homes::Homes,
 }
 
 /// A bounded set of request keys: the oldest is forgotten past `RecentKeys::CAP`.
@@ -171,6 +178,7 @@ impl Router {
             origin: 0,
             outbox: None,
             early_completions: RecentKeys::default(),
+            homes: homes::Homes::default(),
         };
         let endpoints = router.config.endpoints().to_vec();
         router.on_endpoints(&endpoints);
@@ -211,18 +219,37 @@ impl Router {
             .count()
     }
 
-    /// Hashes a parsed body into a routing request for `tenant`.
+    /// Hashes a parsed body into a routing request for `tenant`. A continuation of a stored
+    /// response has no blocks: its prompt starts with the stored history, which the body
+    /// does not carry, so its own text would record prefixes no server holds.
     pub fn request(&self, parsed: &ParsedRequest, tenant: &str, sheddable: bool) -> RouteRequest {
         let salt = parsed.cache_salt.as_deref().unwrap_or("");
+        let continues = parsed.continues.as_deref().map(crate::request::response_key);
         RouteRequest {
             model: parsed.model.clone(),
-            blocks: self.hasher.hash(&parsed.model, tenant, salt, &parsed.canonical),
+            blocks: match continues {
+                Some(_) => Vec::new(),
+                None => self.hasher.hash(&parsed.model, tenant, salt, &parsed.canonical),
+            },
             prompt_tokens: parsed.prompt_tokens,
             max_tokens: parsed.max_tokens,
             sheddable,
             ttft_objective_ms: None,
             first_token_timed: parsed.stream,
+            continues,
         }
+    }
+
+    /// The server that stored response `response` (a `request::response_key`), while it is
+    /// in the pool.
+    pub fn home_of(&self, response: u64) -> Option<&EndpointId> {
+        let home = self.homes.get(response)?;
+        self.table.rows().iter().any(|e| &e.id == home).then_some(home)
+    }
+
+    /// Stored responses whose home this router remembers.
+    pub fn homes_known(&self) -> usize {
+        self.homes.len()
     }
 
     fn tokens_per_block(&self) -> u64 {
@@ -230,7 +257,17 @@ impl Router {
     }
 
     /// Picks endpoints for `req`. Pure: the same state, request and `now` give the same decision.
+    ///
+    /// A continuation of a stored response goes to the server that stored it, whatever its
+    /// load or health: every other server would answer 404. Unknown homes (forgotten, or
+    /// stored before this router started) are routed like any request.
     pub fn route(&self, req: &RouteRequest, now: Millis) -> Decision {
+        if let Some(home) = req.continues.and_then(|r| self.home_of(r)) {
+            return Decision {
+                endpoints: vec![home.clone()],
+                ..Decision::without_endpoints(Outcome::ResponseHome, Vec::new())
+            };
+        }
         let rows = self.table.rows();
         let model_known = rows.iter().any(|e| e.lists_model(&req.model));
         // A body without `model` (the empty name) is served by each server's first model, as
@@ -343,6 +380,7 @@ impl Router {
 
 mod candidates;
 mod events;
+mod homes;
 mod inflight;
 mod order;
 mod peers;

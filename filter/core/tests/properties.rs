@@ -95,6 +95,7 @@ fn request(prefix: u64, len: usize, sheddable: bool) -> RouteRequest {
         sheddable,
         ttft_objective_ms: None,
         first_token_timed: true,
+        continues: None,
     }
 }
 

@@ -25,6 +25,7 @@ pub struct Segment {
 const ROUTED: u32 = 0;
 const FIRST_TOKEN: u32 = 1;
 const COMPLETED: u32 = 2;
+const STORED: u32 = 3;
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct WireEvent {
@@ -49,6 +50,9 @@ pub struct WireEvent {
     pub ttft_predicted_ms: Option<u32>,
     #[prost(uint32, optional, tag = "10")]
     pub ttft_observed_ms: Option<u32>,
+    /// A stored response's key (`request::response_key`), for `STORED`.
+    #[prost(fixed64, tag = "11")]
+    pub response: u64,
 }
 
 impl From<&PeerEvent> for WireEvent {
@@ -85,16 +89,21 @@ impl From<&PeerEvent> for WireEvent {
                 w.endpoint = served_by.as_ref().map(ToString::to_string).unwrap_or_default();
                 w.cached_tokens = *cached_tokens;
             }
+            PeerEvent::Stored { response, endpoint, .. } => {
+                w.kind = STORED;
+                w.endpoint = endpoint.to_string();
+                w.response = *response;
+            }
         }
         w
     }
 }
 
 impl Segment {
-    /// Whether it carries a placement (a request routed), not only first tokens and
-    /// completions.
+    /// Whether it carries a placement (a request routed, a response stored), not only first
+    /// tokens and completions.
     pub fn holds_placement(&self) -> bool {
-        self.events.iter().any(|e| e.kind == ROUTED)
+        self.events.iter().any(|e| e.kind == ROUTED || e.kind == STORED)
     }
 }
 
@@ -124,6 +133,11 @@ impl WireEvent {
                 key,
                 served_by: (!self.endpoint.is_empty()).then(|| EndpointId::new(self.endpoint)),
                 cached_tokens: self.cached_tokens,
+            }),
+            STORED => Some(PeerEvent::Stored {
+                key,
+                response: self.response,
+                endpoint: EndpointId::new(self.endpoint),
             }),
             _ => None,
         }
@@ -167,6 +181,11 @@ pub(super) mod tests {
                 key: 8,
                 served_by: None,
                 cached_tokens: None,
+            },
+            PeerEvent::Stored {
+                key: 9,
+                response: u64::MAX - 3,
+                endpoint: EndpointId::new("10.0.0.3:8000"),
             },
         ];
         for e in events {

@@ -5,7 +5,8 @@
 //! the parameter and whose message ends with ` (parameter=…, value=…)`, as that exception's
 //! `__str__` prints it; an unknown model is a 404 `NotFoundError` with `param: "model"`.
 //! Messages are vLLM's texts (`vllm/entrypoints/openai/engine/serving.py`, `_validate_input`
-//! and `_check_model`).
+//! and `_check_model`; the Responses API's, `serving_responses.py`, are of type
+//! `invalid_request_error`).
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -70,6 +71,27 @@ impl ApiError {
             message: message.into(),
             param: None,
         }
+    }
+
+    /// A Responses API refusal as vLLM writes it (`create_error_response` with
+    /// `err_type="invalid_request_error"`): its own type, a `param`, any status.
+    pub fn invalid_request(status: StatusCode, message: impl Into<String>, param: &str) -> ApiError {
+        ApiError {
+            status,
+            kind: "invalid_request_error",
+            message: message.into(),
+            param: Some(param.to_string()),
+        }
+    }
+
+    /// No stored response has this id (vLLM's `_make_not_found_error`): never stored, stored
+    /// by another server, or the store is off.
+    pub fn response_not_found(id: &str) -> ApiError {
+        ApiError::invalid_request(
+            StatusCode::NOT_FOUND,
+            format!("Response with id '{id}' not found."),
+            "response_id",
+        )
     }
 
     /// The prompt alone fills the context (vLLM: input up to `max_model_len − 1` tokens).

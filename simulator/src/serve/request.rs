@@ -7,7 +7,9 @@
 //!
 //! Prompts are measured by `kvroute_core::request::parse`, the rule the filter hashes with
 //! (4 bytes a token, +4 per chat message): a completions `prompt` list is one sequence per
-//! entry, each measured on its own.
+//! entry, each measured on its own; a Responses body's `instructions` and `input` as chat
+//! messages. The context check comes last (`Draft::fit`): a Responses continuation's prompt
+//! is known only once its stored history is found.
 
 use kvroute_core::request::{parse, ApiKind};
 use serde_json::Value;
@@ -45,6 +47,25 @@ pub struct Ask {
     pub echo: bool,
 }
 
+/// A request validated but for its fit in the context: a Responses continuation's prompt is
+/// known only once its stored history is found (vLLM looks it up before rendering the prompt).
+#[derive(Debug)]
+pub struct Draft {
+    pub kind: ApiKind,
+    pub model: String,
+    pub prompts: Vec<Prompt>,
+    pub n: u64,
+    /// `max_tokens` (`max_completion_tokens`, Responses' `max_output_tokens`), at least 1.
+    pub max_tokens: Option<u64>,
+    ignore_eos: bool,
+    min_tokens: u64,
+    pub stream: bool,
+    include_usage: bool,
+    echo: bool,
+    /// The body's fields, for what an answer echoes.
+    pub body: serde_json::Map<String, Value>,
+}
+
 /// Validates `body` (with its `content-type`) against the served names and context. A
 /// request without `content-type` is refused as vLLM refuses it.
 pub fn read(
@@ -54,6 +75,12 @@ pub fn read(
     served: &[String],
     max_model_len: u64,
 ) -> Result<Ask, ApiError> {
+    draft(kind, content_type, body, served)?.fit(max_model_len)
+}
+
+/// The JSON object of a request body sent as `content-type` (vLLM's media type and JSON
+/// checks, the first it makes).
+pub fn json_object(content_type: Option<&str>, body: &[u8]) -> Result<serde_json::Map<String, Value>, ApiError> {
     let media = content_type
         .unwrap_or("")
         .split(';')
@@ -68,24 +95,37 @@ pub fn read(
     }
     let json: Value =
         serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("JSON decode error: {e}")))?;
-    let Some(obj) = json.as_object() else {
-        return Err(ApiError::bad_request("Input should be a valid dictionary"));
-    };
+    match json {
+        Value::Object(obj) => Ok(obj),
+        _ => Err(ApiError::bad_request("Input should be a valid dictionary")),
+    }
+}
+
+/// Everything `read` checks but the context.
+pub fn draft(kind: ApiKind, content_type: Option<&str>, body: &[u8], served: &[String]) -> Result<Draft, ApiError> {
+    let obj = json_object(content_type, body)?;
     let model = match obj.get("model") {
         None | Some(Value::Null) => served.first().cloned().unwrap_or_default(),
         Some(Value::String(m)) if served.contains(m) => m.clone(),
         Some(Value::String(m)) => return Err(ApiError::unknown_model(m)),
         Some(_) => return Err(ApiError::bad_request("model: Input should be a valid string")),
     };
-    let n = int_field(obj, "n")?.unwrap_or(1);
+    // The Responses API has no `n`, `ignore_eos`, `min_tokens`, `echo` nor `stream_options`.
+    let responses = kind == ApiKind::Responses;
+    let n = if responses {
+        1
+    } else {
+        int_field(&obj, "n")?.unwrap_or(1)
+    };
     if n < 1 {
         return Err(ApiError::validation(&format!("n must be at least 1, got {n}."), "n", n));
     }
-    let n = n as u64;
     let max_tokens = match kind {
-        ApiKind::Chat => int_field(obj, "max_completion_tokens")?.or(int_field(obj, "max_tokens")?),
-        ApiKind::Completions => int_field(obj, "max_tokens")?,
+        ApiKind::Chat => int_field(&obj, "max_completion_tokens")?.or(int_field(&obj, "max_tokens")?),
+        ApiKind::Completions => int_field(&obj, "max_tokens")?,
+        ApiKind::Responses => int_field(&obj, "max_output_tokens")?,
     };
+    // vLLM's `SamplingParams` check, whichever field the API calls it.
     if let Some(m) = max_tokens.filter(|m| *m < 1) {
         return Err(ApiError::validation(
             &format!("max_tokens must be at least 1, got {m}."),
@@ -93,58 +133,83 @@ pub fn read(
             m,
         ));
     }
-    let max_tokens = max_tokens.map(|m| m as u64);
     // Sampling parameters that set the length: `ignore_eos` generates to `max_tokens` or the
     // context's end, `min_tokens` holds off the natural stop.
-    let ignore_eos = obj.get("ignore_eos").and_then(Value::as_bool).unwrap_or(false);
-    let min_tokens = int_field(obj, "min_tokens")?.unwrap_or(0).max(0) as u64;
-    let prompts = prompts(kind, obj)?;
-    let mut output_tokens = Vec::with_capacity(prompts.len());
-    for p in &prompts {
-        if p.tokens >= max_model_len {
-            return Err(ApiError::prompt_too_long(max_model_len, p.tokens));
-        }
-        if let Some(m) = max_tokens.filter(|m| p.tokens + m > max_model_len) {
-            return Err(ApiError::max_tokens_too_large(max_model_len, p.tokens, m));
-        }
-        let room = max_model_len - p.tokens;
-        let planned = match (kind, max_tokens) {
-            (_, Some(m)) => m,
-            (ApiKind::Chat, None) if ignore_eos => room,
-            (ApiKind::Chat, None) => NATURAL_STOP_TOKENS.max(min_tokens).min(room),
-            (ApiKind::Completions, None) => COMPLETION_DEFAULT_MAX_TOKENS.min(room),
-        };
-        output_tokens.push(planned);
-    }
+    let ignore_eos = !responses && obj.get("ignore_eos").and_then(Value::as_bool).unwrap_or(false);
+    let min_tokens = if responses {
+        0
+    } else {
+        int_field(&obj, "min_tokens")?.unwrap_or(0).max(0) as u64
+    };
+    let prompts = prompts(kind, &obj)?;
     let stream = obj.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let stream_options = obj
         .get("stream_options")
         .filter(|o| o.as_object().is_some_and(|m| !m.is_empty()));
-    if stream_options.is_some() && !stream {
+    if stream_options.is_some() && !stream && !responses {
         return Err(ApiError::bad_request(
             "Stream options can only be defined when `stream=True`.",
         ));
     }
-    let include_usage = obj
-        .get("stream_options")
-        .and_then(|o| o.get("include_usage"))
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
-    Ok(Ask {
+    let include_usage = !responses
+        && obj
+            .get("stream_options")
+            .and_then(|o| o.get("include_usage"))
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+    Ok(Draft {
         kind,
         model,
         prompts,
-        n,
-        output_tokens,
-        finish_by_length: max_tokens.is_some() || kind == ApiKind::Completions || ignore_eos,
+        n: n as u64,
+        max_tokens: max_tokens.map(|m| m as u64),
+        ignore_eos,
+        min_tokens,
         stream,
         include_usage,
         echo: kind == ApiKind::Completions && obj.get("echo").and_then(Value::as_bool).unwrap_or(false),
+        body: obj,
     })
 }
 
+impl Draft {
+    /// The output each prompt may have, once every prompt is known to leave room for one
+    /// token and, but for the Responses API, for `max_tokens` (vLLM's `_validate_input`; a
+    /// Responses request's `max_output_tokens` is cut to the room left, as
+    /// `ResponsesRequest.to_sampling_params` does).
+    pub fn fit(self, max_model_len: u64) -> Result<Ask, ApiError> {
+        let mut output_tokens = Vec::with_capacity(self.prompts.len());
+        for p in &self.prompts {
+            if p.tokens >= max_model_len {
+                return Err(ApiError::prompt_too_long(max_model_len, p.tokens));
+            }
+            let room = max_model_len - p.tokens;
+            let planned = match (self.kind, self.max_tokens) {
+                (ApiKind::Responses, Some(m)) => m.min(room),
+                (_, Some(m)) if m > room => return Err(ApiError::max_tokens_too_large(max_model_len, p.tokens, m)),
+                (_, Some(m)) => m,
+                (ApiKind::Chat, None) if self.ignore_eos => room,
+                (ApiKind::Chat | ApiKind::Responses, None) => NATURAL_STOP_TOKENS.max(self.min_tokens).min(room),
+                (ApiKind::Completions, None) => COMPLETION_DEFAULT_MAX_TOKENS.min(room),
+            };
+            output_tokens.push(planned);
+        }
+        Ok(Ask {
+            kind: self.kind,
+            model: self.model,
+            prompts: self.prompts,
+            n: self.n,
+            output_tokens,
+            finish_by_length: self.max_tokens.is_some() || self.kind == ApiKind::Completions || self.ignore_eos,
+            stream: self.stream,
+            include_usage: self.include_usage,
+            echo: self.echo,
+        })
+    }
+}
+
 /// An optional integer field; `5.0` counts as 5 (pydantic's lax mode), null as absent.
-fn int_field(obj: &serde_json::Map<String, Value>, name: &'static str) -> Result<Option<i64>, ApiError> {
+pub fn int_field(obj: &serde_json::Map<String, Value>, name: &'static str) -> Result<Option<i64>, ApiError> {
     let invalid = || ApiError::bad_request(format!("{name}: Input should be a valid integer"));
     match obj.get(name) {
         None | Some(Value::Null) => Ok(None),
@@ -174,6 +239,15 @@ fn prompts(kind: ApiKind, obj: &serde_json::Map<String, Value>) -> Result<Vec<Pr
             let mut body = serde_json::json!({"model": "", "messages": obj.get("messages").cloned()});
             if let Some(tools) = obj.get("tools") {
                 body["tools"] = tools.clone();
+            }
+            Ok(vec![one(body)?])
+        }
+        ApiKind::Responses => {
+            let mut body = serde_json::json!({"model": ""});
+            for field in ["input", "instructions", "tools"] {
+                if let Some(v) = obj.get(field) {
+                    body[field] = v.clone();
+                }
             }
             Ok(vec![one(body)?])
         }

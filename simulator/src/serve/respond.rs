@@ -1,4 +1,5 @@
-//! Responses as vLLM 0.33 writes them, from the engine's events.
+//! Chat and completions answers as vLLM 0.33 writes them, from the engine's events (through
+//! `answer`'s [`Answer`]).
 //!
 //! One engine sequence per choice: a completions prompt list × `n` gives `prompts × n`
 //! choices, choice `i·n + j` for sample `j` of prompt `i` (vLLM's `serving_completion`).
@@ -8,49 +9,56 @@
 //!
 //! Streams (SSE, `data: …\n\n`, then `data: [DONE]`): a chat stream opens each choice with
 //! the delta `{"role": "assistant", "content": ""}`; then one chunk per generated token with
-//! the text `" tok"` (vLLM detokenises incrementally: one token, a leading space); the last
-//! token's chunk carries `finish_reason` (`length` when `max_tokens` ended it, else `stop`);
-//! with `stream_options.include_usage` a last chunk has `choices: []` and `usage`.
-//! Generated text is not model output: every token is `" tok"`. `logprobs` are not produced
-//! (always `null`).
+//! the text `" tok"` ([`TOKEN_TEXT`]); the last token's chunk carries `finish_reason`
+//! (`length` when `max_tokens` ended it, else `stop`); with `stream_options.include_usage` a
+//! last chunk has `choices: []` and `usage`. `logprobs` are not produced (always `null`).
 
 use std::collections::HashMap;
-use std::convert::Infallible;
-use std::sync::Arc;
 
-use axum::body::Body;
-use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use bytes::Bytes;
 use kvroute_core::request::ApiKind;
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
 
+use super::answer::{Answer, TOKEN_TEXT};
 use super::errors::ApiError;
 use super::request::Ask;
-use super::SimServer;
-use crate::engine::{Event, Finished};
+use crate::engine::Finished;
 
-/// The text of one generated token.
-pub const TOKEN_TEXT: &str = " tok";
-
-/// What the response needs besides the events: the request, its id and time, and which
-/// engine sequence is which choice.
+/// A chat or completions answer: the request, its id and time, and which engine sequence is
+/// which choice.
 pub struct Reply {
-    pub ask: Ask,
-    pub id: String,
-    pub created: u64,
+    ask: Ask,
+    id: String,
+    created: u64,
     /// Engine sequence id → (choice index, prompt index).
-    pub choices: HashMap<u64, (usize, usize)>,
+    choices: HashMap<u64, (usize, usize)>,
+    /// A chat stream sent its role chunks (before its first token).
+    roles_sent: bool,
 }
 
 impl Reply {
+    pub fn new(ask: Ask, id: String, created: u64, choices: HashMap<u64, (usize, usize)>) -> Reply {
+        debug_assert!(
+            ask.kind != ApiKind::Responses,
+            "the Responses API answers through `responses`"
+        );
+        Reply {
+            ask,
+            id,
+            created,
+            choices,
+            roles_sent: false,
+        }
+    }
+    fn chat(&self) -> bool {
+        self.ask.kind == ApiKind::Chat
+    }
     fn object(&self, chunk: bool) -> &'static str {
-        match (self.ask.kind, chunk) {
-            (ApiKind::Chat, false) => "chat.completion",
-            (ApiKind::Chat, true) => "chat.completion.chunk",
-            (ApiKind::Completions, _) => "text_completion",
+        match (self.chat(), chunk) {
+            (true, false) => "chat.completion",
+            (true, true) => "chat.completion.chunk",
+            (false, _) => "text_completion",
         }
     }
     fn finish_reason(&self) -> &'static str {
@@ -96,195 +104,81 @@ fn usage(reply: &Reply, finished: &[Finished]) -> Value {
     usage
 }
 
-/// A request's sequences, aborted in the engine when this is dropped before they all
-/// finished: the handler's future or the response stream was dropped because the client went
-/// away, and vLLM aborts a request whose client disconnected (its KV blocks freed, counted as
-/// `finished_reason="abort"`).
-pub struct AbortOnDrop {
-    srv: Arc<SimServer>,
-    ids: Vec<u64>,
-}
-
-impl AbortOnDrop {
-    pub fn new(srv: Arc<SimServer>, ids: Vec<u64>) -> AbortOnDrop {
-        AbortOnDrop { srv, ids }
-    }
-
-    /// Every sequence finished: nothing to abort.
-    fn finished(&mut self) {
-        self.ids.clear();
-    }
-}
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        if self.ids.is_empty() {
-            return;
-        }
-        if let Ok(mut streams) = self.srv.streams.lock() {
-            for id in &self.ids {
-                streams.remove(id);
-            }
-        }
-        if let Ok(mut engine) = self.srv.engine.lock() {
-            for id in &self.ids {
-                engine.abort(*id);
-            }
-        }
-        self.srv.wake.notify_one();
-    }
-}
-
-/// Waits for every sequence, then answers one JSON body.
-pub async fn whole(mut rx: mpsc::UnboundedReceiver<Event>, reply: Reply, mut guard: AbortOnDrop) -> Response {
-    let mut finished = Vec::new();
-    while finished.len() < reply.choices.len() {
-        match rx.recv().await {
-            Some(Event::Finished(f)) => finished.push(f),
-            Some(_) => {}
-            None => return ApiError::internal("the engine dropped the request").into_response(),
-        }
-    }
-    guard.finished();
-    finished.sort_by_key(|f| reply.choices.get(&f.id).map_or(0, |c| c.0));
-    let choices: Vec<Value> = finished
-        .iter()
-        .map(|f| {
-            let (index, prompt) = reply.choices.get(&f.id).copied().unwrap_or((0, 0));
-            let text = TOKEN_TEXT.repeat(f.output_tokens as usize);
-            match reply.ask.kind {
-                ApiKind::Chat => json!({
-                    "index": index,
-                    "message": {"role": "assistant", "content": text, "refusal": null, "tool_calls": [], "reasoning_content": null},
-                    "logprobs": null, "finish_reason": reply.finish_reason(), "stop_reason": null,
-                }),
-                ApiKind::Completions => {
-                    let text = match reply.ask.prompts.get(prompt).filter(|_| reply.ask.echo) {
-                        Some(p) => format!("{}{text}", p.text),
-                        None => text,
-                    };
-                    json!({"index": index, "text": text, "logprobs": null, "finish_reason": reply.finish_reason(), "stop_reason": null, "prompt_logprobs": null})
-                }
-            }
-        })
-        .collect();
-    let mut body = reply.envelope(false, Value::Array(choices));
-    body["usage"] = usage(&reply, &finished);
-    Json(body).into_response()
-}
-
-/// Streams chunks as the engine produces tokens.
-pub fn stream(rx: mpsc::UnboundedReceiver<Event>, reply: Reply, guard: AbortOnDrop) -> Response {
-    let state = Streaming {
-        rx,
-        generated: HashMap::new(),
-        finished: Vec::new(),
-        opened: false,
-        reply,
-        done: false,
-        guard,
-    };
-    let events = futures_util::stream::unfold(state, |mut s| async move {
-        let bytes = s.next().await?;
-        Some((Ok::<Bytes, Infallible>(bytes), s))
-    });
-    let mut r = Response::new(Body::from_stream(events));
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream; charset=utf-8"),
-    );
-    r
-}
-
-struct Streaming {
-    rx: mpsc::UnboundedReceiver<Event>,
-    generated: HashMap<u64, u64>,
-    finished: Vec<Finished>,
-    opened: bool,
-    reply: Reply,
-    done: bool,
-    guard: AbortOnDrop,
-}
-
 fn sse(v: &Value, out: &mut Vec<u8>) {
     out.extend_from_slice(b"data: ");
     out.extend_from_slice(v.to_string().as_bytes());
     out.extend_from_slice(b"\n\n");
 }
 
-impl Streaming {
-    /// The bytes of the next engine event (several chunks at most), `None` at the end.
-    async fn next(&mut self) -> Option<Bytes> {
-        if self.done {
-            return None;
-        }
-        loop {
-            let mut out = Vec::new();
-            match self.rx.recv().await {
-                Some(Event::FirstToken { id, .. } | Event::Token { id, .. }) => self.token(id, &mut out),
-                Some(Event::Finished(f)) => {
-                    self.finished.push(f);
-                    if self.finished.len() == self.reply.choices.len() {
-                        self.guard.finished();
-                        self.end(&mut out);
-                    }
+impl Answer for Reply {
+    fn whole(&mut self, mut finished: Vec<Finished>) -> Response {
+        finished.sort_by_key(|f| self.choices.get(&f.id).map_or(0, |c| c.0));
+        let choices: Vec<Value> = finished
+            .iter()
+            .map(|f| {
+                let (index, prompt) = self.choices.get(&f.id).copied().unwrap_or((0, 0));
+                let text = TOKEN_TEXT.repeat(f.output_tokens as usize);
+                if self.chat() {
+                    json!({
+                        "index": index,
+                        "message": {"role": "assistant", "content": text, "refusal": null, "tool_calls": [], "reasoning_content": null},
+                        "logprobs": null, "finish_reason": self.finish_reason(), "stop_reason": null,
+                    })
+                } else {
+                    let text = match self.ask.prompts.get(prompt).filter(|_| self.ask.echo) {
+                        Some(p) => format!("{}{text}", p.text),
+                        None => text,
+                    };
+                    json!({"index": index, "text": text, "logprobs": null, "finish_reason": self.finish_reason(), "stop_reason": null, "prompt_logprobs": null})
                 }
-                None => {
-                    self.done = true;
-                    let e = ApiError::internal("the engine dropped the request");
-                    sse(&e.body(), &mut out);
-                    out.extend_from_slice(b"data: [DONE]\n\n");
-                }
-            }
-            if !out.is_empty() {
-                return Some(Bytes::from(out));
-            }
-        }
+            })
+            .collect();
+        let mut body = self.envelope(false, Value::Array(choices));
+        body["usage"] = usage(self, &finished);
+        Json(body).into_response()
     }
 
-    fn token(&mut self, id: u64, out: &mut Vec<u8>) {
-        let r = &self.reply;
-        if !self.opened && r.ask.kind == ApiKind::Chat {
+    fn token(&mut self, id: u64, nth: u64, out: &mut Vec<u8>) {
+        if !self.roles_sent && self.chat() {
             // vLLM's first iteration: the role of every choice, before any content.
-            let mut indexes: Vec<usize> = r.choices.values().map(|c| c.0).collect();
+            let mut indexes: Vec<usize> = self.choices.values().map(|c| c.0).collect();
             indexes.sort_unstable();
             for index in indexes {
                 let choice = json!([{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]);
-                sse(&r.envelope(true, choice), out);
+                sse(&self.envelope(true, choice), out);
             }
         }
-        self.opened = true;
-        let (index, prompt) = r.choices.get(&id).copied().unwrap_or((0, 0));
-        let count = self.generated.entry(id).or_insert(0);
-        *count += 1;
-        let planned = r.ask.output_tokens.get(prompt).copied().unwrap_or(0);
-        let finish = (*count >= planned).then(|| r.finish_reason());
-        let choice = match r.ask.kind {
-            ApiKind::Chat => {
-                json!([{"index": index, "delta": {"content": TOKEN_TEXT}, "logprobs": null, "finish_reason": finish}])
-            }
-            ApiKind::Completions => {
-                let echo = match r.ask.prompts.get(prompt) {
-                    Some(p) if r.ask.echo && *count == 1 => p.text.as_str(),
-                    _ => "",
-                };
-                json!([{"index": index, "text": format!("{echo}{TOKEN_TEXT}"), "logprobs": null, "finish_reason": finish, "stop_reason": null}])
-            }
+        self.roles_sent = true;
+        let (index, prompt) = self.choices.get(&id).copied().unwrap_or((0, 0));
+        let planned = self.ask.output_tokens.get(prompt).copied().unwrap_or(0);
+        let finish = (nth >= planned).then(|| self.finish_reason());
+        let choice = if self.chat() {
+            json!([{"index": index, "delta": {"content": TOKEN_TEXT}, "logprobs": null, "finish_reason": finish}])
+        } else {
+            let echo = match self.ask.prompts.get(prompt) {
+                Some(p) if self.ask.echo && nth == 1 => p.text.as_str(),
+                _ => "",
+            };
+            json!([{"index": index, "text": format!("{echo}{TOKEN_TEXT}"), "logprobs": null, "finish_reason": finish, "stop_reason": null}])
         };
-        let mut chunk = r.envelope(true, choice);
-        if finish.is_some() && r.ask.kind == ApiKind::Chat {
+        let mut chunk = self.envelope(true, choice);
+        if finish.is_some() && self.chat() {
             chunk["choices"][0]["stop_reason"] = Value::Null;
         }
         sse(&chunk, out);
     }
 
-    fn end(&mut self, out: &mut Vec<u8>) {
-        if self.reply.ask.include_usage {
-            let mut chunk = self.reply.envelope(true, json!([]));
-            chunk["usage"] = usage(&self.reply, &self.finished);
+    fn end(&mut self, finished: &[Finished], out: &mut Vec<u8>) {
+        if self.ask.include_usage {
+            let mut chunk = self.envelope(true, json!([]));
+            chunk["usage"] = usage(self, finished);
             sse(&chunk, out);
         }
         out.extend_from_slice(b"data: [DONE]\n\n");
-        self.done = true;
+    }
+
+    fn failed(&mut self, error: &ApiError, out: &mut Vec<u8>) {
+        sse(&error.body(), out);
+        out.extend_from_slice(b"data: [DONE]\n\n");
     }
 }

@@ -16,12 +16,12 @@ use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
 use super::admin::{get_admission, get_fault, set_admission, set_fault};
-use super::{app, drive, max_model_len, Admission, Fault, SimServer};
+use super::{app, drive, max_model_len, Fault, Options, ResponseStore, SimServer};
 use crate::engine::Engine;
 use crate::profile::Profile;
 
 /// Like `serve` with `n` servers of one `profile`, all answering to every name in `names` (the
-/// first is the default model), without admission limits.
+/// first is the default model).
 #[allow(clippy::too_many_arguments)] // the CLI's flags, passed through
 pub async fn serve_names(
     profile: Profile,
@@ -30,8 +30,8 @@ pub async fn serve_names(
     base_port: u16,
     admin_port: u16,
     time_scale: f64,
-    legacy: bool,
     names: Vec<String>,
+    options: Options,
 ) -> anyhow::Result<()> {
     anyhow::ensure!(!names.is_empty(), "at least one served model name is needed");
     serve(
@@ -40,27 +40,23 @@ pub async fn serve_names(
         base_port,
         admin_port,
         time_scale,
-        legacy,
         Some(names),
-        Admission::default(),
+        options,
     )
     .await
 }
 
 /// Starts server `i` on `base_port + i` running `profiles[i]` (a mixed fleet when they
 /// differ), answering to `names`, or to its own model's name when `names` is `None`, and the
-/// fault admin listener, every server with the `admission` limits; runs until the process
-/// ends.
-#[allow(clippy::too_many_arguments)] // the CLI's flags, passed through
+/// fault admin listener, every server run with `options`; runs until the process ends.
 pub async fn serve(
     profiles: Vec<Profile>,
     host: &str,
     base_port: u16,
     admin_port: u16,
     time_scale: f64,
-    legacy: bool,
     names: Option<Vec<String>>,
-    admission: Admission,
+    options: Options,
 ) -> anyhow::Result<()> {
     anyhow::ensure!(time_scale > 0.0, "--time-scale must be positive");
     let created = SystemTime::now()
@@ -83,10 +79,10 @@ pub async fn serve(
             next_id: AtomicU64::new(0),
             fault: Mutex::new(Fault {
                 slow: 1.0,
-                legacy,
+                legacy: options.legacy,
                 ..Fault::default()
             }),
-            admission: Mutex::new(admission),
+            admission: Mutex::new(options.admission),
             start: Instant::now(),
             time_scale,
             created,
@@ -94,6 +90,7 @@ pub async fn serve(
             keep_alive: keep_alive(),
             served,
             max_model_len: max_model_len(profile.num_gpu_blocks),
+            responses: ResponseStore::new(options.responses_store),
         });
         listen(&srv).await?;
         tokio::spawn(drive(Arc::clone(&srv)));
@@ -108,9 +105,14 @@ pub async fn serve(
         .map_err(|e| anyhow::anyhow!("admin port {admin_port}: {e}"))?;
     let n = servers.len();
     eprintln!(
-        "kvroute-sim: {} at {host}:{base_port}..{}, admin {host}:{admin_port}, time scale {time_scale}",
+        "kvroute-sim: {} at {host}:{base_port}..{}, admin {host}:{admin_port}, time scale {time_scale}{}",
         describe(&kinds),
-        base_port as usize + n.max(1) - 1
+        base_port as usize + n.max(1) - 1,
+        if options.responses_store {
+            ", responses stored"
+        } else {
+            ""
+        }
     );
     axum::serve(admin_listener, admin).await?;
     Ok(())
@@ -141,6 +143,20 @@ fn keep_alive() -> Duration {
         .filter(|s| s.is_finite() && *s > 0.0)
         .unwrap_or(5.0);
     Duration::from_secs_f64(seconds)
+}
+
+/// vLLM's `VLLM_ENABLE_RESPONSES_API_STORE`, read as vLLM reads it (`bool(int(value))`, off
+/// when unset): `serve --responses-store`'s default.
+pub fn responses_store_from_env() -> anyhow::Result<bool> {
+    const NAME: &str = "VLLM_ENABLE_RESPONSES_API_STORE";
+    match std::env::var(NAME) {
+        Err(_) => Ok(false),
+        Ok(v) => v
+            .trim()
+            .parse::<i64>()
+            .map(|n| n != 0)
+            .map_err(|_| anyhow::anyhow!("{NAME} must be an integer (0 or 1), not {v:?}")),
+    }
 }
 
 /// Binds the server's port and accepts connections into a fresh `JoinSet`.

@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use super::serve_names;
+use super::{serve_names, Options};
 use crate::profile::Profile;
 
 /// A base port `b` with `b − 1 ..= b + n` free on loopback (for tests and scripts that start
@@ -33,11 +33,36 @@ pub fn wait_listening(port: u16, timeout: Duration) -> bool {
 
 /// Starts `n` servers on free loopback ports in a runtime of their own (for tests): returns
 /// the runtime (dropping it stops the servers) and the base port; the admin port is base − 1.
-/// They answer to the profile's model name and to `m` (the short name tests send).
+/// They answer to the profile's model name and to `m` (the short name tests send), with
+/// `serve`'s defaults (no admission limits, no response store).
 pub fn start_in_background(
     profile: Profile,
     n: u16,
     time_scale: f64,
+) -> anyhow::Result<(tokio::runtime::Runtime, u16)> {
+    start_in_background_with(profile, n, time_scale, Options::default())
+}
+
+/// `start_in_background` with servers that store Responses API responses (`serve
+/// --responses-store`, vLLM's `VLLM_ENABLE_RESPONSES_API_STORE=1`).
+pub fn start_storing_in_background(
+    profile: Profile,
+    n: u16,
+    time_scale: f64,
+) -> anyhow::Result<(tokio::runtime::Runtime, u16)> {
+    let options = Options {
+        responses_store: true,
+        ..Options::default()
+    };
+    start_in_background_with(profile, n, time_scale, options)
+}
+
+/// `start_in_background` with these `options` (`serve`'s flags).
+pub fn start_in_background_with(
+    profile: Profile,
+    n: u16,
+    time_scale: f64,
+    options: Options,
 ) -> anyhow::Result<(tokio::runtime::Runtime, u16)> {
     for _ in 0..5 {
         let base = free_base_port(n).ok_or_else(|| anyhow::anyhow!("no {n} free ports on loopback"))?;
@@ -45,7 +70,17 @@ pub fn start_in_background(
         let p = profile.clone();
         let names = vec![profile.model.served_name().to_string(), "m".to_string()];
         let task = rt.spawn(async move {
-            serve_names(p, usize::from(n), "127.0.0.1", base, base - 1, time_scale, false, names).await
+            serve_names(
+                p,
+                usize::from(n),
+                "127.0.0.1",
+                base,
+                base - 1,
+                time_scale,
+                names,
+                options,
+            )
+            .await
         });
         for port in base - 1..base + n {
             anyhow::ensure!(

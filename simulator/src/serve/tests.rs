@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::start_in_background;
+use super::{start_in_background, start_storing_in_background};
 use crate::profile::{Gpu, Model, Profile};
 
 const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
@@ -25,8 +25,17 @@ fn fleet(n: u16) -> Fleet {
     Fleet { _rt: rt, base }
 }
 
+/// `fleet`, storing Responses API responses (vLLM's `VLLM_ENABLE_RESPONSES_API_STORE=1`).
+fn fleet_storing(n: u16) -> Fleet {
+    let profile = Profile::new(Gpu::H100_80g, Model::Llama31_8b, 1).unwrap();
+    let (rt, base) = start_storing_in_background(profile, n, 50.0).unwrap();
+    Fleet { _rt: rt, base }
+}
+
 struct Answer {
     status: u16,
+    /// The status line and headers, lowercase.
+    head: String,
     body: String,
 }
 
@@ -41,6 +50,20 @@ impl Answer {
             .filter_map(|e| e.strip_prefix("data: "))
             .filter(|d| *d != "[DONE]")
             .map(|d| serde_json::from_str(d).unwrap())
+            .collect()
+    }
+    /// The named events of an SSE body (`event: …\ndata: …`), in order.
+    fn events(&self) -> Vec<(String, Value)> {
+        self.body
+            .split("\n\n")
+            .filter(|e| !e.is_empty())
+            .map(|e| {
+                let (name, data) = e
+                    .strip_prefix("event: ")
+                    .and_then(|e| e.split_once("\ndata: "))
+                    .unwrap_or_else(|| panic!("not a named event: {e:?}"));
+                (name.to_string(), serde_json::from_str(data).unwrap())
+            })
             .collect()
     }
 }
@@ -73,7 +96,11 @@ fn send_with(port: u16, method: &str, path: &str, headers: &str, body: &[u8]) ->
     } else {
         rest.to_string()
     };
-    Answer { status, body }
+    Answer {
+        status,
+        head: head.to_ascii_lowercase(),
+        body,
+    }
 }
 
 fn dechunk(mut s: &str) -> String {
@@ -689,4 +716,341 @@ fn a_batch_of_prompts_reports_the_cached_tokens_of_its_last_prompt() {
         Value::Null,
         "a miss has no details"
     );
+}
+
+/// A Responses API request: `{"model", "input": "hello there"}` with `extra`'s fields.
+fn respond(port: u16, extra: Value) -> Answer {
+    let mut body = serde_json::json!({"model": MODEL, "input": "hello there"});
+    merge(&mut body, extra);
+    post(port, "/v1/responses", &body)
+}
+
+/// The keys of the JSON object `body`, in the order it writes them.
+fn keys_in_order(body: &str) -> Vec<String> {
+    struct Keys;
+    impl<'de> serde::de::Visitor<'de> for Keys {
+        type Value = Vec<String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an object")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Vec<String>, A::Error> {
+            let mut keys = Vec::new();
+            while let Some((k, _)) = map.next_entry::<String, serde::de::IgnoredAny>()? {
+                keys.push(k);
+            }
+            Ok(keys)
+        }
+    }
+    let mut de = serde_json::Deserializer::from_str(body);
+    serde::Deserializer::deserialize_map(&mut de, Keys).unwrap()
+}
+
+fn is_hex_id(id: &str, prefix: &str) -> bool {
+    id.strip_prefix(prefix)
+        .is_some_and(|hex| hex.len() == 32 && hex.chars().all(|c| c.is_ascii_hexdigit()))
+}
+
+#[test]
+fn a_whole_response_has_vllms_fields_in_order_with_usage_last_but_one() {
+    let f = fleet(1);
+    let a = respond(
+        f.base,
+        serde_json::json!({"instructions": "be brief", "max_output_tokens": 5}),
+    );
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert!(
+        a.head.contains(&format!("x-served-by: 127.0.0.1:{}", f.base)),
+        "{}",
+        a.head
+    );
+    assert_eq!(
+        keys_in_order(&a.body),
+        [
+            "id",
+            "created_at",
+            "incomplete_details",
+            "instructions",
+            "metadata",
+            "model",
+            "object",
+            "output",
+            "parallel_tool_calls",
+            "temperature",
+            "tool_choice",
+            "tools",
+            "top_p",
+            "background",
+            "max_output_tokens",
+            "max_tool_calls",
+            "previous_response_id",
+            "prompt",
+            "reasoning",
+            "service_tier",
+            "status",
+            "text",
+            "top_logprobs",
+            "truncation",
+            "usage",
+            "user",
+        ]
+    );
+    let r = a.json();
+    assert!(is_hex_id(r["id"].as_str().unwrap(), "resp_"), "{r}");
+    assert!(r["created_at"].as_u64().unwrap() > 1_700_000_000);
+    assert_eq!(
+        (r["object"].as_str(), r["model"].as_str()),
+        (Some("response"), Some(MODEL))
+    );
+    assert_eq!(r["instructions"], "be brief");
+    assert_eq!(r["status"], "incomplete", "stopped by max_output_tokens");
+    assert_eq!(
+        r["incomplete_details"],
+        serde_json::json!({"reason": "max_output_tokens"})
+    );
+    assert_eq!(r["max_output_tokens"], 5);
+    let message = &r["output"][0];
+    assert!(is_hex_id(message["id"].as_str().unwrap(), "msg_"), "{message}");
+    assert_eq!(
+        (&message["type"], &message["role"], &message["status"]),
+        (&"message".into(), &"assistant".into(), &"completed".into())
+    );
+    assert_eq!(
+        message["content"],
+        serde_json::json!([{"annotations": [], "text": " tok".repeat(5), "type": "output_text", "logprobs": null}])
+    );
+    // The prompt is the chat prompt of the same messages, as /tokenize counts it.
+    let messages =
+        serde_json::json!([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]);
+    let input = post(f.base, "/tokenize", &serde_json::json!({"messages": messages})).json()["count"].clone();
+    assert_eq!(
+        r["usage"],
+        serde_json::json!({"input_tokens": input, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 5,
+            "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": input.as_u64().unwrap() + 5})
+    );
+
+    // Without max_output_tokens it stops by itself, as a chat request does.
+    let r = respond(f.base, serde_json::json!({})).json();
+    assert_eq!(
+        (r["status"].as_str(), &r["incomplete_details"]),
+        (Some("completed"), &Value::Null)
+    );
+    assert_eq!(r["usage"]["output_tokens"], super::request::NATURAL_STOP_TOKENS);
+}
+
+#[test]
+fn a_response_stream_sends_vllms_events_in_order_with_sequence_numbers_and_no_done() {
+    let f = fleet(1);
+    let a = respond(f.base, serde_json::json!({"stream": true, "max_output_tokens": 3}));
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert!(a.head.contains("content-type: text/event-stream"), "{}", a.head);
+    assert!(!a.body.contains("[DONE]"), "{}", a.body);
+    let events = a.events();
+    let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+    let delta = "response.output_text.delta";
+    assert_eq!(
+        names,
+        [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.content_part.added",
+            delta,
+            delta,
+            delta,
+            "response.output_text.done",
+            "response.content_part.done",
+            "response.output_item.done",
+            "response.completed",
+        ]
+    );
+    for (i, (name, e)) in events.iter().enumerate() {
+        assert_eq!(
+            (e["type"].as_str(), e["sequence_number"].as_u64()),
+            (Some(name.as_str()), Some(i as u64))
+        );
+    }
+    let created = &events[0].1["response"];
+    assert_eq!(
+        (&created["status"], &created["output"], &created["usage"]),
+        (&"in_progress".into(), &serde_json::json!([]), &Value::Null)
+    );
+    let item_id = events[2].1["item"]["id"].clone();
+    assert!(is_hex_id(item_id.as_str().unwrap(), "msg_"));
+    for (_, e) in &events[4..7] {
+        assert_eq!(
+            (&e["delta"], &e["item_id"], &e["logprobs"]),
+            (&" tok".into(), &item_id, &serde_json::json!([]))
+        );
+    }
+    assert_eq!(events[7].1["text"], " tok".repeat(3));
+    let done = &events[10].1["response"];
+    assert_eq!((&done["id"], &done["status"]), (&created["id"], &"incomplete".into()));
+    assert_eq!(done["output"][0]["content"][0]["text"], " tok".repeat(3));
+    assert_eq!(done["usage"]["output_tokens"], 3);
+}
+
+/// vLLM sends `response.created` and `response.in_progress` before it has any token: a
+/// router must cope with a stream that opened long before its first token.
+#[test]
+fn a_response_stream_announces_the_response_before_the_first_token() {
+    let f = fleet(1);
+    // Steps a million times slower: the prompt's prefill would take minutes.
+    let slow = send(f.base - 1, "POST", "/servers/0/fault", br#"{"slow": 1000000}"#);
+    assert_eq!(slow.status, 200, "{}", slow.body);
+    let body = serde_json::json!({"model": MODEL, "input": "hello there", "stream": true}).to_string();
+    let mut s = TcpStream::connect(("127.0.0.1", f.base)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "POST /v1/responses HTTP/1.1\r\nhost: x\r\n{JSON}content-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&raw).contains(r#""type":"response.in_progress"}"#) {
+        let n = s
+            .read(&mut buf)
+            .expect("response.in_progress did not come before the first token");
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&raw));
+        raw.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&raw).to_string();
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    let created = text.find("event: response.created\ndata: ").unwrap();
+    assert!(created < text.find("event: response.in_progress\ndata: ").unwrap());
+    // Nothing else comes while the engine has no token.
+    s.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+    let more = s.read(&mut buf);
+    assert!(more.is_err(), "more arrived before any token: {more:?}");
+    assert!(!text.contains("response.output_item.added"), "{text}");
+}
+
+#[test]
+fn with_the_store_on_a_follow_up_hits_the_stored_conversation_and_it_can_be_read_but_not_cancelled() {
+    let f = fleet_storing(1);
+    // 250 bytes of text: a canonical prompt of 256 bytes, 68 tokens, 4 whole blocks.
+    let text = format!("{}ab", "abcd".repeat(62));
+    let first = respond(f.base, serde_json::json!({"input": text, "max_output_tokens": 4}));
+    assert_eq!(first.status, 200, "{}", first.body);
+    let r = first.json();
+    let id = r["id"].as_str().unwrap();
+    let prompt_tokens = r["usage"]["input_tokens"].as_u64().unwrap();
+    assert_eq!(prompt_tokens, 68);
+
+    let own = respond(
+        f.base,
+        serde_json::json!({"input": "and then?", "max_output_tokens": 1}),
+    )
+    .json()["usage"]["input_tokens"]
+        .as_u64()
+        .unwrap();
+    let next = respond(
+        f.base,
+        serde_json::json!({"input": "and then?", "previous_response_id": id, "max_output_tokens": 2}),
+    );
+    assert_eq!(next.status, 200, "{}", next.body);
+    let n = next.json();
+    assert_eq!(n["previous_response_id"], id);
+    assert_eq!(
+        n["usage"]["input_tokens"].as_u64().unwrap(),
+        prompt_tokens + 4 + own,
+        "the history (prompt and output) counts"
+    );
+    let cached = n["usage"]["input_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    assert!(cached >= prompt_tokens / 16 * 16, "{cached} cached: {}", next.body);
+
+    let got = send(f.base, "GET", &format!("/v1/responses/{id}"), b"");
+    assert_eq!((got.status, got.body.as_str()), (200, first.body.as_str()));
+    assert!(got.head.contains("x-served-by: "), "{}", got.head);
+    let cancel = send(f.base, "POST", &format!("/v1/responses/{id}/cancel"), b"");
+    assert_eq!(cancel.status, 400);
+    assert_eq!(
+        cancel.json(),
+        serde_json::json!({"error": {"message": "Cannot cancel a synchronous response.", "type": "invalid_request_error", "param": "response_id", "code": 400}})
+    );
+    assert_eq!(
+        send(f.base, "POST", "/v1/responses/resp_unknown/cancel", b"").status,
+        404
+    );
+
+    // A streamed response is kept as `response.completed` gave it; `store: false` is not.
+    let streamed = respond(f.base, serde_json::json!({"stream": true, "max_output_tokens": 2})).events();
+    let completed = &streamed.last().unwrap().1["response"];
+    let got = send(
+        f.base,
+        "GET",
+        &format!("/v1/responses/{}", completed["id"].as_str().unwrap()),
+        b"",
+    );
+    assert_eq!(&got.json(), completed);
+    let unstored = respond(f.base, serde_json::json!({"store": false, "max_output_tokens": 1})).json();
+    let got = send(
+        f.base,
+        "GET",
+        &format!("/v1/responses/{}", unstored["id"].as_str().unwrap()),
+        b"",
+    );
+    assert_eq!(got.status, 404);
+
+    let background = respond(f.base, serde_json::json!({"background": true}));
+    assert_eq!(background.status, 400, "{}", background.body);
+    let e = &background.json()["error"];
+    assert_eq!(e["param"], "background");
+    assert!(e["message"].as_str().unwrap().contains("does not model"), "{e}");
+}
+
+#[test]
+fn with_the_store_off_as_vllm_by_default_follow_ups_and_reads_are_404() {
+    let f = fleet(1);
+    let first = respond(f.base, serde_json::json!({"max_output_tokens": 2})).json();
+    let id = first["id"].as_str().unwrap();
+    let not_found = serde_json::json!({"error": {"message": format!("Response with id '{id}' not found."),
+        "type": "invalid_request_error", "param": "response_id", "code": 404}});
+    let next = respond(f.base, serde_json::json!({"previous_response_id": id}));
+    assert_eq!((next.status, next.json()), (404, not_found.clone()));
+    let got = send(f.base, "GET", &format!("/v1/responses/{id}"), b"");
+    assert_eq!((got.status, got.json()), (404, not_found.clone()));
+    let cancel = send(f.base, "POST", &format!("/v1/responses/{id}/cancel"), b"");
+    assert_eq!((cancel.status, cancel.json()), (404, not_found));
+
+    let background = respond(f.base, serde_json::json!({"background": true}));
+    assert_eq!(background.status, 400);
+    assert_eq!(
+        background.json(),
+        serde_json::json!({"error": {"message": "This vLLM engine does not support `store=True` and therefore does not \
+            support the background mode. To enable these features, set the environment variable \
+            `VLLM_ENABLE_RESPONSES_API_STORE=1` when launching the vLLM server.",
+            "type": "invalid_request_error", "param": "background", "code": 400}})
+    );
+    for (extra, status, param) in [
+        (serde_json::json!({"max_output_tokens": 0}), 400, Some("max_tokens")),
+        (serde_json::json!({"-input": null}), 400, None),
+        (serde_json::json!({"model": "gpt-4"}), 404, Some("model")),
+    ] {
+        let a = respond(f.base, extra.clone());
+        assert_eq!(
+            (a.status, a.json()["error"]["param"].as_str()),
+            (status, param),
+            "{extra}: {}",
+            a.body
+        );
+    }
+}
+
+/// The store is each server's own: only the server that answered can continue a response,
+/// which is what the router's response affinity must respect.
+#[test]
+fn a_follow_up_sent_to_another_server_of_the_fleet_is_404() {
+    let f = fleet_storing(2);
+    let first = respond(f.base, serde_json::json!({"max_output_tokens": 2})).json();
+    let id = first["id"].as_str().unwrap();
+    let follow_up = serde_json::json!({"input": "more", "previous_response_id": id, "max_output_tokens": 2});
+    let elsewhere = respond(f.base + 1, follow_up.clone());
+    assert_eq!(elsewhere.status, 404, "{}", elsewhere.body);
+    assert!(elsewhere
+        .head
+        .contains(&format!("x-served-by: 127.0.0.1:{}", f.base + 1)));
+    assert_eq!(send(f.base + 1, "GET", &format!("/v1/responses/{id}"), b"").status, 404);
+    assert_eq!(respond(f.base, follow_up).status, 200);
 }

@@ -271,3 +271,83 @@ fn a_batch_of_prompts_leaves_its_usage_unread() {
         assert_eq!(completion(&body).unwrap().reports_usage, read, "{prompt}");
     }
 }
+
+fn responses(body: &str) -> Result<ParsedRequest, RequestError> {
+    parse(ApiKind::Responses, body.as_bytes())
+}
+
+#[test]
+fn a_responses_body_reads_as_the_chat_it_stands_for() {
+    let chat_body =
+        chat(r#"{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hello"}]}"#)
+            .unwrap();
+    let text = responses(r#"{"model":"m","instructions":"be brief","input":"hello","max_output_tokens":7}"#).unwrap();
+    let items = responses(
+        r#"{"model":"m","instructions":"be brief","input":[{"type":"message","role":"user","content":[{"type":"input_text","text":"hel"},{"type":"input_text","text":"lo"}]}]}"#,
+    )
+    .unwrap();
+    assert_eq!(text.canonical, chat_body.canonical);
+    assert_eq!(items.canonical, chat_body.canonical);
+    assert_eq!(text.prompt_tokens, chat_body.prompt_tokens);
+    assert_eq!(text.max_tokens, Some(7));
+    assert!(text.stores, "store defaults to true");
+    assert!(text.reports_usage && !text.stream && text.continues.is_none());
+    let streamed = responses(r#"{"model":"m","input":"x","stream":true,"store":false}"#).unwrap();
+    assert!(
+        streamed.reports_usage,
+        "a Responses stream ends with usage without being asked"
+    );
+    assert!(!streamed.stores);
+    assert!(!responses(r#"{"model":"m","input":"x","store":null}"#).unwrap().stores);
+}
+
+#[test]
+fn a_responses_continuation_names_its_stored_response_and_reads_no_usage() {
+    let r = responses(r#"{"model":"m","input":"more","previous_response_id":"resp_42"}"#).unwrap();
+    assert_eq!(r.continues.as_deref(), Some("resp_42"));
+    assert!(!r.reports_usage, "its usage counts a history the filter never saw");
+    // Chat bodies never continue anything, whatever fields they carry.
+    let c =
+        chat(r#"{"model":"m","messages":[{"role":"user","content":"x"}],"previous_response_id":"resp_1"}"#).unwrap();
+    assert_eq!(c.continues, None);
+    assert!(!c.stores);
+}
+
+#[test]
+fn responses_items_other_than_messages_count_as_their_json() {
+    let a = responses(
+        r#"{"model":"m","input":[{"role":"user","content":"q"},{"type":"function_call_output","call_id":"c1","output":"42"}]}"#,
+    )
+    .unwrap();
+    let b = responses(
+        r#"{"model":"m","input":[{"role":"user","content":"q"},{"type":"function_call_output","call_id":"c1","output":"43"}]}"#,
+    )
+    .unwrap();
+    assert_ne!(a.canonical, b.canonical);
+    assert!(a.canonical.starts_with(b"user\x1fq\x1efunction_call_output\x1f"));
+}
+
+#[test]
+fn a_responses_body_vllm_would_refuse_is_not_routed() {
+    for body in [
+        r#"{"model":"m"}"#,
+        r#"{"model":"m","input":[]}"#,
+        r#"{"model":"m","input":5}"#,
+        r#"{"model":"m","input":["x"]}"#,
+        r#"{"model":"m","input":"x","instructions":{"a":1}}"#,
+    ] {
+        assert!(responses(body).is_err(), "{body}");
+    }
+}
+
+#[test]
+fn paths_about_a_stored_response_name_it() {
+    assert_eq!(ApiKind::from_path("/v1/responses?x=1"), Some(ApiKind::Responses));
+    assert_eq!(stored_response_path("/v1/responses/resp_1"), Some("resp_1"));
+    assert_eq!(stored_response_path("/v1/responses/resp_1/cancel"), Some("resp_1"));
+    assert_eq!(stored_response_path("/v1/responses/resp_1?stream=true"), Some("resp_1"));
+    assert_eq!(stored_response_path("/v1/responses"), None);
+    assert_eq!(stored_response_path("/v1/responses/"), None);
+    assert_eq!(stored_response_path("/v1/responses/a/b"), None);
+    assert_ne!(response_key("resp_1"), response_key("resp_2"));
+}

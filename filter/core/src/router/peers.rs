@@ -4,7 +4,7 @@
 
 use super::Router;
 use crate::peer::{local_id_of, origin_of, request_key, PeerEvent};
-use crate::types::Millis;
+use crate::types::{EndpointId, Millis};
 
 /// Events waiting for the peers at most, when the log keeps refusing them.
 const MAX_OUTBOX: usize = 65_536;
@@ -84,6 +84,19 @@ impl Router {
         dropped
     }
 
+    /// `endpoint` answered a request with a stored response whose id is `response_id`:
+    /// requests about it go there, from this router and from its peers.
+    pub fn on_stored(&mut self, response_id: &str, endpoint: &EndpointId) {
+        let response = crate::request::response_key(response_id);
+        self.homes.insert(response, endpoint.clone());
+        let key = request_key(self.origin, 0);
+        self.tell_peers(|| PeerEvent::Stored {
+            key,
+            response,
+            endpoint: endpoint.clone(),
+        });
+    }
+
     pub(super) fn tell_peers(&mut self, event: impl FnOnce() -> PeerEvent) {
         if let Some(outbox) = self.outbox.as_mut() {
             outbox.push(event());
@@ -133,6 +146,7 @@ impl Router {
                 Some(record) => self.finish(&record, served_by.as_ref(), *cached_tokens, now),
                 None => self.early_completions.insert(*key),
             },
+            PeerEvent::Stored { response, endpoint, .. } => self.homes.insert(*response, endpoint.clone()),
         }
     }
 

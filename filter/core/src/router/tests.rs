@@ -50,6 +50,7 @@ fn req(prefix: u64, blocks: usize) -> RouteRequest {
         sheddable: false,
         ttft_objective_ms: None,
         first_token_timed: true,
+        continues: None,
     }
 }
 
@@ -2422,4 +2423,81 @@ fn the_records_of_requests_in_flight_hold_no_more_blocks_than_their_share_of_the
     assert_eq!(r.inflight_requests(), 1);
     r.on_completed(62, &Completion::default(), T0.plus(100));
     assert_eq!(r.inflight_requests(), 0);
+}
+
+/// A request that continues stored response `id`.
+fn continuing(id: &str) -> RouteRequest {
+    RouteRequest {
+        blocks: Vec::new(),
+        continues: Some(crate::request::response_key(id)),
+        ..req(0, 0)
+    }
+}
+
+#[test]
+fn a_continuation_goes_to_the_server_that_stored_its_response_whatever_its_load() {
+    let mut r = router(PolicyKind::Cost, &[load(40, 30, 0.9), load(0, 0, 0.0), load(0, 0, 0.0)]);
+    assert_ne!(
+        r.route(&continuing("resp_a"), T0).best(),
+        Some(&ep(0)),
+        "unknown: routed by load"
+    );
+    r.on_stored("resp_a", &ep(0));
+    let d = r.route(&continuing("resp_a"), T0);
+    assert_eq!(d.endpoints, vec![ep(0)], "home only: no other server holds it");
+    assert_eq!(d.outcome, Outcome::ResponseHome);
+    assert_eq!(
+        r.route(&continuing("resp_b"), T0).outcome,
+        Outcome::Cold,
+        "another id is not pinned"
+    );
+    // The home left the pool: the follow-up is routed like any request.
+    r.on_endpoints(&[ep(1), ep(2)]);
+    assert_eq!(r.home_of(crate::request::response_key("resp_a")), None);
+    assert_eq!(r.route(&continuing("resp_a"), T0).outcome, Outcome::Cold);
+}
+
+#[test]
+fn peers_learn_where_responses_are_stored() {
+    let (mut a, mut b) = peers(4);
+    a.on_stored("resp_x", &ep(3));
+    assert_eq!(
+        b.route(&continuing("resp_x"), T0).outcome,
+        Outcome::Cold,
+        "not yet told"
+    );
+    pass(&mut a, &mut b);
+    assert_eq!(b.route(&continuing("resp_x"), T0).endpoints, vec![ep(3)]);
+    // Its own event echoed back changes nothing.
+    b.on_stored("resp_y", &ep(2));
+    let echo = b.take_peer_events();
+    for ev in &echo {
+        b.on_peer_event(ev, T0);
+    }
+    assert_eq!(b.homes_known(), 2);
+}
+
+#[test]
+fn homes_are_bounded_and_the_oldest_is_forgotten() {
+    let mut r = router(PolicyKind::Cost, &idle(2));
+    for i in 0..=MAX_HOMES {
+        r.on_stored(&format!("resp_{i}"), &ep(i % 2));
+    }
+    assert_eq!(r.homes_known(), MAX_HOMES);
+    assert_eq!(r.home_of(crate::request::response_key("resp_0")), None);
+    let last = format!("resp_{MAX_HOMES}");
+    assert_eq!(r.home_of(crate::request::response_key(&last)), Some(&ep(MAX_HOMES % 2)));
+}
+
+#[test]
+fn a_continuation_records_no_prefix_its_body_does_not_carry() {
+    let r = router(PolicyKind::Cost, &idle(2));
+    let body = br#"{"model":"m","input":"and then?","previous_response_id":"resp_1"}"#;
+    let parsed = crate::request::parse(crate::request::ApiKind::Responses, body).unwrap();
+    let q = r.request(&parsed, "", false);
+    assert!(q.blocks.is_empty());
+    assert_eq!(q.continues, Some(crate::request::response_key("resp_1")));
+    let fresh = br#"{"model":"m","input":"and then?"}"#;
+    let parsed = crate::request::parse(crate::request::ApiKind::Responses, fresh).unwrap();
+    assert_eq!(r.request(&parsed, "", false).continues, None);
 }
