@@ -30,10 +30,6 @@ const TAIL_BYTES: usize = 4096;
 /// Bytes at the start of a Responses answer searched for its id (vLLM writes it first: the
 /// whole response's first field, a stream's first event's response's first field).
 const HEAD_BYTES: usize = 2048;
-/// A Responses stream starts with events sent before any token (`response.created`,
-/// `response.in_progress`); the first token comes with the first output event
-/// (`response.output_item.added`, then `response.output_text.delta`).
-const RESPONSES_FIRST_TOKEN: &[u8] = b"response.output_";
 
 #[derive(Debug, PartialEq)]
 enum Phase {
@@ -68,8 +64,9 @@ pub struct Http {
     /// A streamed request whose first response bytes have not come yet (its first token:
     /// the headers of a stream may come before it).
     awaiting_first_chunk: bool,
-    /// What marks the first token in a stream, when its first bytes do not (Responses).
-    first_token_marker: Option<&'static [u8]>,
+    /// A stream whose first bytes are not its first token (Responses: see
+    /// `response::holds_output_event`).
+    first_token_later: bool,
     /// A Responses request the server may store: the start of its answer, until its id is
     /// read (`None` once read, or when there is nothing to learn).
     head: Option<Vec<u8>>,
@@ -94,7 +91,7 @@ impl Http {
             responded: false,
             read_usage: false,
             awaiting_first_chunk: false,
-            first_token_marker: None,
+            first_token_later: false,
             head: None,
             tail: Vec::new(),
             capture: None,
@@ -160,15 +157,26 @@ impl Http {
         // into the VM (one host call each) would buy nothing.
         self.read_usage = parsed.reports_usage;
         self.awaiting_first_chunk = parsed.stream;
+        let mut home_known = false;
         if kind == ApiKind::Responses {
-            self.first_token_marker = Some(RESPONSES_FIRST_TOKEN);
-            self.head = parsed.stores.then(Vec::new);
-            if req.continues.is_some_and(|r| router.home_of(r).is_none()) {
-                shared.stats.home_unknown.inc();
+            self.first_token_later = true;
+            if !parsed.stores {
+                self.head = None;
+            }
+            if let Some(response) = req.continues.filter(|_| router.config().stored_responses()) {
+                // Its home may have been published a moment ago by another worker.
+                if router.home_of(response).is_none() {
+                    shared.peers.pull_now(&mut router, &shared.stats, now);
+                }
+                home_known = router.home_of(response).is_some();
+                if !home_known {
+                    shared.stats.home_unknown.inc();
+                }
             }
         }
-        // Behind requests already held here, a new one waits its turn.
-        let decision = if shared.holding() {
+        // Behind requests already held here, a new one waits its turn; a continuation
+        // whose home is known goes there at once (no other server can answer it).
+        let decision = if shared.holding() && !home_known {
             None
         } else {
             Some(router.route(&req, now))
@@ -280,11 +288,14 @@ impl Http {
     /// the server that stored it, when known; otherwise Envoy balances it (and a server
     /// that does not hold it answers 404).
     fn send_home(&mut self, shared: &Shared, id: &str) {
-        let home = shared
-            .router
-            .try_borrow()
-            .ok()
-            .and_then(|r| r.home_of(response_key(id)).map(ToString::to_string));
+        let response = response_key(id);
+        let home = shared.router.try_borrow_mut().ok().and_then(|mut r| {
+            // Its home may have been published a moment ago by another worker.
+            if r.home_of(response).is_none() {
+                shared.peers.pull_now(&mut r, &shared.stats, host::now());
+            }
+            r.home_of(response).map(ToString::to_string)
+        });
         let Some(home) = home else {
             shared.stats.home_unknown.inc();
             self.reason = "response_home_unknown";
@@ -298,14 +309,12 @@ impl Http {
     }
 
     /// Whether this chunk of a stream brings its first token: any bytes do, except in a
-    /// stream whose first token has a marker (Responses), which is searched for.
+    /// Responses stream, whose first output event is searched for.
     fn first_token_in(&self, body_size: usize, end_of_stream: bool) -> bool {
-        let Some(marker) = self.first_token_marker else {
-            return true;
-        };
-        end_of_stream
+        !self.first_token_later
+            || end_of_stream
             || host::buffer(BufferType::HttpResponseBody, 0, body_size)
-                .is_ok_and(|chunk| chunk.windows(marker.len()).any(|w| w == marker))
+                .is_ok_and(|chunk| kvroute_core::response::holds_output_event(&chunk))
     }
 
     /// Reads the id of a Responses answer from its first bytes and tells the router where
@@ -382,7 +391,9 @@ impl HttpContext for Http {
             return action;
         }
         if let Some(id) = headers.text(":path").and_then(stored_response_path) {
-            self.send_home(&shared, id);
+            if shared.router.try_borrow().is_ok_and(|r| r.config().stored_responses()) {
+                self.send_home(&shared, id);
+            }
             return Action::Continue;
         }
         let kind = headers.text(":path").and_then(ApiKind::from_path);
@@ -399,6 +410,11 @@ impl HttpContext for Http {
             return Action::Continue;
         };
         let config = router.config();
+        // Learned whether or not kvroute routes it (a body over the limit, malformed):
+        // its follow-ups need its home all the same. `decide` stops it for `store: false`.
+        if kind == ApiKind::Responses && config.stored_responses() {
+            self.head = Some(Vec::new());
+        }
         let length = headers.text("content-length").and_then(|v| v.parse::<usize>().ok());
         if length.is_some_and(|n| n > config.max_body_bytes()) {
             shared.stats.skipped_over_limit.inc();

@@ -86,7 +86,10 @@ fn turn(r: http_client::Response) -> Turn {
 /// cancel of the first answer got through `second`.
 fn conversation(first: &Envoy, second: &Envoy, i: usize, gap: Duration) -> (String, [Turn; 3]) {
     let stream = i % 2 == 0;
-    let opening = format!("Conversation {i}: tell me about the number {i}, at length. ").repeat(20);
+    // Every third opening is past `max_body_bytes` (2,048 in the first test): Envoy balances
+    // it, and its home is learned all the same.
+    let repeat = if i % 3 == 0 { 50 } else { 20 };
+    let opening = format!("Conversation {i}: tell me about the number {i}, at length. ").repeat(repeat);
     let r = first.post("/v1/responses", &[], &body(&opening, None, stream)).unwrap();
     assert_eq!(r.status, 200, "{}", r.body);
     let id = response_id(&r);
@@ -115,7 +118,13 @@ fn assert_all_home(turns: &[(String, [Turn; 3])], log: &str) {
 #[test]
 fn a_follow_up_reaches_the_server_that_stored_its_response_through_any_worker() {
     let (_rt, ports) = storing_fleet();
-    let envoy = Envoy::start_workers("envoy.yaml", &ports, 4, debug_headers).unwrap();
+    let envoy = Envoy::start_workers("envoy.yaml", &ports, 4, |t| {
+        debug_headers(t).replace(
+            "\"debug_headers\": true,",
+            "\"debug_headers\": true, \"max_body_bytes\": 2048,",
+        )
+    })
+    .unwrap();
     scraped(&envoy);
     // At once: the worker that read the id published its home before the client had it.
     let turns: Vec<_> = (0..12)
@@ -125,11 +134,12 @@ fn a_follow_up_reaches_the_server_that_stored_its_response_through_any_worker() 
     let homes: std::collections::BTreeSet<&String> = turns.iter().map(|(h, _)| h).collect();
     assert!(homes.len() > 1, "the conversations spread over the fleet: {homes:?}");
     // Every answer taught its home (the 12 openings and the 12 follow-ups, themselves
-    // stored), and the fresh openings' usage was read (a continuation's is not).
+    // stored), and the routed openings' usage was read (a continuation's is not).
     assert!(envoy.stat("wasmcustom.kvroute.stored_response.homes_learned") >= 24);
     assert_eq!(envoy.stat("wasmcustom.kvroute.stored_response.home_unknown"), 0);
     assert!(envoy.stat("wasmcustom.kvroute.decision.response_home") >= 36);
-    assert!(envoy.stat("wasmcustom.kvroute.responses.usage_reported") >= 12);
+    assert!(envoy.stat("wasmcustom.kvroute.responses.usage_reported") >= 8);
+    assert_eq!(envoy.stat("wasmcustom.kvroute.skipped.over_limit"), 4);
 
     // A response the gateway never saw is routed like any request (and answered 404).
     let unknown = post(&envoy, "/v1/responses", &body("Hello?", Some("resp_unknown"), false));

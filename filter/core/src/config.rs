@@ -94,6 +94,9 @@ impl Config {
     pub fn debug_headers(&self) -> bool {
         self.raw.debug_headers
     }
+    pub fn stored_responses(&self) -> bool {
+        self.raw.stored_responses
+    }
     pub fn hashing(&self) -> &RawHashing {
         &self.raw.hashing
     }

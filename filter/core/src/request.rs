@@ -148,14 +148,66 @@ struct Body {
     stream_options: Option<Value>,
     user: Option<String>,
     cache_salt: Option<String>,
-    input: Option<Value>,
-    instructions: Option<Value>,
+}
+
+/// A Responses body: its own fields, so a chat or completions body is read as before
+/// whatever Responses fields it carries.
+#[derive(Deserialize)]
+struct ResponsesBody {
+    model: Option<String>,
+    #[serde(default, deserialize_with = "bounded_input")]
+    input: Option<Input>,
+    instructions: Option<String>,
+    tools: Option<Value>,
     #[serde(default, deserialize_with = "lax_count")]
     max_output_tokens: Option<u64>,
+    #[serde(default, deserialize_with = "lax_bool")]
+    stream: bool,
+    /// vLLM answers at once (the response queued) and generates after: no usage comes.
+    #[serde(default, deserialize_with = "lax_bool")]
+    background: bool,
     previous_response_id: Option<String>,
     /// Absent: true (the API's default); `null`: vLLM stores nothing (`Some(Null)`).
     #[serde(default, deserialize_with = "present")]
     store: Option<Value>,
+    user: Option<String>,
+    cache_salt: Option<String>,
+}
+
+/// A Responses `input`: one text, or items (messages, function calls and their outputs).
+enum Input {
+    Text(String),
+    Items(Vec<Value>),
+}
+
+/// Reads `input` but stops with an error past [`MAX_MESSAGES`] items, as `messages`.
+fn bounded_input<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Input>, D::Error> {
+    struct Bounded;
+    impl<'de> serde::de::Visitor<'de> for Bounded {
+        type Value = Option<Input>;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a string or an array of input items")
+        }
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Option<Input>, E> {
+            Ok(None)
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Option<Input>, E> {
+            Ok(Some(Input::Text(v.to_owned())))
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Option<Input>, A::Error> {
+            let mut out = Vec::new();
+            while let Some(item) = seq.next_element::<Value>()? {
+                if out.len() == MAX_MESSAGES {
+                    return Err(serde::de::Error::custom(format!(
+                        "more than {MAX_MESSAGES} input items"
+                    )));
+                }
+                out.push(item);
+            }
+            Ok(Some(Input::Items(out)))
+        }
+    }
+    d.deserialize_any(Bounded)
 }
 
 #[derive(Deserialize)]
@@ -223,6 +275,9 @@ fn truthy(v: &Value) -> bool {
 
 /// Parses a request body of the given API kind.
 pub fn parse(kind: ApiKind, body: &[u8]) -> Result<ParsedRequest, RequestError> {
+    if kind == ApiKind::Responses {
+        return parse_responses(body);
+    }
     let body: Body = serde_json::from_slice(body).map_err(|e| RequestError::Malformed(e.to_string()))?;
     let model = body.model.unwrap_or_default();
     let (canonical, prompt_tokens) = match kind {
@@ -230,79 +285,73 @@ pub fn parse(kind: ApiKind, body: &[u8]) -> Result<ParsedRequest, RequestError> 
             let messages = body.messages.ok_or(RequestError::MissingField("messages"))?;
             chat_canonical(&messages, body.tools.as_ref())?
         }
-        ApiKind::Completions => {
+        ApiKind::Completions | ApiKind::Responses => {
             completion_canonical(body.prompt.as_ref().ok_or(RequestError::MissingField("prompt"))?)?
-        }
-        ApiKind::Responses => {
-            let input = body.input.as_ref().ok_or(RequestError::MissingField("input"))?;
-            chat_canonical(
-                &responses_messages(body.instructions.as_ref(), input)?,
-                body.tools.as_ref(),
-            )?
         }
     };
     Ok(ParsedRequest {
         model,
         canonical,
         prompt_tokens,
-        max_tokens: match kind {
-            ApiKind::Responses => body.max_output_tokens,
-            _ => body.max_completion_tokens.or(body.max_tokens),
-        },
+        max_tokens: body.max_completion_tokens.or(body.max_tokens),
         stream: body.stream,
-        reports_usage: match kind {
-            // A Responses answer always ends with `usage` (a stream's in `response.completed`);
-            // a continuation's counts its stored history too, which the filter never saw.
-            ApiKind::Responses => body.previous_response_id.is_none(),
-            // A batch of prompts is left unread: vLLM reports the cached tokens of one of
-            // its prompts (the last to finish), which says nothing of the first, the one
-            // routed on.
-            _ => {
-                !body.prompt.as_ref().is_some_and(Prompt::is_batch)
-                    && (!body.stream
-                        || body
-                            .stream_options
-                            .as_ref()
-                            .and_then(|o| o.get("include_usage"))
-                            .is_some_and(truthy))
-            }
-        },
+        // A batch of prompts is left unread: vLLM reports the cached tokens of one of its
+        // prompts (the last to finish), which says nothing of the first, the one routed on.
+        reports_usage: !body.prompt.as_ref().is_some_and(Prompt::is_batch)
+            && (!body.stream
+                || body
+                    .stream_options
+                    .as_ref()
+                    .and_then(|o| o.get("include_usage"))
+                    .is_some_and(truthy)),
         user: body.user,
         cache_salt: body.cache_salt,
-        continues: body
-            .previous_response_id
-            .filter(|id| kind == ApiKind::Responses && !id.is_empty()),
-        stores: kind == ApiKind::Responses && body.store.as_ref().is_none_or(truthy),
+        continues: None,
+        stores: false,
+    })
+}
+
+fn parse_responses(body: &[u8]) -> Result<ParsedRequest, RequestError> {
+    let body: ResponsesBody = serde_json::from_slice(body).map_err(|e| RequestError::Malformed(e.to_string()))?;
+    let input = body.input.as_ref().ok_or(RequestError::MissingField("input"))?;
+    let (canonical, prompt_tokens) = chat_canonical(
+        &responses_messages(body.instructions.as_deref(), input)?,
+        body.tools.as_ref(),
+    )?;
+    let continues = body.previous_response_id.filter(|id| !id.is_empty());
+    Ok(ParsedRequest {
+        model: body.model.unwrap_or_default(),
+        canonical,
+        prompt_tokens,
+        max_tokens: body.max_output_tokens,
+        stream: body.stream,
+        // A Responses answer ends with `usage` (a stream's in `response.completed`), but
+        // for a continuation it counts the stored history too, which the filter never saw,
+        // and a background one answers before any work.
+        reports_usage: continues.is_none() && !body.background,
+        user: body.user,
+        cache_salt: body.cache_salt,
+        continues,
+        stores: body.store.as_ref().is_none_or(truthy),
     })
 }
 
 /// A Responses body's `instructions` and `input` as chat messages (see the module's
 /// canonical text).
-fn responses_messages(instructions: Option<&Value>, input: &Value) -> Result<Vec<Message>, RequestError> {
+fn responses_messages(instructions: Option<&str>, input: &Input) -> Result<Vec<Message>, RequestError> {
     let mut out = Vec::new();
-    match instructions {
-        None | Some(Value::Null) => {}
-        Some(Value::String(text)) if text.is_empty() => {}
-        Some(Value::String(text)) => out.push(Message {
+    if let Some(text) = instructions.filter(|t| !t.is_empty()) {
+        out.push(Message {
             role: "system".to_string(),
-            content: Some(Value::String(text.clone())),
-        }),
-        Some(_) => {
-            return Err(RequestError::InvalidField {
-                field: "instructions",
-                reason: "must be a string",
-            })
-        }
+            content: Some(Value::String(text.to_string())),
+        });
     }
     match input {
-        Value::String(text) => out.push(Message {
+        Input::Text(text) => out.push(Message {
             role: "user".to_string(),
             content: Some(Value::String(text.clone())),
         }),
-        Value::Array(items) => {
-            if items.len() > MAX_MESSAGES {
-                return Err(RequestError::Malformed(format!("more than {MAX_MESSAGES} input items")));
-            }
+        Input::Items(items) => {
             for item in items {
                 let role = item.get("role").and_then(Value::as_str);
                 let kind = item.get("type").and_then(Value::as_str).unwrap_or("message");
@@ -323,12 +372,6 @@ fn responses_messages(instructions: Option<&Value>, input: &Value) -> Result<Vec
                     }
                 });
             }
-        }
-        _ => {
-            return Err(RequestError::InvalidField {
-                field: "input",
-                reason: "must be a string or an array of input items",
-            })
         }
     }
     if out.is_empty() {

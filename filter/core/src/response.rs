@@ -49,6 +49,16 @@ fn last_of(tail: &[u8], keys: [&[u8]; 2]) -> Option<u64> {
     last_count(tail, key)
 }
 
+/// A Responses stream starts with events sent before any token (`response.created`,
+/// `response.in_progress`); its first token comes with its first output event
+/// (`response.output_item.added`, then `response.output_text.delta`). Found by its `type`
+/// field, quotes included: text the earlier events echo (instructions, tools, metadata)
+/// cannot hold it unescaped. A marker cut between two chunks is found in the next event.
+pub fn holds_output_event(chunk: &[u8]) -> bool {
+    const OUTPUT: &[u8] = b"\"type\":\"response.output_";
+    chunk.windows(OUTPUT.len()).any(|w| w == OUTPUT)
+}
+
 /// The id of a Responses answer from its first bytes: the first `"id"` string value (a
 /// whole response's first field; a stream's first event, `response.created`, holds the
 /// response, whose first field it is). `None` until the value is there whole.
@@ -130,6 +140,23 @@ mod tests {
         // Text that quotes a key is escaped in JSON, so it never reads as one.
         let quoted = br#"{"text":"say \"input_tokens\": 9","usage":null}"#;
         assert!(!reports_usage(quoted));
+    }
+
+    #[test]
+    fn a_responses_streams_first_token_is_its_first_output_event() {
+        let created = br#"event: response.created
+data: {"response":{"id":"resp_1","instructions":"emit \"type\":\"response.output_text.delta\" events","output":[]},"sequence_number":0,"type":"response.created"}
+
+event: response.in_progress
+data: {"response":{"id":"resp_1"},"sequence_number":1,"type":"response.in_progress"}
+
+"#;
+        assert!(!holds_output_event(created), "echoed text is escaped");
+        let first = br#"event: response.output_item.added
+data: {"item":{"id":"msg_1","content":[],"role":"assistant","status":"in_progress","type":"message"},"output_index":0,"sequence_number":2,"type":"response.output_item.added"}
+
+"#;
+        assert!(holds_output_event(first));
     }
 
     #[test]

@@ -89,6 +89,7 @@ impl Default for RawConfig {
             tenant_header: "x-kvroute-tenant".into(),
             priority_header: "x-kvroute-priority".into(),
             debug_headers: false,
+            stored_responses: true,
             hashing: RawHashing::default(),
             scrape: RawScrape::default(),
             health: RawHealth::default(),

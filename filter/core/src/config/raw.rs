@@ -40,6 +40,11 @@ pub struct RawConfig {
     pub tenant_header: String,
     pub priority_header: String,
     pub debug_headers: bool,
+    /// Send requests about a stored Responses answer (a follow-up naming it, its `GET`, its
+    /// cancel) to the server that stored it, learned from each answer. Off for a fleet run
+    /// without `VLLM_ENABLE_RESPONSES_API_STORE=1`: it stores nothing, and learning each
+    /// answer's server costs an event shared with every worker and replica.
+    pub stored_responses: bool,
     pub hashing: RawHashing,
     pub scrape: RawScrape,
     pub health: RawHealth,

@@ -351,3 +351,22 @@ fn paths_about_a_stored_response_name_it() {
     assert_eq!(stored_response_path("/v1/responses/a/b"), None);
     assert_ne!(response_key("resp_1"), response_key("resp_2"));
 }
+
+#[test]
+fn a_background_response_reads_no_usage_and_responses_fields_leave_chat_alone() {
+    let bg = responses(r#"{"model":"m","input":"x","background":true}"#).unwrap();
+    assert!(!bg.reports_usage, "vLLM answers a background request before any work");
+    // A chat body carrying Responses fields of any type is read as before.
+    let c = chat(r#"{"model":"m","messages":[{"role":"user","content":"x"}],"previous_response_id":7,"input":{},"instructions":[1]}"#)
+        .unwrap();
+    assert_eq!(c.canonical, b"user\x1fx\x1e");
+}
+
+#[test]
+fn responses_input_items_are_bounded_like_chat_messages() {
+    let items = |n: usize| vec![r#"{"role":"user","content":"x"}"#; n].join(",");
+    let at_limit = format!(r#"{{"model":"m","input":[{}]}}"#, items(MAX_MESSAGES));
+    assert!(responses(&at_limit).is_ok());
+    let past = format!(r#"{{"model":"m","input":[{}]}}"#, items(MAX_MESSAGES + 1));
+    assert!(matches!(responses(&past), Err(RequestError::Malformed(_))));
+}
