@@ -61,6 +61,9 @@ pub struct Http {
     responded: bool,
     /// Keep the response tail: the response will carry `usage` (see `reports_usage`).
     read_usage: bool,
+    /// A stream that did not ask for `usage`, read to learn whether its server sends it
+    /// anyway (`ForcedUsage`).
+    learn_usage: bool,
     /// A streamed request whose first response bytes have not come yet (its first token:
     /// the headers of a stream may come before it).
     awaiting_first_chunk: bool,
@@ -90,6 +93,7 @@ impl Http {
             status: 0,
             responded: false,
             read_usage: false,
+            learn_usage: false,
             awaiting_first_chunk: false,
             first_token_later: false,
             head: None,
@@ -210,6 +214,12 @@ impl Http {
             self.reason = "host_error";
             return Action::Continue;
         };
+        // A server started with --enable-force-include-usage sends usage to streams that did
+        // not ask: read there, and tried once on each server to find out.
+        if parsed.usage_unasked && shared.forced_usage.try_borrow_mut().is_ok_and(|mut f| f.read(&best)) {
+            self.read_usage = true;
+            self.learn_usage = true;
+        }
         self.chosen = Some(best);
         self.phase = Phase::Routed { request_id };
         Action::Continue
@@ -305,6 +315,24 @@ impl Http {
             shared.stats.response_home.inc();
             self.reason = Outcome::ResponseHome.label();
             self.chosen = Some(home);
+        }
+    }
+
+    /// What a stream read by `ForcedUsage` showed of its server's habit.
+    fn learn_forced_usage(&self, shared: &Shared, served_by: Option<&kvroute_core::EndpointId>) {
+        let (Some(server), Ok(mut forced)) = (served_by, shared.forced_usage.try_borrow_mut()) else {
+            return;
+        };
+        if forced.learn(server.as_str(), &self.tail) {
+            let habit = if forced.sends(server.as_str()) {
+                "sends"
+            } else {
+                "does not send"
+            };
+            host::log(
+                LogLevel::Info,
+                &format!("server {server} {habit} usage in streams that do not ask for it"),
+            );
         }
     }
 
@@ -540,6 +568,9 @@ impl HttpContext for Http {
         }
         if !self.responded {
             shared.stats.client_left.inc();
+        }
+        if self.learn_usage && status == 200 {
+            self.learn_forced_usage(&shared, served_by.as_ref());
         }
         let usage = reports_usage(&self.tail);
         if usage {

@@ -11,6 +11,7 @@ use std::rc::Rc;
 use kvroute_core::capture::Capturer;
 use kvroute_core::config::ClusterShape;
 use kvroute_core::policy;
+use kvroute_core::response::ForcedUsage;
 use kvroute_core::{Config, Decision, FleetState, Millis, Outcome, RouteRequest, Router};
 use proxy_wasm::types::LogLevel;
 
@@ -37,6 +38,8 @@ pub struct Shared {
     pub peers: Peers,
     /// Traffic capture (`capture`), when on.
     pub capture: Option<Capturer>,
+    /// Which servers send `usage` in streams that do not ask for it.
+    pub forced_usage: RefCell<ForcedUsage>,
     next_request: Cell<u64>,
     prompt_tokens: Cell<u64>,
     predicted_cached: Cell<u64>,
@@ -197,6 +200,7 @@ impl Worker {
             stats: RequestStats::define(),
             peers,
             capture: Capturer::new(config.capture(), config.hashing().block_bytes),
+            forced_usage: RefCell::new(ForcedUsage::default()),
             next_request: Cell::new(0),
             prompt_tokens: Cell::new(0),
             predicted_cached: Cell::new(0),

@@ -49,6 +49,9 @@ struct State {
     alive: AtomicBool,
     /// Inference answers wait this long first (a server busy with prefill).
     delay_ms: AtomicU64,
+    /// Streams carry `usage` whether they asked for it or not (vLLM's
+    /// `--enable-force-include-usage`); otherwise only those that asked.
+    force_usage: AtomicBool,
     inference: AtomicU64,
     scrapes: AtomicU64,
     streams: Mutex<Vec<TcpStream>>,
@@ -80,6 +83,7 @@ impl FakeVllm {
             failing: AtomicBool::new(false),
             alive: AtomicBool::new(true),
             delay_ms: AtomicU64::new(0),
+            force_usage: AtomicBool::new(false),
             inference: AtomicU64::new(0),
             scrapes: AtomicU64::new(0),
             streams: Mutex::new(Vec::new()),
@@ -109,6 +113,10 @@ impl FakeVllm {
     /// Inference answers come this long after the request (0: at once).
     pub fn set_delay_ms(&self, ms: u64) {
         self.state.delay_ms.store(ms, Ordering::SeqCst);
+    }
+    /// Streams carry `usage` even when they did not ask (`--enable-force-include-usage`).
+    pub fn set_force_usage(&self, force: bool) {
+        self.state.force_usage.store(force, Ordering::SeqCst);
     }
     pub fn inference_requests(&self) -> u64 {
         self.state.inference.load(Ordering::SeqCst)
@@ -223,9 +231,10 @@ fn serve(stream: TcpStream, state: Arc<State>, port: u16) {
                     thread::sleep(std::time::Duration::from_millis(delay));
                 }
                 let model = model_of(&state);
-                let stream = String::from_utf8_lossy(&req.body).contains("\"stream\":true");
-                if stream {
-                    respond_stream(&mut writer, port)
+                let body = String::from_utf8_lossy(&req.body);
+                if body.contains("\"stream\":true") {
+                    let usage = state.force_usage.load(Ordering::SeqCst) || body.contains("\"include_usage\":true");
+                    respond_stream(&mut writer, port, usage)
                 } else {
                     // Every answer is a miss: vLLM (with --enable-prompt-tokens-details) then
                     // gives no details, null in a whole response and absent from a stream's usage.
@@ -263,16 +272,21 @@ fn respond(w: &mut TcpStream, status: u16, content_type: &str, body: &[u8], port
         .is_ok()
 }
 
-fn respond_stream(w: &mut TcpStream, port: u16) -> bool {
+/// A stream of one token, then `usage` when `usage`, then `[DONE]`.
+fn respond_stream(w: &mut TcpStream, port: u16, usage: bool) -> bool {
     let head = format!(
         "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\nx-served-by: 127.0.0.1:{port}\r\n\r\n"
     );
     let mut ok = w.write_all(head.as_bytes()).is_ok();
+    let usage = usage.then_some(r#"data: {"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":1}}"#);
     for event in [
-        r#"data: {"choices":[{"index":0,"delta":{"role":"assistant","content":"ok"}}]}"#.to_string(),
-        r#"data: {"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":1}}"#.to_string(),
-        "data: [DONE]".to_string(),
-    ] {
+        Some(r#"data: {"choices":[{"index":0,"delta":{"role":"assistant","content":"ok"}}]}"#),
+        usage,
+        Some("data: [DONE]"),
+    ]
+    .into_iter()
+    .flatten()
+    {
         let chunk = format!("{event}\n\n");
         ok = ok
             && w.write_all(format!("{:x}\r\n{chunk}\r\n", chunk.len()).as_bytes())

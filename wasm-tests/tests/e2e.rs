@@ -511,3 +511,32 @@ fn a_request_whose_body_ends_in_trailers_is_routed() {
     assert_eq!(r.header("x-kvroute-reason"), Some("cold"), "{:?}", r.headers);
     assert_eq!(f.stat("decision.cold"), 1);
 }
+
+/// vLLM's `--enable-force-include-usage` puts `usage` in every stream, asked for or not: the
+/// filter finds out per server from one such stream and reads that server's streams from
+/// then on, and leaves the streams of a server that sends none unread.
+#[test]
+fn streams_that_did_not_ask_for_usage_are_read_where_the_server_sends_it_anyway() {
+    let f = fleet("envoy.yaml", vec![Load::idle(), Load::idle()]);
+    f.servers[0].set_force_usage(true);
+    let mut served = BTreeMap::new();
+    for i in 0..24 {
+        let body = chat_body(&long_prompt(&format!("usage-{i}")), "q", true);
+        let r = f.send("/v1/chat/completions", &[("content-type", "application/json")], &body);
+        assert_eq!(r.status, 200, "{}", r.body);
+        *served
+            .entry(r.header("x-served-by").unwrap_or("").to_string())
+            .or_insert(0u64) += 1;
+    }
+    let forcing = served.get(&f.servers[0].address()).copied().unwrap_or(0);
+    let other = served.get(&f.servers[1].address()).copied().unwrap_or(0);
+    assert!(forcing >= 2 && other >= 2, "both servers answered streams: {served:?}");
+    // Every stream of the server that sends usage was read (its first to find out), none
+    // of the other's reported any.
+    assert_eq!(f.stat("responses.usage_reported"), forcing, "{served:?}");
+    assert_eq!(f.stat("responses.usage_missing"), other, "{served:?}");
+    assert!(f
+        .envoy
+        .log_text()
+        .contains("sends usage in streams that do not ask for it"));
+}

@@ -98,6 +98,9 @@ pub struct ParsedRequest {
     /// Whether the response carries `usage` (with `prompt_tokens_details.cached_tokens`):
     /// always for a whole response, only with `stream_options.include_usage` for a stream.
     pub reports_usage: bool,
+    /// A stream that did not ask for `usage`: a server started with vLLM's
+    /// `--enable-force-include-usage` sends it all the same (`response::ForcedUsage`).
+    pub usage_unasked: bool,
     pub user: Option<String>,
     pub cache_salt: Option<String>,
     /// Responses: the stored response this request continues (`previous_response_id`).
@@ -289,21 +292,22 @@ pub fn parse(kind: ApiKind, body: &[u8]) -> Result<ParsedRequest, RequestError> 
             completion_canonical(body.prompt.as_ref().ok_or(RequestError::MissingField("prompt"))?)?
         }
     };
+    // A batch of prompts is left unread: vLLM reports the cached tokens of one of its
+    // prompts (the last to finish), which says nothing of the first, the one routed on.
+    let batch = body.prompt.as_ref().is_some_and(Prompt::is_batch);
+    let asked = body
+        .stream_options
+        .as_ref()
+        .and_then(|o| o.get("include_usage"))
+        .is_some_and(truthy);
     Ok(ParsedRequest {
         model,
         canonical,
         prompt_tokens,
         max_tokens: body.max_completion_tokens.or(body.max_tokens),
         stream: body.stream,
-        // A batch of prompts is left unread: vLLM reports the cached tokens of one of its
-        // prompts (the last to finish), which says nothing of the first, the one routed on.
-        reports_usage: !body.prompt.as_ref().is_some_and(Prompt::is_batch)
-            && (!body.stream
-                || body
-                    .stream_options
-                    .as_ref()
-                    .and_then(|o| o.get("include_usage"))
-                    .is_some_and(truthy)),
+        reports_usage: !batch && (!body.stream || asked),
+        usage_unasked: !batch && body.stream && !asked,
         user: body.user,
         cache_salt: body.cache_salt,
         continues: None,
@@ -329,6 +333,7 @@ fn parse_responses(body: &[u8]) -> Result<ParsedRequest, RequestError> {
         // for a continuation it counts the stored history too, which the filter never saw,
         // and a background one answers before any work.
         reports_usage: continues.is_none() && !body.background,
+        usage_unasked: false,
         user: body.user,
         cache_salt: body.cache_salt,
         continues,

@@ -12,6 +12,8 @@
 //! `usage` came at all is reported too (`reports_usage`); the router reads "usage without
 //! details" as 0 cached from a server that has shown details before.
 
+use std::collections::BTreeMap;
+
 const CACHED: &[u8] = b"\"cached_tokens\"";
 /// `usage.prompt_tokens`, or the Responses API's `usage.input_tokens`.
 const USAGE: [&[u8]; 2] = [b"\"prompt_tokens\"", b"\"input_tokens\""];
@@ -47,6 +49,76 @@ fn last_of(tail: &[u8], keys: [&[u8]; 2]) -> Option<u64> {
         _ => keys[0],
     };
     last_count(tail, key)
+}
+
+/// Which servers put `usage` in streams that did not ask for it (vLLM's
+/// `--enable-force-include-usage`, for billing), learned from such streams: a server's first
+/// one is read (the tail of every chunk, as for a stream that asked), and what its end shows
+/// decides whether its later ones are. A server that sends none is tried again every
+/// `RETRY_EVERY` such streams (restarted with the flag). Streams cut short teach nothing.
+#[derive(Clone, Debug, Default)]
+pub struct ForcedUsage {
+    servers: BTreeMap<String, Habit>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Habit {
+    Sends,
+    /// Streams that did not ask since the last one read.
+    Omits {
+        since: u32,
+    },
+}
+
+impl ForcedUsage {
+    /// A server that sent no usage in a stream that did not ask is tried again this often.
+    pub const RETRY_EVERY: u32 = 256;
+    /// Servers remembered at most (a pool that churns forgets and learns again).
+    const MAX_SERVERS: usize = 4096;
+
+    /// Whether to read the usage of a stream that did not ask for it, sent to `server`.
+    pub fn read(&mut self, server: &str) -> bool {
+        match self.servers.get_mut(server) {
+            None | Some(Habit::Sends) => true,
+            Some(Habit::Omits { since }) => {
+                *since += 1;
+                if *since >= Self::RETRY_EVERY {
+                    *since = 0;
+                    return true;
+                }
+                false
+            }
+        }
+    }
+
+    /// The last bytes (`tail`) of a stream read by `read` that `server` answered with 200.
+    /// Returns whether the server's habit changed.
+    pub fn learn(&mut self, server: &str, tail: &[u8]) -> bool {
+        if !stream_ended(tail) {
+            return false;
+        }
+        let habit = if reports_usage(tail) {
+            Habit::Sends
+        } else {
+            Habit::Omits { since: 0 }
+        };
+        if self.servers.len() >= Self::MAX_SERVERS && !self.servers.contains_key(server) {
+            self.servers.clear();
+        }
+        let before = self.servers.insert(server.to_string(), habit);
+        before.is_none_or(|b| (b == Habit::Sends) != (habit == Habit::Sends))
+    }
+
+    /// Whether `server` is known to send usage unasked.
+    pub fn sends(&self, server: &str) -> bool {
+        self.servers.get(server) == Some(&Habit::Sends)
+    }
+}
+
+/// Whether a stream's last bytes are its normal end (`data: [DONE]`).
+fn stream_ended(tail: &[u8]) -> bool {
+    let end = tail.iter().rposition(|b| !b.is_ascii_whitespace()).map_or(0, |i| i + 1);
+    tail[..end].ends_with(b"data: [DONE]")
 }
 
 /// A Responses stream starts with events sent before any token (`response.created`,
@@ -140,6 +212,35 @@ mod tests {
         // Text that quotes a key is escaped in JSON, so it never reads as one.
         let quoted = br#"{"text":"say \"input_tokens\": 9","usage":null}"#;
         assert!(!reports_usage(quoted));
+    }
+
+    const USAGE_END: &[u8] =
+        b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":1}}\n\ndata: [DONE]\n\n";
+    const PLAIN_END: &[u8] = b"data: {\"choices\":[{\"delta\":{\"content\":\"ok\"}}]}\n\ndata: [DONE]\n\n";
+
+    #[test]
+    fn a_server_that_sends_usage_unasked_has_its_streams_read() {
+        let mut f = ForcedUsage::default();
+        assert!(f.read("a") && f.read("b"), "unknown servers are tried");
+        assert!(f.learn("a", USAGE_END));
+        assert!(f.learn("b", PLAIN_END));
+        assert!(f.sends("a") && !f.sends("b"));
+        assert!((0..10).all(|_| f.read("a")));
+        let read_b = (0..ForcedUsage::RETRY_EVERY).filter(|_| f.read("b")).count();
+        assert_eq!(read_b, 1, "one try in RETRY_EVERY");
+        // Restarted with the flag: found at that try.
+        assert!(f.learn("b", USAGE_END));
+        assert!(f.sends("b"));
+        assert!(!f.learn("b", USAGE_END), "no change");
+    }
+
+    #[test]
+    fn a_stream_cut_short_teaches_nothing() {
+        let mut f = ForcedUsage::default();
+        assert!(!f.learn("a", b"data: {\"choices\":[{\"delta\":{\"content\":\"ok\"}}]}\n\n"));
+        assert!(!f.learn("a", b""));
+        assert!(!f.sends("a"));
+        assert!(f.read("a"), "still unknown: tried again");
     }
 
     #[test]
