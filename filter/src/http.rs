@@ -162,6 +162,7 @@ impl Http {
         self.read_usage = parsed.reports_usage;
         self.awaiting_first_chunk = parsed.stream;
         let mut home_known = false;
+        let mut await_home = None;
         if kind == ApiKind::Responses {
             self.first_token_later = true;
             if !parsed.stores {
@@ -173,10 +174,22 @@ impl Http {
                     shared.peers.pull_now(&mut router, &shared.stats, now);
                 }
                 home_known = router.home_of(response).is_some();
-                if !home_known {
+                if !home_known && router.config().share().replicas.is_some() {
+                    // Another replica may be sending it this very moment (`homes`).
+                    await_home = Some(response);
+                } else if !home_known {
                     shared.stats.home_unknown.inc();
                 }
             }
+        }
+        if let Some(response) = await_home {
+            if let Some(slot) = shared.await_home(self.context_id, req.clone(), response, now) {
+                self.release = Some(slot);
+                // What it is if the wait ends without a home (sent home, the tick says so).
+                self.reason = "response_home_unknown";
+                return Action::Pause;
+            }
+            shared.stats.home_unknown.inc();
         }
         // Behind requests already held here, a new one waits its turn; a continuation
         // whose home is known goes there at once (no other server can answer it).

@@ -9,6 +9,7 @@
 pub mod clock;
 pub mod gauges;
 pub mod hold;
+pub mod homes;
 pub mod host;
 pub mod http;
 pub mod lease;

@@ -118,6 +118,8 @@ pub struct RequestStats {
     pub response_home: Metric,
     pub home_unknown: Metric,
     pub homes_learned: Metric,
+    /// Continuations paused for their home to arrive from another replica (`homes`).
+    pub home_awaited: Metric,
     per_endpoint: RefCell<BTreeMap<String, Metric>>,
     /// Per-server gauges (learned rate, pace, step, unseen share) by name and server, and
     /// the value each was last set to.
@@ -190,6 +192,7 @@ impl RequestStats {
             response_home: c("decision.response_home"),
             home_unknown: c("stored_response.home_unknown"),
             homes_learned: c("stored_response.homes_learned"),
+            home_awaited: c("stored_response.home_awaited"),
             per_endpoint: RefCell::new(BTreeMap::new()),
             speeds: RefCell::new(BTreeMap::new()),
         }

@@ -17,6 +17,7 @@ use proxy_wasm::types::LogLevel;
 
 use crate::gauges::VmGauges;
 use crate::hold::Holds;
+use crate::homes::AwaitingHome;
 use crate::host;
 use crate::lease::Lease;
 use crate::peers::Peers;
@@ -40,6 +41,8 @@ pub struct Shared {
     pub capture: Option<Capturer>,
     /// Which servers send `usage` in streams that do not ask for it.
     pub forced_usage: RefCell<ForcedUsage>,
+    /// Continuations waiting for their home to arrive from another replica (`homes`).
+    pub awaiting_home: RefCell<Vec<AwaitingHome>>,
     next_request: Cell<u64>,
     prompt_tokens: Cell<u64>,
     predicted_cached: Cell<u64>,
@@ -201,6 +204,7 @@ impl Worker {
             peers,
             capture: Capturer::new(config.capture(), config.hashing().block_bytes),
             forced_usage: RefCell::new(ForcedUsage::default()),
+            awaiting_home: RefCell::new(Vec::new()),
             next_request: Cell::new(0),
             prompt_tokens: Cell::new(0),
             predicted_cached: Cell::new(0),
@@ -277,6 +281,7 @@ impl Worker {
         // Last: releasing a held request points host calls at its stream (the effective
         // context) until this callback returns.
         if let Ok(mut router) = self.shared.router.try_borrow_mut() {
+            self.shared.release_awaiting_home(&mut router, now);
             self.shared.release_held(&mut router, now);
         }
     }

@@ -147,25 +147,32 @@ fn a_follow_up_reaches_the_server_that_stored_its_response_through_any_worker() 
     assert_eq!(envoy.stat("wasmcustom.kvroute.stored_response.home_unknown"), 1);
 }
 
-#[test]
-fn a_follow_up_reaches_the_server_that_stored_its_response_through_another_replica() {
-    let (_rt, ports) = storing_fleet();
+/// Two gateway replicas in front of one storing fleet, exchanging their events with
+/// `replicas` (JSON members of `share.replicas` besides the peers and the secret).
+fn replica_pair(ports: &[u16], replicas: &str) -> (Envoy, Envoy) {
     let peers = [free_port(), free_port()];
     let config = |text: String| {
         let share = format!(
-            r#""policy": "cost", "debug_headers": true, "share": {{"replicas": {{"peers": ["127.0.0.1:{}", "127.0.0.1:{}"], "secret": "{SECRET}"}}}},"#,
+            r#""policy": "cost", "debug_headers": true, "share": {{"replicas": {{"peers": ["127.0.0.1:{}", "127.0.0.1:{}"], "secret": "{SECRET}"{replicas}}}}},"#,
             peers[0], peers[1]
         );
         with_replicas_cluster(&text.replace("\"policy\": \"cost\",", &share), peers)
     };
-    let a = Envoy::start_listening("envoy.yaml", &ports, 2, Some(peers[0]), config).unwrap();
-    let b = Envoy::start_listening("envoy.yaml", &ports, 2, Some(peers[1]), config).unwrap();
+    let a = Envoy::start_listening("envoy.yaml", ports, 2, Some(peers[0]), config).unwrap();
+    let b = Envoy::start_listening("envoy.yaml", ports, 2, Some(peers[1]), config).unwrap();
     scraped(&a);
     scraped(&b);
-    // Opened through one replica, continued through the other 20 ms later: the home leaves
-    // with the worker's own POST as the answer leaves for the client, and races a client
-    // that continues within the same few milliseconds.
-    let gap = Duration::from_millis(20);
+    (a, b)
+}
+
+#[test]
+fn a_follow_up_reaches_the_server_that_stored_its_response_through_another_replica() {
+    let (_rt, ports) = storing_fleet();
+    let (a, b) = replica_pair(&ports, "");
+    // Opened through one replica, continued through the other at once: the home leaves with
+    // the worker's own POST as the answer leaves for the client, and a continuation that
+    // arrives first waits for it (`homes`).
+    let gap = Duration::ZERO;
     let turns: Vec<_> = (0..8)
         .map(|i| {
             if i % 2 == 0 {
@@ -176,4 +183,25 @@ fn a_follow_up_reaches_the_server_that_stored_its_response_through_another_repli
         })
         .collect();
     assert_all_home(&turns, &b.log_text());
+    for envoy in [&a, &b] {
+        assert_eq!(envoy.stat("wasmcustom.kvroute.stored_response.home_unknown"), 0);
+    }
+}
+
+#[test]
+fn a_follow_up_that_outruns_its_home_to_another_replica_waits_for_it() {
+    let (_rt, ports) = storing_fleet();
+    // Homes leave only with the service's batch, every 10 ms: a follow-up sent at once
+    // through the other replica arrives before its home, and waits for it (`homes`).
+    let (a, b) = replica_pair(
+        &ports,
+        r#", "from_workers": false, "at_once": false, "interval_ms": 10"#,
+    );
+    let turns: Vec<_> = (0..6).map(|i| conversation(&a, &b, i, Duration::ZERO)).collect();
+    assert_all_home(&turns, &b.log_text());
+    assert!(
+        b.stat("wasmcustom.kvroute.stored_response.home_awaited") >= 3,
+        "the follow-ups waited"
+    );
+    assert_eq!(b.stat("wasmcustom.kvroute.stored_response.home_unknown"), 0);
 }
