@@ -3,8 +3,9 @@
 //! the others as the answer leaves (`replicas`), and a client that continues at once
 //! through another replica can arrive first (1 of 32 follow-ups sent the moment the answer
 //! ended, `e2e_responses`): only the server that stored the response can answer, every
-//! other says 404. So with `share.replicas` on, such a request is paused and the worker's
-//! tick, which applies the peers' events, sends it home as soon as the home arrives, or
+//! other says 404. So with `share.replicas` on, such a request (or a `GET` of the response,
+//! its cancel) is paused and the worker's tick, which applies the peers' events, sends it
+//! home as soon as the home arrives, or
 //! leaves it to Envoy's balancing after `WAIT_MS` (a response stored before this gateway
 //! started, or forgotten: it waits once, then gets the 404 it would have got).
 //!
@@ -25,10 +26,11 @@ pub const WAIT_MS: u64 = 25;
 /// Continuations one worker holds at most.
 const MAX_WAITING: usize = 1024;
 
-/// A paused continuation: its stream, its request, and where the tick's answer goes.
+/// A paused continuation: its stream, its request (none for a `GET` or a cancel, which
+/// only need the destination), and where the tick's answer goes.
 pub struct AwaitingHome {
     context_id: u32,
-    req: RouteRequest,
+    req: Option<RouteRequest>,
     response: u64,
     until: Millis,
     slot: Slot,
@@ -37,7 +39,7 @@ pub struct AwaitingHome {
 impl Shared {
     /// Pauses continuation `req` of stored response `response` until its home is known:
     /// the slot the tick fills, or `None` (route it now) when this worker waits for too many.
-    pub fn await_home(&self, context_id: u32, req: RouteRequest, response: u64, now: Millis) -> Option<Slot> {
+    pub fn await_home(&self, context_id: u32, req: Option<RouteRequest>, response: u64, now: Millis) -> Option<Slot> {
         let mut waiting = self.awaiting_home.try_borrow_mut().ok()?;
         if waiting.len() >= MAX_WAITING {
             return None;
@@ -73,18 +75,32 @@ impl Shared {
             if a.slot.borrow().gone || host::set_effective_context(a.context_id).is_err() {
                 continue;
             }
-            let decision = router.route(&a.req, now);
-            let mut slot = a.slot.borrow_mut();
-            if decision.outcome == Outcome::ResponseHome {
-                slot.routed = self.apply_decision(router, &a.req, &decision, now);
-                slot.reason = Some(decision.outcome.label());
-                self.peers.publish_now(router, &self.stats, now);
-            } else {
+            let sent = match &a.req {
+                Some(req) => {
+                    let decision = router.route(req, now);
+                    let home = decision.outcome == Outcome::ResponseHome;
+                    if home {
+                        a.slot.borrow_mut().routed = self.apply_decision(router, req, &decision, now);
+                        self.peers.publish_now(router, &self.stats, now);
+                    }
+                    home
+                }
+                None => router.home_of(a.response).is_some_and(|home| {
+                    host::set_request_header(crate::DESTINATION_HEADER, Some(home.as_str())).is_ok()
+                }),
+            };
+            if a.req.is_none() && sent {
+                self.stats.response_home.inc();
+            }
+            if !sent {
                 // Still unknown: no server but an unknown one holds it; Envoy balances it.
                 self.stats.home_unknown.inc();
-                slot.reason = Some("response_home_unknown");
             }
-            drop(slot);
+            a.slot.borrow_mut().reason = Some(if sent {
+                Outcome::ResponseHome.label()
+            } else {
+                "response_home_unknown"
+            });
             if host::resume_http_request().is_err() {
                 host::log(LogLevel::Warn, "cannot resume a request that waited for its home");
             }

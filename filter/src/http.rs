@@ -183,7 +183,7 @@ impl Http {
             }
         }
         if let Some(response) = await_home {
-            if let Some(slot) = shared.await_home(self.context_id, req.clone(), response, now) {
+            if let Some(slot) = shared.await_home(self.context_id, Some(req.clone()), response, now) {
                 self.release = Some(slot);
                 // What it is if the wait ends without a home (sent home, the tick says so).
                 self.reason = "response_home_unknown";
@@ -308,27 +308,39 @@ impl Http {
 
 impl Http {
     /// A request about a stored response (`GET /v1/responses/{id}`, its cancel): sent to
-    /// the server that stored it, when known; otherwise Envoy balances it (and a server
-    /// that does not hold it answers 404).
-    fn send_home(&mut self, shared: &Shared, id: &str) {
+    /// the server that stored it, when known, or once another replica sends it (`homes`);
+    /// otherwise Envoy balances it (and a server that does not hold it answers 404).
+    fn send_home(&mut self, shared: &Shared, id: &str) -> Action {
         let response = response_key(id);
-        let home = shared.router.try_borrow_mut().ok().and_then(|mut r| {
+        let now = host::now();
+        let found = shared.router.try_borrow_mut().ok().map(|mut r| {
             // Its home may have been published a moment ago by another worker.
             if r.home_of(response).is_none() {
-                shared.peers.pull_now(&mut r, &shared.stats, host::now());
+                shared.peers.pull_now(&mut r, &shared.stats, now);
             }
-            r.home_of(response).map(ToString::to_string)
+            let replicas = r.config().share().replicas.is_some();
+            (r.home_of(response).map(ToString::to_string), replicas)
         });
+        let Some((home, replicas)) = found else {
+            return Action::Continue;
+        };
+        self.reason = "response_home_unknown";
         let Some(home) = home else {
+            if replicas {
+                if let Some(slot) = shared.await_home(self.context_id, None, response, now) {
+                    self.release = Some(slot);
+                    return Action::Pause;
+                }
+            }
             shared.stats.home_unknown.inc();
-            self.reason = "response_home_unknown";
-            return;
+            return Action::Continue;
         };
         if host::set_request_header(crate::DESTINATION_HEADER, Some(&home)).is_ok() {
             shared.stats.response_home.inc();
             self.reason = Outcome::ResponseHome.label();
             self.chosen = Some(home);
         }
+        Action::Continue
     }
 
     /// What a stream read by `ForcedUsage` showed of its server's habit.
@@ -433,7 +445,7 @@ impl HttpContext for Http {
         }
         if let Some(id) = headers.text(":path").and_then(stored_response_path) {
             if shared.router.try_borrow().is_ok_and(|r| r.config().stored_responses()) {
-                self.send_home(&shared, id);
+                return self.send_home(&shared, id);
             }
             return Action::Continue;
         }

@@ -203,5 +203,22 @@ fn a_follow_up_that_outruns_its_home_to_another_replica_waits_for_it() {
         b.stat("wasmcustom.kvroute.stored_response.home_awaited") >= 3,
         "the follow-ups waited"
     );
+    // A `GET` sent at once waits too (a background response's first poll).
+    let waited = b.stat("wasmcustom.kvroute.stored_response.home_awaited");
+    for i in 0..4 {
+        let r = a
+            .post("/v1/responses", &[], &body(&format!("Poll me, {i}."), None, false))
+            .unwrap();
+        assert_eq!(r.status, 200, "{}", r.body);
+        let id = response_id(&r);
+        let get = turn(http_client::request(b.port, "GET", &format!("/v1/responses/{id}"), &[], b"").unwrap());
+        assert_eq!(get.status, 200, "poll {i}: {}", get.body);
+        assert_eq!(Some(get.served_by.as_str()), r.header("x-served-by"), "poll {i}");
+        assert_eq!(get.reason, "response_home", "poll {i}");
+    }
+    assert!(
+        b.stat("wasmcustom.kvroute.stored_response.home_awaited") >= waited + 2,
+        "the polls waited"
+    );
     assert_eq!(b.stat("wasmcustom.kvroute.stored_response.home_unknown"), 0);
 }

@@ -44,12 +44,12 @@ impl Http {
     pub(super) fn adopt_release(&mut self) {
         let Some(slot) = self.release.take() else { return };
         let mut r = slot.borrow_mut();
+        if let Some(reason) = r.reason {
+            self.reason = reason;
+        }
         if r.routed.is_none() && !r.rejected {
             r.gone = true;
             return;
-        }
-        if let Some(reason) = r.reason {
-            self.reason = reason;
         }
         if let Some((request_id, chosen)) = &r.routed {
             self.chosen = Some(chosen.clone());
