@@ -5,11 +5,13 @@
 //! ended, `e2e_responses`): only the server that stored the response can answer, every
 //! other says 404. So with `share.replicas` on, such a request (or a `GET` of the response,
 //! its cancel) is paused and the worker's tick, which applies the peers' events, sends it
-//! home as soon as the home arrives, or
-//! leaves it to Envoy's balancing after `WAIT_MS` (a response stored before this gateway
-//! started, or forgotten: it waits once, then gets the 404 it would have got).
+//! home as soon as the home arrives, or after `WAIT_MS` (and the next tick) routes it like
+//! any request (a response stored before this gateway started, or forgotten: it waits
+//! once, then gets the 404 it would have got). A `GET` or cancel with a body is not paused
+//! (its body would release it early).
 //!
-//! Per worker and bounded (`MAX_WAITING`): past it a continuation is routed at once.
+//! Per worker and bounded (`MAX_WAITING`): past it, or while the worker's tick is not
+//! running, a request goes on at once.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -17,7 +19,7 @@ use std::rc::Rc;
 use kvroute_core::{Millis, Outcome, RouteRequest, Router};
 use proxy_wasm::types::LogLevel;
 
-use crate::hold::{Release, Slot};
+use crate::hold::{answer_429, Release, Slot};
 use crate::host;
 use crate::worker::Shared;
 
@@ -25,6 +27,8 @@ use crate::worker::Shared;
 pub const WAIT_MS: u64 = 25;
 /// Continuations one worker holds at most.
 const MAX_WAITING: usize = 1024;
+/// A tick this late is not running (a VM Envoy reloaded gets none): nothing waits then.
+const TICK_MISSING_MS: u64 = 250;
 
 /// A paused continuation: its stream, its request (none for a `GET` or a cancel, which
 /// only need the destination), and where the tick's answer goes.
@@ -37,9 +41,13 @@ pub struct AwaitingHome {
 }
 
 impl Shared {
-    /// Pauses continuation `req` of stored response `response` until its home is known:
-    /// the slot the tick fills, or `None` (route it now) when this worker waits for too many.
+    /// Pauses continuation `req` of stored response `response` (`None`: a `GET` or a cancel)
+    /// until its home is known: the slot the tick fills, or `None` (go on now) when this
+    /// worker waits for too many or its tick is not running.
     pub fn await_home(&self, context_id: u32, req: Option<RouteRequest>, response: u64, now: Millis) -> Option<Slot> {
+        if now.since(self.ticked_at.get()) > TICK_MISSING_MS {
+            return None;
+        }
         let mut waiting = self.awaiting_home.try_borrow_mut().ok()?;
         if waiting.len() >= MAX_WAITING {
             return None;
@@ -52,20 +60,25 @@ impl Shared {
             until: Millis(now.0 + WAIT_MS),
             slot: Rc::clone(&slot),
         });
+        // The fast tick, not the idle one: the wait ends at the next tick past it.
+        self.peers.stay_awake(now);
         self.stats.home_awaited.inc();
         Some(slot)
     }
 
-    /// On the tick, after the peers' events: sends home the continuations whose home came,
-    /// resumes those past their wait without a destination (Envoy balances them), and
-    /// drops those whose client left.
+    /// On the tick, after the peers' events: sends home the requests whose home came,
+    /// routes or resumes those past their wait as if they had not waited, and drops those
+    /// whose client left.
     pub fn release_awaiting_home(&self, router: &mut Router, now: Millis) {
+        if self.awaiting_home.try_borrow().map_or(true, |w| w.is_empty()) {
+            return;
+        }
+        self.peers.stay_awake(now);
+        // What the peers published since the tick's own read, even within this millisecond.
+        self.peers.pull_now(router, &self.stats, now);
         let Ok(mut waiting) = self.awaiting_home.try_borrow_mut() else {
             return;
         };
-        if waiting.is_empty() {
-            return;
-        }
         let (due, wait): (Vec<AwaitingHome>, Vec<AwaitingHome>) = waiting
             .drain(..)
             .partition(|a| a.slot.borrow().gone || now >= a.until || router.home_of(a.response).is_some());
@@ -75,34 +88,58 @@ impl Shared {
             if a.slot.borrow().gone || host::set_effective_context(a.context_id).is_err() {
                 continue;
             }
-            let sent = match &a.req {
-                Some(req) => {
-                    let decision = router.route(req, now);
-                    let home = decision.outcome == Outcome::ResponseHome;
-                    if home {
-                        a.slot.borrow_mut().routed = self.apply_decision(router, req, &decision, now);
-                        self.peers.publish_now(router, &self.stats, now);
-                    }
-                    home
-                }
-                None => router.home_of(a.response).is_some_and(|home| {
-                    host::set_request_header(crate::DESTINATION_HEADER, Some(home.as_str())).is_ok()
-                }),
-            };
-            if a.req.is_none() && sent {
-                self.stats.response_home.inc();
-            }
-            if !sent {
-                // Still unknown: no server but an unknown one holds it; Envoy balances it.
+            let home = router.home_of(a.response).map(ToString::to_string);
+            if home.is_none() {
                 self.stats.home_unknown.inc();
             }
-            a.slot.borrow_mut().reason = Some(if sent {
-                Outcome::ResponseHome.label()
-            } else {
-                "response_home_unknown"
-            });
-            if host::resume_http_request().is_err() {
+            let resume = match &a.req {
+                Some(req) => self.route_after_wait(router, req, &a.slot, now),
+                None => {
+                    let sent = home
+                        .as_deref()
+                        .is_some_and(|h| host::set_request_header(crate::DESTINATION_HEADER, Some(h)).is_ok());
+                    if sent {
+                        self.stats.response_home.inc();
+                    }
+                    a.slot.borrow_mut().reason = Some(if sent {
+                        Outcome::ResponseHome.label()
+                    } else {
+                        "response_home_unknown"
+                    });
+                    true
+                }
+            };
+            if resume && host::resume_http_request().is_err() {
                 host::log(LogLevel::Warn, "cannot resume a request that waited for its home");
+            }
+        }
+    }
+
+    /// Routes a continuation whose wait ended: home, or, its home still unknown, by load
+    /// like any request (held is not offered again after the wait: every server full, Envoy
+    /// balances it). Returns whether to resume it (not after a 429).
+    fn route_after_wait(&self, router: &mut Router, req: &RouteRequest, slot: &Slot, now: Millis) -> bool {
+        let decision = router.route(req, now);
+        slot.borrow_mut().reason = Some(match decision.outcome {
+            Outcome::ResponseHome => decision.outcome.label(),
+            _ => "response_home_unknown",
+        });
+        match decision.outcome {
+            Outcome::ResponseHome | Outcome::PrefixHit | Outcome::Cold => {
+                let routed = self.apply_decision(router, req, &decision, now);
+                slot.borrow_mut().routed = routed;
+                self.peers.publish_now(router, &self.stats, now);
+                true
+            }
+            Outcome::Shed { retry_after_s } => {
+                self.count_outcome(&decision.outcome);
+                let rejected = answer_429(retry_after_s);
+                slot.borrow_mut().rejected = rejected;
+                !rejected
+            }
+            Outcome::Fallback(_) | Outcome::Hold => {
+                self.count_outcome(&decision.outcome);
+                true
             }
         }
     }

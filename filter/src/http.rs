@@ -61,8 +61,9 @@ pub struct Http {
     responded: bool,
     /// Keep the response tail: the response will carry `usage` (see `reports_usage`).
     read_usage: bool,
-    /// A stream that did not ask for `usage`, read to learn whether its server sends it
-    /// anyway (`ForcedUsage`).
+    /// A stream that did not ask for `usage` (`ParsedRequest::usage_unasked`), and whether
+    /// it is read to learn whether its server sends it anyway (`ForcedUsage`).
+    usage_unasked: bool,
     learn_usage: bool,
     /// A streamed request whose first response bytes have not come yet (its first token:
     /// the headers of a stream may come before it).
@@ -93,6 +94,7 @@ impl Http {
             status: 0,
             responded: false,
             read_usage: false,
+            usage_unasked: false,
             learn_usage: false,
             awaiting_first_chunk: false,
             first_token_later: false,
@@ -160,6 +162,7 @@ impl Http {
         // A stream without `include_usage` never reports cached tokens: copying its chunks
         // into the VM (one host call each) would buy nothing.
         self.read_usage = parsed.reports_usage;
+        self.usage_unasked = parsed.usage_unasked;
         self.awaiting_first_chunk = parsed.stream;
         let mut home_known = false;
         let mut await_home = None;
@@ -227,13 +230,8 @@ impl Http {
             self.reason = "host_error";
             return Action::Continue;
         };
-        // A server started with --enable-force-include-usage sends usage to streams that did
-        // not ask: read there, and tried once on each server to find out.
-        if parsed.usage_unasked && shared.forced_usage.try_borrow_mut().is_ok_and(|mut f| f.read(&best)) {
-            self.read_usage = true;
-            self.learn_usage = true;
-        }
         self.chosen = Some(best);
+        self.read_forced_usage(shared);
         self.phase = Phase::Routed { request_id };
         Action::Continue
     }
@@ -310,7 +308,7 @@ impl Http {
     /// A request about a stored response (`GET /v1/responses/{id}`, its cancel): sent to
     /// the server that stored it, when known, or once another replica sends it (`homes`);
     /// otherwise Envoy balances it (and a server that does not hold it answers 404).
-    fn send_home(&mut self, shared: &Shared, id: &str) -> Action {
+    fn send_home(&mut self, shared: &Shared, id: &str, end_of_stream: bool) -> Action {
         let response = response_key(id);
         let now = host::now();
         let found = shared.router.try_borrow_mut().ok().map(|mut r| {
@@ -324,9 +322,9 @@ impl Http {
         let Some((home, replicas)) = found else {
             return Action::Continue;
         };
-        self.reason = "response_home_unknown";
         let Some(home) = home else {
-            if replicas {
+            self.reason = "response_home_unknown";
+            if replicas && end_of_stream {
                 if let Some(slot) = shared.await_home(self.context_id, None, response, now) {
                     self.release = Some(slot);
                     return Action::Pause;
@@ -341,6 +339,18 @@ impl Http {
             self.chosen = Some(home);
         }
         Action::Continue
+    }
+
+    /// A server started with --enable-force-include-usage sends usage to streams that did not
+    /// ask: read there, and tried on each server to find out. Once the request has its server.
+    pub(super) fn read_forced_usage(&mut self, shared: &Shared) {
+        let Some(chosen) = self.chosen.as_deref().filter(|_| self.usage_unasked) else {
+            return;
+        };
+        if shared.forced_usage.try_borrow_mut().is_ok_and(|mut f| f.read(chosen)) {
+            self.read_usage = true;
+            self.learn_usage = true;
+        }
     }
 
     /// What a stream read by `ForcedUsage` showed of its server's habit.
@@ -445,7 +455,7 @@ impl HttpContext for Http {
         }
         if let Some(id) = headers.text(":path").and_then(stored_response_path) {
             if shared.router.try_borrow().is_ok_and(|r| r.config().stored_responses()) {
-                return self.send_home(&shared, id);
+                return self.send_home(&shared, id, end_of_stream);
             }
             return Action::Continue;
         }

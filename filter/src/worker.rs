@@ -43,6 +43,9 @@ pub struct Shared {
     pub forced_usage: RefCell<ForcedUsage>,
     /// Continuations waiting for their home to arrive from another replica (`homes`).
     pub awaiting_home: RefCell<Vec<AwaitingHome>>,
+    /// When this worker's tick last ran (a VM Envoy reloaded after a crash gets none:
+    /// nothing may wait for it then).
+    pub ticked_at: Cell<Millis>,
     next_request: Cell<u64>,
     prompt_tokens: Cell<u64>,
     predicted_cached: Cell<u64>,
@@ -205,6 +208,7 @@ impl Worker {
             capture: Capturer::new(config.capture(), config.hashing().block_bytes),
             forced_usage: RefCell::new(ForcedUsage::default()),
             awaiting_home: RefCell::new(Vec::new()),
+            ticked_at: Cell::new(Millis(0)),
             next_request: Cell::new(0),
             prompt_tokens: Cell::new(0),
             predicted_cached: Cell::new(0),
@@ -269,6 +273,7 @@ impl Worker {
 
     pub fn on_tick(&mut self) {
         let now = host::now();
+        self.shared.ticked_at.set(now);
         self.poll_if_leader(now);
         if let Ok(mut router) = self.shared.router.try_borrow_mut() {
             self.shared.apply_fleet_state(&mut router, now);

@@ -12,8 +12,6 @@
 //! `usage` came at all is reported too (`reports_usage`); the router reads "usage without
 //! details" as 0 cached from a server that has shown details before.
 
-use std::collections::BTreeMap;
-
 const CACHED: &[u8] = b"\"cached_tokens\"";
 /// `usage.prompt_tokens`, or the Responses API's `usage.input_tokens`.
 const USAGE: [&[u8]; 2] = [b"\"prompt_tokens\"", b"\"input_tokens\""];
@@ -56,9 +54,11 @@ fn last_of(tail: &[u8], keys: [&[u8]; 2]) -> Option<u64> {
 /// one is read (the tail of every chunk, as for a stream that asked), and what its end shows
 /// decides whether its later ones are. A server that sends none is tried again every
 /// `RETRY_EVERY` such streams (restarted with the flag). Streams cut short teach nothing.
+/// A list, not a map: a pool has tens of servers, and a string-keyed B-tree costs the wasm
+/// module kilobytes of code (it must fit a 1 MiB ConfigMap).
 #[derive(Clone, Debug, Default)]
 pub struct ForcedUsage {
-    servers: BTreeMap<String, Habit>,
+    servers: Vec<(String, Habit)>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,11 +74,15 @@ impl ForcedUsage {
     /// A server that sent no usage in a stream that did not ask is tried again this often.
     pub const RETRY_EVERY: u32 = 256;
     /// Servers remembered at most (a pool that churns forgets and learns again).
-    const MAX_SERVERS: usize = 4096;
+    const MAX_SERVERS: usize = 1024;
+
+    fn habit(&mut self, server: &str) -> Option<&mut Habit> {
+        self.servers.iter_mut().find(|(s, _)| s == server).map(|(_, h)| h)
+    }
 
     /// Whether to read the usage of a stream that did not ask for it, sent to `server`.
     pub fn read(&mut self, server: &str) -> bool {
-        match self.servers.get_mut(server) {
+        match self.habit(server) {
             None | Some(Habit::Sends) => true,
             Some(Habit::Omits { since }) => {
                 *since += 1;
@@ -94,7 +98,10 @@ impl ForcedUsage {
     /// The last bytes (`tail`) of a stream read by `read` that `server` answered with 200.
     /// Returns whether the server's habit changed.
     pub fn learn(&mut self, server: &str, tail: &[u8]) -> bool {
-        if !stream_ended(tail) {
+        // A stream vLLM ended with an error (`data: {"error": …}` then `[DONE]`) carries
+        // no usage whatever the flag: it says nothing either.
+        const ERROR: &[u8] = b"\"error\"";
+        if !stream_ended(tail) || tail.windows(ERROR.len()).any(|w| w == ERROR) {
             return false;
         }
         let habit = if reports_usage(tail) {
@@ -102,16 +109,22 @@ impl ForcedUsage {
         } else {
             Habit::Omits { since: 0 }
         };
-        if self.servers.len() >= Self::MAX_SERVERS && !self.servers.contains_key(server) {
-            self.servers.clear();
-        }
-        let before = self.servers.insert(server.to_string(), habit);
+        let before = match self.habit(server) {
+            Some(h) => Some(std::mem::replace(h, habit)),
+            None => {
+                if self.servers.len() >= Self::MAX_SERVERS {
+                    self.servers.clear();
+                }
+                self.servers.push((server.to_string(), habit));
+                None
+            }
+        };
         before.is_none_or(|b| (b == Habit::Sends) != (habit == Habit::Sends))
     }
 
     /// Whether `server` is known to send usage unasked.
     pub fn sends(&self, server: &str) -> bool {
-        self.servers.get(server) == Some(&Habit::Sends)
+        self.servers.iter().any(|(s, h)| s == server && *h == Habit::Sends)
     }
 }
 
@@ -235,12 +248,16 @@ mod tests {
     }
 
     #[test]
-    fn a_stream_cut_short_teaches_nothing() {
+    fn a_stream_cut_short_or_ended_by_an_error_teaches_nothing() {
         let mut f = ForcedUsage::default();
+        assert!(f.learn("a", USAGE_END));
+        let failed = b"data: {\"error\":{\"message\":\"boom\",\"type\":\"InternalServerError\",\"code\":500}}\n\ndata: [DONE]\n\n";
+        assert!(!f.learn("a", failed));
+        assert!(f.sends("a"), "one failed stream does not stop the reading");
         assert!(!f.learn("a", b"data: {\"choices\":[{\"delta\":{\"content\":\"ok\"}}]}\n\n"));
-        assert!(!f.learn("a", b""));
-        assert!(!f.sends("a"));
-        assert!(f.read("a"), "still unknown: tried again");
+        assert!(!f.learn("b", b""));
+        assert!(!f.sends("b"));
+        assert!(f.read("b"), "still unknown: tried again");
     }
 
     #[test]

@@ -56,6 +56,9 @@ impl Http {
             self.phase = Phase::Routed {
                 request_id: *request_id,
             };
+            if let Some(shared) = self.shared.clone() {
+                self.read_forced_usage(&shared);
+            }
         }
         if r.rejected {
             self.status = 429;

@@ -11,7 +11,9 @@
 //! newer stored responses through one gateway process loses its history.
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasherDefault;
 
+use crate::index::IdentityHasher;
 use crate::types::EndpointId;
 
 /// Stored responses whose home a router remembers.
@@ -19,7 +21,8 @@ pub const MAX_HOMES: usize = 65_536;
 
 #[derive(Clone, Debug, Default)]
 pub(super) struct Homes {
-    home: HashMap<u64, EndpointId>,
+    /// Keyed by `response_key`, already a mixed hash: no hashing again.
+    home: HashMap<u64, EndpointId, BuildHasherDefault<IdentityHasher>>,
     order: VecDeque<u64>,
 }
 
