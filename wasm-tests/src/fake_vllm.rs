@@ -1,6 +1,7 @@
 //! A small stand-in for a vLLM server, for end-to-end tests of the filter in real Envoy:
 //! `/metrics` in vLLM 0.33's format (or the legacy pre-0.12 names) with load the test
-//! sets, `/health`, `/v1/models`, and chat/completions answers (JSON or SSE) that name the
+//! sets, `/health`, `/v1/models`, chat/completions answers (JSON or SSE) and Anthropic
+//! `/v1/messages` answers (JSON) that name the
 //! server in `x-served-by` and count what each server received. `kill()` closes the
 //! listener and every open connection, as a crashed server would.
 //!
@@ -244,6 +245,15 @@ fn serve(stream: TcpStream, state: Arc<State>, port: u16) {
                     );
                     respond(&mut writer, 200, "application/json", body.as_bytes(), port)
                 }
+            }
+            ("POST", "/v1/messages") => {
+                state.inference.fetch_add(1, Ordering::SeqCst);
+                let model = model_of(&state);
+                let body = format!(
+                    r#"{{"id":"chatcmpl-x","type":"message","role":"assistant","content":[{{"type":"text","text":"ok from {port}"}}],"model":"{model}","stop_reason":"end_turn","stop_sequence":null,"usage":{{"input_tokens":{},"output_tokens":3}}}}"#,
+                    req.body.len() / 4
+                );
+                respond(&mut writer, 200, "application/json", body.as_bytes(), port)
             }
             _ => respond(&mut writer, 404, "text/plain", b"not found\n", port),
         };

@@ -540,3 +540,30 @@ fn streams_that_did_not_ask_for_usage_are_read_where_the_server_sends_it_anyway(
         .log_text()
         .contains("sends usage in streams that do not ask for it"));
 }
+
+/// vLLM serves Anthropic's `/v1/messages` as the chat request it translates it to, with the
+/// same prefix cache: kvroute hashes it the same way, so a conversation sent either way
+/// finds the server that holds its prefix.
+#[test]
+fn anthropic_messages_share_their_prefix_with_the_same_conversation_sent_as_chat() {
+    let f = fleet("envoy.yaml", vec![Load::idle(), Load::idle(), Load::idle()]);
+    let system = long_prompt("anthropic");
+    let anthropic = |question: &str| {
+        format!(
+            r#"{{"model":"{MODEL}","max_tokens":16,"system":[{{"type":"text","text":"{system}"}}],"messages":[{{"role":"user","content":[{{"type":"text","text":"{question}"}}]}}]}}"#
+        )
+    };
+    let first = f.send("/v1/messages", &[], &anthropic("first"));
+    assert_eq!(first.status, 200, "{}", first.body);
+    let home = first.header("x-served-by").unwrap().to_string();
+    assert_eq!(first.header("x-kvroute-reason"), Some("cold"));
+    for (path, body) in [
+        ("/v1/messages", anthropic("second")),
+        ("/v1/chat/completions", chat_body(&system, "third", false)),
+    ] {
+        let r = f.send(path, &[], &body);
+        assert_eq!(r.status, 200, "{path}: {}", r.body);
+        assert_eq!(r.header("x-kvroute-reason"), Some("prefix_hit"), "{path}");
+        assert_eq!(r.header("x-served-by"), Some(home.as_str()), "{path}");
+    }
+}

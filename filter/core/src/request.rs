@@ -12,6 +12,13 @@
 //!   function call or its output, gives its `type` as the role and its compact JSON as the
 //!   content). A request that continues a stored response (`previous_response_id`) is
 //!   routed to the server that stored it, the only one that can answer it (`Router::route`).
+//! - messages (Anthropic's, `/v1/messages`): the chat request vLLM translates it to, so a
+//!   conversation shares its prefix with the same one sent as chat: `system` (its text
+//!   blocks joined) as a first `system` message; each message's content as chat content
+//!   (text blocks as text, an image as an `image_url` part; `tool_use` and `thinking`
+//!   blocks become fields chat does not hash); a `tool_result` block as a `tool` message
+//!   before its message; `tools` as chat's function tools. Its `usage` (input and output
+//!   tokens, no cached ones) is not read.
 //! - completions: the prompt string; for an array of strings, the first string is the
 //!   canonical text (vLLM runs them as separate sequences) while all count toward the token
 //!   estimate, and the response's `usage` is not read (vLLM reports one prompt's cached
@@ -42,6 +49,9 @@ pub enum ApiKind {
     Completions,
     /// OpenAI's Responses API (`/v1/responses`).
     Responses,
+    /// Anthropic's Messages API (`/v1/messages`), which vLLM serves as the chat request it
+    /// translates it to.
+    Messages,
 }
 
 impl ApiKind {
@@ -52,6 +62,7 @@ impl ApiKind {
             "/v1/chat/completions" => Some(ApiKind::Chat),
             "/v1/completions" => Some(ApiKind::Completions),
             "/v1/responses" => Some(ApiKind::Responses),
+            "/v1/messages" => Some(ApiKind::Messages),
             _ => None,
         }
     }
@@ -151,6 +162,8 @@ struct Body {
     stream_options: Option<Value>,
     user: Option<String>,
     cache_salt: Option<String>,
+    /// Anthropic's Messages API: the system prompt (`parse_messages`).
+    system: Option<Value>,
 }
 
 /// A Responses body: its own fields, so a chat or completions body is read as before
@@ -278,8 +291,10 @@ fn truthy(v: &Value) -> bool {
 
 /// Parses a request body of the given API kind.
 pub fn parse(kind: ApiKind, body: &[u8]) -> Result<ParsedRequest, RequestError> {
-    if kind == ApiKind::Responses {
-        return parse_responses(body);
+    match kind {
+        ApiKind::Responses => return parse_responses(body),
+        ApiKind::Messages => return parse_messages(body),
+        ApiKind::Chat | ApiKind::Completions => {}
     }
     let body: Body = serde_json::from_slice(body).map_err(|e| RequestError::Malformed(e.to_string()))?;
     let model = body.model.unwrap_or_default();
@@ -288,7 +303,7 @@ pub fn parse(kind: ApiKind, body: &[u8]) -> Result<ParsedRequest, RequestError> 
             let messages = body.messages.ok_or(RequestError::MissingField("messages"))?;
             chat_canonical(&messages, body.tools.as_ref())?
         }
-        ApiKind::Completions | ApiKind::Responses => {
+        ApiKind::Completions | ApiKind::Responses | ApiKind::Messages => {
             completion_canonical(body.prompt.as_ref().ok_or(RequestError::MissingField("prompt"))?)?
         }
     };
@@ -339,6 +354,161 @@ fn parse_responses(body: &[u8]) -> Result<ParsedRequest, RequestError> {
         continues,
         stores: body.store.as_ref().is_none_or(truthy),
     })
+}
+
+/// An Anthropic body, read with chat's `Body` (its `messages` have a role and a content,
+/// `system` is one more field): one reader for both keeps the wasm module small.
+fn parse_messages(body: &[u8]) -> Result<ParsedRequest, RequestError> {
+    let body: Body = serde_json::from_slice(body).map_err(|e| RequestError::Malformed(e.to_string()))?;
+    let messages = body.messages.as_ref().ok_or(RequestError::MissingField("messages"))?;
+    let tools = body.tools.as_ref().and_then(Value::as_array).map(Vec::as_slice);
+    let (canonical, prompt_tokens) = anthropic_canonical(body.system.as_ref(), messages, tools)?;
+    Ok(ParsedRequest {
+        model: body.model.unwrap_or_default(),
+        canonical,
+        prompt_tokens,
+        max_tokens: body.max_tokens,
+        stream: body.stream,
+        reports_usage: false,
+        usage_unasked: false,
+        user: None,
+        cache_salt: None,
+        continues: None,
+        stores: false,
+    })
+}
+
+/// The canonical text of an Anthropic body: byte for byte what `chat_canonical` makes of
+/// the chat request vLLM translates it to, written directly (building that request as
+/// JSON values cost the wasm module 25 KB).
+fn anthropic_canonical(
+    system: Option<&Value>,
+    messages: &[Message],
+    tools: Option<&[Value]>,
+) -> Result<(Vec<u8>, Tokens), RequestError> {
+    let invalid = |field| RequestError::InvalidField {
+        field,
+        reason: "is not what the Messages API allows",
+    };
+    let mut c = Canon::default();
+    if let Some(tools) = tools.filter(|t| !t.is_empty()) {
+        // Chat's function tools as compact JSON with sorted keys.
+        c.out.push(b'[');
+        for (i, t) in tools.iter().enumerate() {
+            if i > 0 {
+                c.out.push(b',');
+            }
+            c.out.extend_from_slice(br#"{"function":{"#);
+            let mut first = true;
+            for (to, from) in [
+                ("description", "description"),
+                ("name", "name"),
+                ("parameters", "input_schema"),
+            ] {
+                if let Some(v) = t.get(from).filter(|v| !v.is_null()) {
+                    if !first {
+                        c.out.push(b',');
+                    }
+                    first = false;
+                    c.out.extend_from_slice(format!("\"{to}\":{v}").as_bytes());
+                }
+            }
+            c.out.extend_from_slice(br#"},"type":"function"}"#);
+        }
+        c.out.extend_from_slice(b"]\x1e");
+    }
+    match system {
+        None | Some(Value::Null) => {}
+        Some(Value::String(text)) if text.is_empty() => {}
+        Some(Value::String(text)) => c.message("system", text.as_bytes()),
+        Some(Value::Array(blocks)) if blocks.is_empty() => {}
+        Some(Value::Array(blocks)) => {
+            let text: String = blocks
+                .iter()
+                .filter(|b| b.get("type").and_then(Value::as_str) == Some("text"))
+                .filter_map(|b| b.get("text").and_then(Value::as_str))
+                .collect();
+            c.message("system", text.as_bytes());
+        }
+        Some(_) => return Err(invalid("system")),
+    }
+    for m in messages {
+        let role = m.role.as_str();
+        let blocks = match &m.content {
+            Some(Value::String(text)) => {
+                c.message(role, text.as_bytes());
+                continue;
+            }
+            Some(Value::Array(blocks)) => blocks,
+            _ => return Err(invalid("messages[].content")),
+        };
+        // The message's own content, written after the tool messages its blocks make.
+        let mut own = Vec::new();
+        let (mut parts, mut media, mut fields_only) = (0usize, Media::default(), false);
+        for b in blocks {
+            match b.get("type").and_then(Value::as_str) {
+                Some("text") => {
+                    if let Some(text) = b.get("text").and_then(Value::as_str).filter(|t| !t.is_empty()) {
+                        own.extend_from_slice(text.as_bytes());
+                        parts += 1;
+                    }
+                }
+                Some("image") => {
+                    let data = b.get("source").and_then(|s| s.get("data")).unwrap_or(&Value::Null);
+                    let json = format!(r#"{{"image_url":{{"url":{data}}},"type":"image_url"}}"#);
+                    media.parts += 1;
+                    media.bytes += json.len();
+                    own.extend_from_slice(json.as_bytes());
+                    parts += 1;
+                }
+                Some("tool_use" | "thinking") => fields_only = true,
+                Some("tool_result") if role == "user" => match b.get("content") {
+                    Some(Value::String(text)) => c.message("tool", text.as_bytes()),
+                    None | Some(Value::Null) => c.message("tool", b""),
+                    Some(other) => c.message("tool", other.to_string().as_bytes()),
+                },
+                Some("tool_result") => {
+                    let content = b.get("content").map(Value::to_string).unwrap_or_default();
+                    own.extend_from_slice(format!("Tool result: {content}").as_bytes());
+                    parts += 1;
+                }
+                _ => {}
+            }
+        }
+        if parts > 0 || fields_only {
+            c.media.parts += media.parts;
+            c.media.bytes += media.bytes;
+            c.message(role, &own);
+        }
+    }
+    if c.messages == 0 {
+        return Err(RequestError::InvalidField {
+            field: "messages",
+            reason: "must not be empty",
+        });
+    }
+    let tokens = text_tokens(c.out.len() - c.media.bytes)
+        + TOKENS_PER_MESSAGE * c.messages
+        + TOKENS_PER_MEDIA_PART.saturating_mul(c.media.parts);
+    Ok((c.out, Tokens(tokens)))
+}
+
+/// Canonical text written message by message (`chat_canonical`'s format).
+#[derive(Default)]
+struct Canon {
+    out: Vec<u8>,
+    media: Media,
+    messages: u64,
+}
+
+impl Canon {
+    fn message(&mut self, role: &str, content: &[u8]) {
+        self.out.extend_from_slice(role.as_bytes());
+        self.out.push(0x1f);
+        self.out.extend_from_slice(content);
+        self.out.push(0x1e);
+        self.messages += 1;
+    }
 }
 
 /// A Responses body's `instructions` and `input` as chat messages (see the module's

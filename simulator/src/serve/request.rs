@@ -122,7 +122,7 @@ pub fn draft(kind: ApiKind, content_type: Option<&str>, body: &[u8], served: &[S
     }
     let max_tokens = match kind {
         ApiKind::Chat => int_field(&obj, "max_completion_tokens")?.or(int_field(&obj, "max_tokens")?),
-        ApiKind::Completions => int_field(&obj, "max_tokens")?,
+        ApiKind::Completions | ApiKind::Messages => int_field(&obj, "max_tokens")?,
         ApiKind::Responses => int_field(&obj, "max_output_tokens")?,
     };
     // vLLM's `SamplingParams` check, whichever field the API calls it.
@@ -189,7 +189,9 @@ impl Draft {
                 (_, Some(m)) if m > room => return Err(ApiError::max_tokens_too_large(max_model_len, p.tokens, m)),
                 (_, Some(m)) => m,
                 (ApiKind::Chat, None) if self.ignore_eos => room,
-                (ApiKind::Chat | ApiKind::Responses, None) => NATURAL_STOP_TOKENS.max(self.min_tokens).min(room),
+                (ApiKind::Chat | ApiKind::Responses | ApiKind::Messages, None) => {
+                    NATURAL_STOP_TOKENS.max(self.min_tokens).min(room)
+                }
                 (ApiKind::Completions, None) => COMPLETION_DEFAULT_MAX_TOKENS.min(room),
             };
             output_tokens.push(planned);
@@ -242,9 +244,9 @@ fn prompts(kind: ApiKind, obj: &serde_json::Map<String, Value>) -> Result<Vec<Pr
             }
             Ok(vec![one(body)?])
         }
-        ApiKind::Responses => {
+        ApiKind::Responses | ApiKind::Messages => {
             let mut body = serde_json::json!({"model": ""});
-            for field in ["input", "instructions", "tools"] {
+            for field in ["input", "instructions", "tools", "system", "messages", "max_tokens"] {
                 if let Some(v) = obj.get(field) {
                     body[field] = v.clone();
                 }

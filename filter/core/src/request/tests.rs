@@ -370,3 +370,59 @@ fn responses_input_items_are_bounded_like_chat_messages() {
     let past = format!(r#"{{"model":"m","input":[{}]}}"#, items(MAX_MESSAGES + 1));
     assert!(matches!(responses(&past), Err(RequestError::Malformed(_))));
 }
+
+fn messages(body: &str) -> Result<ParsedRequest, RequestError> {
+    parse(ApiKind::Messages, body.as_bytes())
+}
+
+#[test]
+fn an_anthropic_body_hashes_as_the_chat_request_vllm_makes_of_it() {
+    let anthropic = messages(
+        r#"{"model":"m","max_tokens":9,"system":[{"type":"text","text":"be "},{"type":"text","text":"brief"}],
+            "tools":[{"name":"f","description":"d","input_schema":{"type":"object"}}],
+            "messages":[{"role":"user","content":[{"type":"text","text":"hello"}]},
+                        {"role":"assistant","content":[{"type":"text","text":"calling"},{"type":"tool_use","id":"t1","name":"f","input":{}}]},
+                        {"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"42"},{"type":"text","text":"and?"}]}]}"#,
+    )
+    .unwrap();
+    let chat_body = chat(
+        r#"{"model":"m","tools":[{"type":"function","function":{"name":"f","description":"d","parameters":{"type":"object"}}}],
+            "messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hello"},
+                        {"role":"assistant","content":"calling","tool_calls":[{"id":"t1","type":"function","function":{"name":"f","arguments":"{}"}}]},
+                        {"role":"tool","tool_call_id":"t1","content":"42"},{"role":"user","content":"and?"}]}"#,
+    )
+    .unwrap();
+    assert_eq!(anthropic.canonical, chat_body.canonical);
+    assert_eq!(anthropic.prompt_tokens, chat_body.prompt_tokens);
+    assert_eq!(anthropic.max_tokens, Some(9));
+    assert!(!anthropic.reports_usage, "vLLM's Anthropic usage has no cached tokens");
+    assert!(!anthropic.usage_unasked);
+}
+
+#[test]
+fn an_anthropic_body_vllm_would_refuse_is_not_routed() {
+    for body in [
+        r#"{"model":"m","max_tokens":5}"#,
+        r#"{"model":"m","max_tokens":5,"messages":[]}"#,
+        r#"{"model":"m","max_tokens":5,"messages":[{"content":"x"}]}"#,
+        r#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":5}]}"#,
+        r#"{"model":"m","max_tokens":5,"system":5,"messages":[{"role":"user","content":"x"}]}"#,
+    ] {
+        assert!(messages(body).is_err(), "{body}");
+    }
+    assert_eq!(ApiKind::from_path("/v1/messages"), Some(ApiKind::Messages));
+}
+
+#[test]
+fn an_anthropic_image_counts_as_the_chat_image_part_it_becomes() {
+    let anthropic = messages(
+        r#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"text","text":"see"},{"type":"image","source":{"type":"base64","media_type":"image/png","data":"iVBOR"}}]}]}"#,
+    )
+    .unwrap();
+    let chat_body = chat(
+        r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"see"},{"type":"image_url","image_url":{"url":"iVBOR"}}]}]}"#,
+    )
+    .unwrap();
+    assert_eq!(anthropic.canonical, chat_body.canonical);
+    assert_eq!(anthropic.prompt_tokens, chat_body.prompt_tokens);
+}
