@@ -325,29 +325,44 @@ impl Shared {
             self.stats.hold_gone.inc();
             return;
         }
-        let mut slot = w.slot.borrow_mut();
-        slot.reason = Some(decision.outcome.label());
+        w.slot.borrow_mut().reason = Some(decision.outcome.label());
+        if !matches!(decision.outcome, Outcome::Shed { .. }) {
+            self.stats.hold_released.inc();
+        }
+        if self.carry_out(router, &w.req, &w.slot, decision, now) && host::resume_http_request().is_err() {
+            host::log(LogLevel::Warn, "cannot resume a held request");
+        }
+    }
+
+    /// Carries out `decision` for a request paused on `slot` (held, or waiting for its
+    /// home: `homes`), its stream the effective context: routes it, answers it 429, or
+    /// leaves it to Envoy's balancing. Returns whether to resume it (not after a 429).
+    pub(crate) fn carry_out(
+        &self,
+        router: &mut Router,
+        req: &RouteRequest,
+        slot: &Slot,
+        decision: &kvroute_core::Decision,
+        now: Millis,
+    ) -> bool {
         match decision.outcome {
             Outcome::PrefixHit | Outcome::Cold | Outcome::ResponseHome => {
-                self.stats.hold_released.inc();
-                slot.routed = self.apply_decision(router, &w.req, decision, now);
+                let routed = self.apply_decision(router, req, decision, now);
+                slot.borrow_mut().routed = routed;
                 self.peers.publish_now(router, &self.stats, now);
+                true
             }
             // A sheddable request past every server's limits by the scrape: 429, as on arrival.
             Outcome::Shed { retry_after_s } => {
                 self.count_outcome(&decision.outcome);
-                slot.rejected = answer_429(retry_after_s);
-                if slot.rejected {
-                    return;
-                }
+                let rejected = answer_429(retry_after_s);
+                slot.borrow_mut().rejected = rejected;
+                !rejected
             }
-            _ => {
-                self.stats.hold_released.inc();
+            Outcome::Fallback(_) | Outcome::Hold => {
                 self.count_outcome(&decision.outcome);
+                true
             }
-        }
-        if host::resume_http_request().is_err() {
-            host::log(LogLevel::Warn, "cannot resume a held request");
         }
     }
 

@@ -16,10 +16,10 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use kvroute_core::{Millis, Outcome, RouteRequest, Router};
+use kvroute_core::{EndpointId, Millis, Outcome, RouteRequest, Router};
 use proxy_wasm::types::LogLevel;
 
-use crate::hold::{answer_429, Release, Slot};
+use crate::hold::{Release, Slot};
 use crate::host;
 use crate::worker::Shared;
 
@@ -124,23 +124,16 @@ impl Shared {
             Outcome::ResponseHome => decision.outcome.label(),
             _ => "response_home_unknown",
         });
-        match decision.outcome {
-            Outcome::ResponseHome | Outcome::PrefixHit | Outcome::Cold => {
-                let routed = self.apply_decision(router, req, &decision, now);
-                slot.borrow_mut().routed = routed;
-                self.peers.publish_now(router, &self.stats, now);
-                true
-            }
-            Outcome::Shed { retry_after_s } => {
-                self.count_outcome(&decision.outcome);
-                let rejected = answer_429(retry_after_s);
-                slot.borrow_mut().rejected = rejected;
-                !rejected
-            }
-            Outcome::Fallback(_) | Outcome::Hold => {
-                self.count_outcome(&decision.outcome);
-                true
-            }
+        self.carry_out(router, req, slot, &decision, now)
+    }
+
+    /// The server that stored response `response`, reading what the peers published since
+    /// this worker last read when it is not known yet (another worker may have just
+    /// learned it).
+    pub fn find_home(&self, router: &mut Router, response: u64, now: Millis) -> Option<EndpointId> {
+        if router.home_of(response).is_none() {
+            self.peers.pull_now(router, &self.stats, now);
         }
+        router.home_of(response).cloned()
     }
 }

@@ -172,11 +172,7 @@ impl Http {
                 self.head = None;
             }
             if let Some(response) = req.continues.filter(|_| router.config().stored_responses()) {
-                // Its home may have been published a moment ago by another worker.
-                if router.home_of(response).is_none() {
-                    shared.peers.pull_now(&mut router, &shared.stats, now);
-                }
-                home_known = router.home_of(response).is_some();
+                home_known = shared.find_home(&mut router, response, now).is_some();
                 if !home_known && router.config().share().replicas.is_some() {
                     // Another replica may be sending it this very moment (`homes`).
                     await_home = Some(response);
@@ -312,12 +308,8 @@ impl Http {
         let response = response_key(id);
         let now = host::now();
         let found = shared.router.try_borrow_mut().ok().map(|mut r| {
-            // Its home may have been published a moment ago by another worker.
-            if r.home_of(response).is_none() {
-                shared.peers.pull_now(&mut r, &shared.stats, now);
-            }
-            let replicas = r.config().share().replicas.is_some();
-            (r.home_of(response).map(ToString::to_string), replicas)
+            let home = shared.find_home(&mut r, response, now).map(|h| h.to_string());
+            (home, r.config().share().replicas.is_some())
         });
         let Some((home, replicas)) = found else {
             return Action::Continue;
@@ -371,27 +363,23 @@ impl Http {
         }
     }
 
-    /// Whether this chunk of a stream brings its first token: any bytes do, except in a
-    /// Responses stream, whose first output event is searched for.
-    fn first_token_in(&self, body_size: usize, end_of_stream: bool) -> bool {
-        !self.first_token_later
-            || end_of_stream
-            || host::buffer(BufferType::HttpResponseBody, 0, body_size)
-                .is_ok_and(|chunk| kvroute_core::response::holds_output_event(&chunk))
-    }
-
-    /// Reads the id of a Responses answer from its first bytes and tells the router where
-    /// it is stored: the upstream that answered (Envoy's choice too, when kvroute chose
-    /// none). Only a successful answer is stored.
-    fn learn_home(&mut self, body_size: usize) {
+    /// Reads the id of a Responses answer from its first bytes (this chunk, `whole` when
+    /// already read) and tells the router where it is stored: the upstream that answered
+    /// (Envoy's choice too, when kvroute chose none). Only a successful answer is stored.
+    fn learn_home(&mut self, body_size: usize, whole: Option<&[u8]>) {
         let Some(head) = self.head.as_mut() else { return };
         if self.status != 200 {
             self.head = None;
             return;
         }
         let want = HEAD_BYTES.saturating_sub(head.len()).min(body_size);
-        if let Ok(chunk) = host::buffer(BufferType::HttpResponseBody, 0, want) {
-            head.extend_from_slice(&chunk);
+        match whole {
+            Some(w) => head.extend_from_slice(&w[..want.min(w.len())]),
+            None => {
+                if let Ok(chunk) = host::buffer(BufferType::HttpResponseBody, 0, want) {
+                    head.extend_from_slice(&chunk);
+                }
+            }
         }
         let id = kvroute_core::response::response_id(head);
         if id.is_none() && head.len() < HEAD_BYTES && want == body_size {
@@ -549,20 +537,29 @@ impl HttpContext for Http {
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        // A Responses stream's chunks before its first token (a few small events) are read
+        // whole, once: for the first output event, the id and the tail alike.
+        let whole = (self.awaiting_first_chunk && self.first_token_later && body_size > 0)
+            .then(|| host::buffer(BufferType::HttpResponseBody, 0, body_size).ok())
+            .flatten();
         if self.head.is_some() && body_size > 0 {
-            self.learn_home(body_size);
+            self.learn_home(body_size, whole.as_deref());
         }
-        if self.awaiting_first_chunk
-            && (body_size > 0 || end_of_stream)
-            && self.first_token_in(body_size, end_of_stream)
-        {
+        let first_token = !self.first_token_later
+            || end_of_stream
+            || whole.as_deref().is_some_and(kvroute_core::response::holds_output_event);
+        if self.awaiting_first_chunk && (body_size > 0 || end_of_stream) && first_token {
             self.awaiting_first_chunk = false;
             self.first_token();
         }
         let wanted = matches!(self.phase, Phase::Routed { .. }) || self.capture.is_some();
         if self.read_usage && wanted && body_size > 0 {
             let start = body_size.saturating_sub(TAIL_BYTES);
-            if let Ok(chunk) = host::buffer(BufferType::HttpResponseBody, start, body_size - start) {
+            let chunk = match &whole {
+                Some(w) => Ok(w[start.min(w.len())..].to_vec()),
+                None => host::buffer(BufferType::HttpResponseBody, start, body_size - start),
+            };
+            if let Ok(chunk) = chunk {
                 self.tail.extend_from_slice(&chunk);
                 let excess = self.tail.len().saturating_sub(TAIL_BYTES);
                 self.tail.drain(..excess);
