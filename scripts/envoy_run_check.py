@@ -56,13 +56,14 @@ class Ports:
 
 
 @contextlib.contextmanager
-def running(envoy, sim, config, ports, log):
-    """The two simulated servers and Envoy on `config`, stopped on leaving."""
+def running(envoy, sim, config, ports, log, envoy_args=()):
+    """The two simulated servers and Envoy on `config` (with `envoy_args` too), stopped on
+    leaving."""
     procs = [subprocess.Popen([sim, "serve", "--servers", "2", "--base-port", str(ports.base),
                                "--admin-port", str(ports.sim_admin)], stdout=log, stderr=log)]
     try:
         procs.append(subprocess.Popen([envoy, "-c", config, "--concurrency", "2", "--use-dynamic-base-id",
-                                       "-l", "warning"], stdout=log, stderr=log))
+                                       "-l", "warning", *envoy_args], stdout=log, stderr=log))
         yield
     finally:
         for p in procs:
@@ -97,10 +98,10 @@ def route(ports, log, wanted=4, within_s=30):
     return routed
 
 
-def routes_both(envoy, sim, config, ports, log, then=lambda: None):
+def routes_both(envoy, sim, config, ports, log, then=lambda: None, envoy_args=()):
     """Runs `config` in front of the two simulated servers: kvroute must route 4 requests and
     count both servers in its pool; `then` checks more while it runs."""
-    with running(envoy, sim, config, ports, log):
+    with running(envoy, sim, config, ports, log, envoy_args):
         routed = route(ports, log)
         hosts = prometheus(ports, "kvroute_discovery_hosts")
         print(f"routed by kvroute: {routed}; {hosts}", file=log)

@@ -196,8 +196,8 @@ fi
 echo "==> envoy/kubernetes/gateway.yaml's envoy.yaml, run: real Envoy + kvroute in front of 2 simulated servers"
 SIM=${KVROUTE_SIM:-target/release/kvroute-sim}
 if [ -x "$SIM" ]; then
-  if "$PYTHON" - "$ENVOY" "$SIM" "$OUT" <<'PY'; then pass "the gateway's envoy.yaml runs: kvroute discovers the STRICT_DNS pool through the locked-down admin and routes"; else fail "the gateway's envoy.yaml did not run and route (see $OUT/gateway-run.log)"; fi
-import sys, urllib.error
+  if "$PYTHON" - "$ENVOY" "$SIM" "$OUT" <<'PY'; then pass "the gateway's envoy.yaml runs: kvroute discovers the STRICT_DNS pool through the locked-down admin and routes; the Deployment's preStop hook drains it (clients get connection: close)"; else fail "the gateway's envoy.yaml did not run, route and drain (see $OUT/gateway-run.log)"; fi
+import http.client, json, subprocess, sys, urllib.error, yaml
 sys.path.insert(0, "scripts")
 from envoy_run_check import Ports, get, routes_both
 envoy, sim, out = sys.argv[1:4]
@@ -214,13 +214,36 @@ text = text.replace("address: 0.0.0.0", "address: 127.0.0.1")
 text = text.replace("port_value: 10000", f"port_value: {ports.listen}").replace("port_value: 9902", f"port_value: {ports.stats}").replace("port_value: 9901", f"port_value: {ports.admin}")
 open(f"{out}/gateway-run.yaml", "w").write(text)
 log = open(f"{out}/gateway-run.log", "w")
-def admin_refuses_config_dump():
+# The Deployment's Envoy flags (the drain's) and its preStop hook, as shipped.
+deployment = next(d for d in yaml.safe_load_all(open("envoy/kubernetes/gateway.yaml")) if d["kind"] == "Deployment")
+container = deployment["spec"]["template"]["spec"]["containers"][0]
+args = container["args"]
+drain_args = args[args.index("--drain-time-s"):]
+hook = container["lifecycle"]["preStop"]["exec"]["command"]
+assert hook[:2] == ["/bin/bash", "-c"] and "127.0.0.1/9901" in hook[2] and "sleep 60" in hook[2], hook
+hook_here = hook[2].replace("127.0.0.1/9901", f"127.0.0.1/{ports.admin}").replace("sleep 60", "sleep 0")
+def chat(conn):
+    body = json.dumps({"model": "meta-llama/Llama-3.1-8B-Instruct", "max_tokens": 2,
+                       "messages": [{"role": "user", "content": "drain check"}]})
+    conn.request("POST", "/v1/chat/completions", body, {"content-type": "application/json"})
+    r = conn.getresponse()
+    r.read()
+    return r.status, r.getheader("connection")
+def admin_refuses_config_dump_then_the_hook_drains():
     try:
         get(ports.admin, "/config_dump")
         raise AssertionError("the admin answered /config_dump")
     except urllib.error.HTTPError as e:
         assert e.code == 403, e.code
-routes_both(envoy, sim, f"{out}/gateway-run.yaml", ports, log, admin_refuses_config_dump)
+    # A keep-alive client: kept open before the hook, told to close after it.
+    client = http.client.HTTPConnection("127.0.0.1", ports.listen, timeout=10)
+    assert chat(client) == (200, None), "a connection closed before the drain"
+    done = subprocess.run(["bash", "-c", hook_here], capture_output=True, text=True, timeout=20)
+    print(f"preStop hook: rc {done.returncode} {done.stderr.strip()}", file=log, flush=True)
+    assert done.returncode == 0, done.stderr
+    status, connection = chat(client)
+    assert (status, connection) == (200, "close"), f"after the hook: {status}, connection {connection}"
+routes_both(envoy, sim, f"{out}/gateway-run.yaml", ports, log, admin_refuses_config_dump_then_the_hook_drains, drain_args)
 PY
 else
   fail "no simulator at $SIM to run the gateway's envoy.yaml against"
