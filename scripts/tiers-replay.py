@@ -34,7 +34,7 @@ H100 untiered and tiered; ROUTING=tiered keeps only the tiered rows.
 TOPOLOGY adds replay's gateway-topology arguments to every run (e.g. the production topology
 `--gateways 2 --workers 8 --share-gateways ...`). SHARE sets `tiers.objective_share`, the share of the objective the tier rule plans for
 (default: the filter's, 0.6; 1 is the rule before 2026-11-29). SEEDS (default 0,1,2) picks
-the seeds; PER_SEED=1 also writes each seed's attainment to stderr.
+the seeds; PER_SEED=1 also writes each seed's attainment and its count of late requests to stderr.
 COST='{"kv_pressure_ms": 1000}' gives every run (tiered or not) these `cost` settings.
 
 Usage: [SIM=path] [SLOTS=none] [FLEETS=0+3,2+2] [PER_GROUP=96] [DOCUMENTS=384] [QUERIES=3072] [COLD_S=30] [OBJECTIVE_MS=500] [SHARE=0.6] [SEEDS=0,1,2] [TOPOLOGY="…"] [COST='{…}'] python3 scripts/tiers-replay.py RATE [WORKLOAD]   (needs `cargo build --release -p kvroute-sim`)
@@ -92,7 +92,8 @@ def run(n_cheap, n_prem, tiered, rate, seed):
     if ALSO:  # the same tokens an hour, the fleet priced at the second pair
         usd_h = n_cheap * PRICE["a100-80g"] + n_prem * PRICE["h100-80g"]
         also = c["usd_per_mtok"] * (n_cheap * ALSO[0] + n_prem * ALSO[1]) / usd_h
-    return c["objective_met"], r["ttft_ms"]["p95"], prem, c["usd_per_mtok"], r["itl_ms"]["p95"], also
+    late = round((1 - c["objective_met"]) * r["requests"])  # objective_met is late / requests, unrounded
+    return c["objective_met"], r["ttft_ms"]["p95"], prem, c["usd_per_mtok"], r["itl_ms"]["p95"], also, late, r["requests"]
 rate = float(sys.argv[1])
 workload = sys.argv[2] if len(sys.argv) > 2 else "rag"
 if workload not in WORKLOADS:
@@ -123,5 +124,5 @@ for n_cheap, n_prem, tiered in fleets():
     name = " + ".join(x for x in [f"{n_cheap} A100" if n_cheap else "", f"{n_prem} H100" if n_prem else ""] if x)
     usd_h = n_cheap * PRICE["a100-80g"] + n_prem * PRICE["h100-80g"]
     if os.environ.get("PER_SEED"):  # each seed's attainment, in SEEDS order, on a line of its own
-        print(f"  {name} {'tiered' if tiered else 'kvroute'}: " + ", ".join(f"{100*a:.1f}" for a in col[0]), file=sys.stderr, flush=True)
+        print(f"  {name} {'tiered' if tiered else 'kvroute'}: " + ", ".join(f"{100*a:.1f}% ({late} of {n} late)" for a, late, n in zip(col[0], col[6], col[7])), file=sys.stderr, flush=True)
     print(f"| {name} | {'tiered' if tiered else 'kvroute'} | {m([100*a for a in col[0]], '{:.1f}')}% | {m(col[1], '{:.0f}')} ms | {m(col[4], '{:.1f}')} ms | {m([100*p for p in col[2]], '{:.0f}')}% | {usd_h:.2f} | {m(col[3], '{:.3f}')} |" + (f" {n_cheap * ALSO[0] + n_prem * ALSO[1]:.2f} | {m(col[5], '{:.3f}')} |" if ALSO else ""), flush=True)
