@@ -87,6 +87,10 @@ struct ServeArgs {
     /// off when unset); `--responses-store=false` turns it off.
     #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
     responses_store: Option<bool>,
+    /// As vLLM's: every chat and completions stream reports its usage, at its end and on each
+    /// chunk, whether or not the request set `stream_options.include_usage`.
+    #[arg(long)]
+    enable_force_include_usage: bool,
 }
 
 #[derive(Args)]
@@ -128,6 +132,7 @@ fn serve_cmd(a: &ServeArgs) -> anyhow::Result<()> {
             Some(on) => on,
             None => kvroute_sim::serve::responses_store_from_env()?,
         },
+        force_include_usage: a.enable_force_include_usage,
     };
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async {

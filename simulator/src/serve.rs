@@ -75,6 +75,10 @@ pub struct Options {
     /// `GET /v1/responses/{id}` (`--responses-store`; vLLM's
     /// `VLLM_ENABLE_RESPONSES_API_STORE=1`). Off, as on vLLM by default.
     pub responses_store: bool,
+    /// Report usage in every chat and completions stream, at its end and on each chunk,
+    /// whatever `stream_options` asks (`--enable-force-include-usage`, as vLLM's). Off, as on
+    /// vLLM by default. Responses API streams always end with their usage.
+    pub force_include_usage: bool,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -163,6 +167,8 @@ pub struct SimServer {
     max_model_len: u64,
     /// Responses kept for the Responses API (empty unless `Options::responses_store`).
     responses: ResponseStore,
+    /// `Options::force_include_usage`.
+    force_include_usage: bool,
 }
 
 impl SimServer {
@@ -369,10 +375,13 @@ async fn complete(State(srv): State<Arc<SimServer>>, headers: HeaderMap, body: B
         Err(r) => return r,
     };
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
-    let ask = match request::read(kind, content_type, &body, &srv.served, srv.max_model_len) {
+    let mut ask = match request::read(kind, content_type, &body, &srv.served, srv.max_model_len) {
         Ok(a) => a,
         Err(e) => return with_server(e.into_response(), &srv),
     };
+    if srv.force_include_usage {
+        ask.force_usage();
+    }
     let sub = match answer::submit(&srv, &ask, n) {
         Ok(s) => s,
         Err(e) => return with_server(e.into_response(), &srv),

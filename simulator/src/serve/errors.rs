@@ -1,9 +1,14 @@
 //! Error bodies as vLLM 0.33's OpenAI server writes them.
 //!
 //! `{"error": {"message", "type", "param", "code"}}` (vLLM's `ErrorResponse`/`ErrorInfo`). A
-//! validation failure (`VLLMValidationError`) is a 400 `BadRequestError` whose `param` names
-//! the parameter and whose message ends with ` (parameter=…, value=…)`, as that exception's
-//! `__str__` prints it; an unknown model is a 404 `NotFoundError` with `param: "model"`.
+//! body that cannot be read into vLLM's request type (not JSON, not of the JSON media type, a
+//! field missing or of the wrong type, a refusal by one of the request model's validators) is
+//! answered by vLLM's `RequestValidationError` handler: a 400 whose type is the status's phrase,
+//! `Bad Request`. What vLLM's serving code refuses once the request is read keeps its
+//! exception's type: a validation failure (`VLLMValidationError`) is a 400 `BadRequestError`
+//! whose `param` names the parameter and whose message ends with ` (parameter=…, value=…)`, as
+//! that exception's `__str__` prints it; an unknown model is a 404 `NotFoundError` with
+//! `param: "model"`.
 //! Messages are vLLM's texts (`vllm/entrypoints/openai/engine/serving.py`, `_validate_input`
 //! and `_check_model`; the Responses API's, `serving_responses.py`, are of type
 //! `invalid_request_error`).
@@ -22,7 +27,19 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    /// A 400 without a parameter (vLLM's plain `ValueError` path).
+    /// A body vLLM could not read into its request type (`validation_exception_handler`): 400,
+    /// typed with the status's phrase; no `param` unless a validator's `VLLMValidationError`
+    /// names one.
+    pub fn schema(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            kind: "Bad Request",
+            message: message.into(),
+            param: None,
+        }
+    }
+
+    /// A 400 from vLLM's serving code, without a parameter (its plain `ValueError` path).
     pub fn bad_request(message: impl Into<String>) -> ApiError {
         ApiError {
             status: StatusCode::BAD_REQUEST,

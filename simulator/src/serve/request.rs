@@ -5,13 +5,17 @@
 //! `max_tokens ≥ 1`), then each prompt against the context (`_validate_input`: the prompt
 //! must leave room for one token, prompt + `max_tokens` must fit `max_model_len`).
 //!
+//! What FastAPI and pydantic refuse before vLLM's code runs (the media type, JSON, a field
+//! missing or of the wrong type, the request model's validators) is an [`ApiError::schema`];
+//! what vLLM's serving code refuses keeps its own error type.
+//!
 //! Prompts are measured by `kvroute_core::request::parse`, the rule the filter hashes with
 //! (4 bytes a token, +4 per chat message): a completions `prompt` list is one sequence per
 //! entry, each measured on its own; a Responses body's `instructions` and `input` as chat
 //! messages. The context check comes last (`Draft::fit`): a Responses continuation's prompt
 //! is known only once its stored history is found.
 
-use kvroute_core::request::{parse, ApiKind};
+use kvroute_core::request::{parse, ApiKind, RequestError};
 use serde_json::Value;
 
 use super::errors::ApiError;
@@ -43,8 +47,21 @@ pub struct Ask {
     pub output_tokens: Vec<u64>,
     pub finish_by_length: bool,
     pub stream: bool,
+    /// A stream ends with a chunk of the request's usage (`stream_options.include_usage`).
     pub include_usage: bool,
+    /// Every chunk of a stream carries the usage so far (`stream_options.continuous_usage_stats`,
+    /// with `include_usage`).
+    pub continuous_usage: bool,
     pub echo: bool,
+}
+
+impl Ask {
+    /// As vLLM started with `--enable-force-include-usage` (`should_include_usage`): usage at
+    /// the end of every stream and on each of its chunks, whatever `stream_options` asks.
+    pub fn force_usage(&mut self) {
+        self.include_usage = true;
+        self.continuous_usage = true;
+    }
 }
 
 /// A request validated but for its fit in the context: a Responses continuation's prompt is
@@ -61,6 +78,7 @@ pub struct Draft {
     min_tokens: u64,
     pub stream: bool,
     include_usage: bool,
+    continuous_usage: bool,
     echo: bool,
     /// The body's fields, for what an answer echoes.
     pub body: serde_json::Map<String, Value>,
@@ -89,15 +107,14 @@ pub fn json_object(content_type: Option<&str>, body: &[u8]) -> Result<serde_json
         .trim()
         .to_ascii_lowercase();
     if media != "application/json" {
-        return Err(ApiError::bad_request(
+        return Err(ApiError::schema(
             "Unsupported Media Type: Only 'application/json' is allowed",
         ));
     }
-    let json: Value =
-        serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("JSON decode error: {e}")))?;
+    let json: Value = serde_json::from_slice(body).map_err(|e| ApiError::schema(format!("JSON decode error: {e}")))?;
     match json {
         Value::Object(obj) => Ok(obj),
-        _ => Err(ApiError::bad_request("Input should be a valid dictionary")),
+        _ => Err(ApiError::schema("Input should be a valid dictionary")),
     }
 }
 
@@ -108,7 +125,7 @@ pub fn draft(kind: ApiKind, content_type: Option<&str>, body: &[u8], served: &[S
         None | Some(Value::Null) => served.first().cloned().unwrap_or_default(),
         Some(Value::String(m)) if served.contains(m) => m.clone(),
         Some(Value::String(m)) => return Err(ApiError::unknown_model(m)),
-        Some(_) => return Err(ApiError::bad_request("model: Input should be a valid string")),
+        Some(_) => return Err(ApiError::schema("model: Input should be a valid string")),
     };
     // The Responses API has no `n`, `ignore_eos`, `min_tokens`, `echo` nor `stream_options`.
     let responses = kind == ApiKind::Responses;
@@ -147,16 +164,21 @@ pub fn draft(kind: ApiKind, content_type: Option<&str>, body: &[u8], served: &[S
         .get("stream_options")
         .filter(|o| o.as_object().is_some_and(|m| !m.is_empty()));
     if stream_options.is_some() && !stream && !responses {
-        return Err(ApiError::bad_request(
-            "Stream options can only be defined when `stream=True`.",
-        ));
+        // The request model's validator raises a `VLLMValidationError`, whose parameter the
+        // validation handler reports.
+        return Err(ApiError {
+            param: Some("stream_options".into()),
+            ..ApiError::schema("Stream options can only be defined when `stream=True`.")
+        });
     }
-    let include_usage = !responses
-        && obj
-            .get("stream_options")
-            .and_then(|o| o.get("include_usage"))
-            .and_then(Value::as_bool)
-            .unwrap_or(false);
+    let asked = |option: &str| {
+        !responses
+            && stream_options
+                .and_then(|o| o.get(option))
+                .and_then(Value::as_bool)
+                .unwrap_or(false)
+    };
+    let include_usage = asked("include_usage");
     Ok(Draft {
         kind,
         model,
@@ -167,6 +189,7 @@ pub fn draft(kind: ApiKind, content_type: Option<&str>, body: &[u8], served: &[S
         min_tokens,
         stream,
         include_usage,
+        continuous_usage: include_usage && asked("continuous_usage_stats"),
         echo: kind == ApiKind::Completions && obj.get("echo").and_then(Value::as_bool).unwrap_or(false),
         body: obj,
     })
@@ -205,6 +228,7 @@ impl Draft {
             finish_by_length: self.max_tokens.is_some() || self.kind == ApiKind::Completions || self.ignore_eos,
             stream: self.stream,
             include_usage: self.include_usage,
+            continuous_usage: self.continuous_usage,
             echo: self.echo,
         })
     }
@@ -212,7 +236,7 @@ impl Draft {
 
 /// An optional integer field; `5.0` counts as 5 (pydantic's lax mode), null as absent.
 pub fn int_field(obj: &serde_json::Map<String, Value>, name: &'static str) -> Result<Option<i64>, ApiError> {
-    let invalid = || ApiError::bad_request(format!("{name}: Input should be a valid integer"));
+    let invalid = || ApiError::schema(format!("{name}: Input should be a valid integer"));
     match obj.get(name) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Number(n)) => match (n.as_i64(), n.as_f64()) {
@@ -224,10 +248,25 @@ pub fn int_field(obj: &serde_json::Map<String, Value>, name: &'static str) -> Re
     }
 }
 
+const EMPTY_PROMPT: &str = "Either prompt or prompt_embeds must be provided and non-empty.";
+
+/// What `parse` refuses, as vLLM refuses it: an empty conversation passes pydantic and is
+/// refused by the serving code (the chat template finds no message); the rest (a shape the API
+/// does not allow, a field missing or of the wrong type) fails validation.
+pub fn unreadable(e: RequestError) -> ApiError {
+    match e {
+        RequestError::InvalidField {
+            reason: "must not be empty",
+            ..
+        } => ApiError::bad_request(e.to_string()),
+        _ => ApiError::schema(e.to_string()),
+    }
+}
+
 fn prompts(kind: ApiKind, obj: &serde_json::Map<String, Value>) -> Result<Vec<Prompt>, ApiError> {
     let one = |body: Value| -> Result<Prompt, ApiError> {
         let bytes = body.to_string();
-        let p = parse(kind, bytes.as_bytes()).map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let p = parse(kind, bytes.as_bytes()).map_err(unreadable)?;
         let text = String::from_utf8_lossy(&p.canonical).into_owned();
         Ok(Prompt {
             canonical: p.canonical,
@@ -255,6 +294,10 @@ fn prompts(kind: ApiKind, obj: &serde_json::Map<String, Value>) -> Result<Vec<Pr
         }
         ApiKind::Completions => {
             let prompt = obj.get("prompt").cloned().unwrap_or(Value::Null);
+            if prompt.is_null() || prompt.as_str() == Some("") {
+                // `CompletionRequest`'s validator; an empty list passes it.
+                return Err(ApiError::schema(EMPTY_PROMPT));
+            }
             let entries = match &prompt {
                 Value::Array(items) if items.iter().all(|i| i.is_string() || i.is_array()) && !items.is_empty() => {
                     items.clone()
@@ -264,9 +307,7 @@ fn prompts(kind: ApiKind, obj: &serde_json::Map<String, Value>) -> Result<Vec<Pr
             let mut out = Vec::with_capacity(entries.len());
             for p in entries {
                 if p.is_null() || p.as_str() == Some("") || p.as_array().is_some_and(Vec::is_empty) {
-                    return Err(ApiError::bad_request(
-                        "Either prompt or prompt_embeds must be provided and non-empty.",
-                    ));
+                    return Err(ApiError::bad_request(EMPTY_PROMPT));
                 }
                 let mut prompt = one(serde_json::json!({"model": "", "prompt": p}))?;
                 if p.is_array() {

@@ -11,7 +11,9 @@
 //! the delta `{"role": "assistant", "content": ""}`; then one chunk per generated token with
 //! the text `" tok"` ([`TOKEN_TEXT`]); the last token's chunk carries `finish_reason`
 //! (`length` when `max_tokens` ended it, else `stop`); with `stream_options.include_usage` a
-//! last chunk has `choices: []` and `usage`. `logprobs` are not produced (always `null`).
+//! last chunk has `choices: []` and `usage`, and with `continuous_usage_stats` as well every
+//! other chunk carries its choice's usage so far (serve's `--enable-force-include-usage` gives
+//! every stream both, as vLLM's does). `logprobs` are not produced (always `null`).
 
 use std::collections::HashMap;
 
@@ -70,6 +72,21 @@ impl Reply {
     }
     fn envelope(&self, chunk: bool, choices: Value) -> Value {
         json!({"id": self.id, "object": self.object(chunk), "created": self.created, "model": self.ask.model, "choices": choices})
+    }
+    /// A stream chunk, with the usage so far of the choice it is about when the stream reports
+    /// usage continuously: its prompt and the tokens it has generated (vLLM's per-chunk
+    /// `UsageInfo`, without details).
+    fn chunk(&self, choices: Value, prompt: usize, generated: u64) -> Value {
+        let mut chunk = self.envelope(true, choices);
+        if self.ask.continuous_usage {
+            let prompt_tokens = self.ask.prompts.get(prompt).map_or(0, |p| p.tokens);
+            chunk["usage"] = json!({
+                "prompt_tokens": prompt_tokens,
+                "total_tokens": prompt_tokens + generated,
+                "completion_tokens": generated,
+            });
+        }
+        chunk
     }
 }
 
@@ -141,11 +158,11 @@ impl Answer for Reply {
     fn token(&mut self, id: u64, nth: u64, out: &mut Vec<u8>) {
         if !self.roles_sent && self.chat() {
             // vLLM's first iteration: the role of every choice, before any content.
-            let mut indexes: Vec<usize> = self.choices.values().map(|c| c.0).collect();
-            indexes.sort_unstable();
-            for index in indexes {
+            let mut opening: Vec<(usize, usize)> = self.choices.values().copied().collect();
+            opening.sort_unstable();
+            for (index, prompt) in opening {
                 let choice = json!([{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]);
-                sse(&self.envelope(true, choice), out);
+                sse(&self.chunk(choice, prompt, 0), out);
             }
         }
         self.roles_sent = true;
@@ -161,7 +178,7 @@ impl Answer for Reply {
             };
             json!([{"index": index, "text": format!("{echo}{TOKEN_TEXT}"), "logprobs": null, "finish_reason": finish, "stop_reason": null}])
         };
-        let mut chunk = self.envelope(true, choice);
+        let mut chunk = self.chunk(choice, prompt, nth);
         if finish.is_some() && self.chat() {
             chunk["choices"][0]["stop_reason"] = Value::Null;
         }

@@ -79,11 +79,7 @@ fn prepare(
                 *prompt = stored.followed_by(prompt);
             }
         }
-        Some(_) => {
-            return Err(ApiError::bad_request(
-                "previous_response_id: Input should be a valid string",
-            ))
-        }
+        Some(_) => return Err(ApiError::schema("previous_response_id: Input should be a valid string")),
     }
     // vLLM's sampling limit: the request's, cut to the room the prompt leaves, or that room.
     let room = srv
@@ -175,5 +171,5 @@ fn flag(body: &Map<String, Value>, name: &str) -> Result<Option<bool>, ApiError>
         Some(_) => None,
     };
     read.map(Some)
-        .ok_or_else(|| ApiError::bad_request(format!("{name}: Input should be a valid boolean")))
+        .ok_or_else(|| ApiError::schema(format!("{name}: Input should be a valid boolean")))
 }

@@ -91,6 +91,7 @@ pub async fn serve(
             served,
             max_model_len: max_model_len(profile.num_gpu_blocks),
             responses: ResponseStore::new(options.responses_store),
+            force_include_usage: options.force_include_usage,
         });
         listen(&srv).await?;
         tokio::spawn(drive(Arc::clone(&srv)));

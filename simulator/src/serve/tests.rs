@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::{start_in_background, start_storing_in_background};
+use super::{start_in_background, start_in_background_with, start_storing_in_background, Options};
 use crate::profile::{Gpu, Model, Profile};
 
 const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
@@ -29,6 +29,17 @@ fn fleet(n: u16) -> Fleet {
 fn fleet_storing(n: u16) -> Fleet {
     let profile = Profile::new(Gpu::H100_80g, Model::Llama31_8b, 1).unwrap();
     let (rt, base) = start_storing_in_background(profile, n, 50.0).unwrap();
+    Fleet { _rt: rt, base }
+}
+
+/// `fleet`, started with `serve --enable-force-include-usage`.
+fn fleet_forcing_usage(n: u16) -> Fleet {
+    let profile = Profile::new(Gpu::H100_80g, Model::Llama31_8b, 1).unwrap();
+    let options = Options {
+        force_include_usage: true,
+        ..Options::default()
+    };
+    let (rt, base) = start_in_background_with(profile, n, 50.0, options).unwrap();
     Fleet { _rt: rt, base }
 }
 
@@ -255,6 +266,93 @@ fn include_usage_adds_a_last_chunk_with_no_choices_and_the_usage() {
     assert_eq!(last["usage"]["total_tokens"], 8);
 }
 
+/// vLLM's `should_include_usage`: a stream reports usage when its request asks, and every
+/// stream does, on each chunk and at its end, on a server started with
+/// `--enable-force-include-usage`, even one whose request says `include_usage: false`.
+#[test]
+fn a_stream_reports_usage_only_when_asked_unless_the_server_forces_it() {
+    let (plain, forcing) = (fleet(1), fleet_forcing_usage(1));
+    for options in [
+        serde_json::json!({}),
+        serde_json::json!({"stream_options": {"include_usage": false}}),
+    ] {
+        let mut extra = serde_json::json!({"max_tokens": 3, "stream": true});
+        merge(&mut extra, options.clone());
+        for (ask, chat_stream) in [(chat as fn(u16, Value) -> Answer, true), (completion, false)] {
+            let unasked = ask(plain.base, extra.clone()).chunks();
+            assert!(
+                unasked.iter().all(|c| c.get("usage").is_none()),
+                "{options}: {unasked:?}"
+            );
+            let forced = ask(forcing.base, extra.clone()).chunks();
+            let (last, tokens) = forced.split_last().unwrap();
+            assert_eq!(tokens.len(), usize::from(chat_stream) + 3, "{forced:?}");
+            assert_eq!(last["choices"], serde_json::json!([]), "{options}");
+            let prompt = last["usage"]["prompt_tokens"].as_u64().unwrap();
+            assert_eq!(
+                (
+                    &last["usage"]["completion_tokens"],
+                    last["usage"]["total_tokens"].as_u64()
+                ),
+                (&serde_json::json!(3), Some(prompt + 3)),
+                "{options}"
+            );
+            // Continuous usage: the role chunk has generated nothing, each token chunk one more.
+            for (c, generated) in tokens.iter().zip(u64::from(!chat_stream)..) {
+                assert_eq!(
+                    c["usage"],
+                    serde_json::json!({"prompt_tokens": prompt, "total_tokens": prompt + generated, "completion_tokens": generated}),
+                    "{options}: {c}"
+                );
+            }
+        }
+    }
+    // A Responses API stream reports its usage in `response.completed` either way.
+    let events = |f: &Fleet| {
+        let a = respond(f.base, serde_json::json!({"stream": true, "max_output_tokens": 3}));
+        let events = a.events();
+        let names: Vec<String> = events.iter().map(|(n, _)| n.clone()).collect();
+        (
+            names,
+            events
+                .last()
+                .map(|(_, e)| e["response"]["usage"]["output_tokens"].clone()),
+        )
+    };
+    assert_eq!(events(&forcing), events(&plain));
+}
+
+#[test]
+fn continuous_usage_stats_adds_each_choices_usage_so_far_to_every_chunk_of_a_stream_with_usage() {
+    let f = fleet(1);
+    let ask = |include_usage: bool| {
+        let options = serde_json::json!({"include_usage": include_usage, "continuous_usage_stats": true});
+        chat(
+            f.base,
+            serde_json::json!({"n": 2, "max_tokens": 2, "stream": true, "stream_options": options}),
+        )
+        .chunks()
+    };
+    let alone = ask(false);
+    assert!(alone.iter().all(|c| c.get("usage").is_none()), "{alone:?}");
+    let with_usage = ask(true);
+    let (last, chunks) = with_usage.split_last().unwrap();
+    assert_eq!(last["usage"]["completion_tokens"], 4, "both choices");
+    let per_choice: Vec<(u64, u64)> = chunks
+        .iter()
+        .map(|c| {
+            (
+                c["choices"][0]["index"].as_u64().unwrap(),
+                c["usage"]["completion_tokens"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    for index in [0, 1] {
+        let counts: Vec<u64> = per_choice.iter().filter(|c| c.0 == index).map(|c| c.1).collect();
+        assert_eq!(counts, vec![0, 1, 2], "choice {index}: its own tokens so far");
+    }
+}
+
 #[test]
 fn chat_without_max_tokens_stops_by_itself_and_completions_default_to_16_tokens() {
     let f = fleet(1);
@@ -364,14 +462,23 @@ fn ids_are_unique_across_servers_and_requests_and_shaped_like_vllms() {
 #[test]
 fn what_vllm_rejects_gets_400_and_what_it_accepts_gets_200() {
     let f = fleet(1);
-    for (extra, param) in [
-        (serde_json::json!({"max_tokens": 0}), Some("max_tokens")),
-        (serde_json::json!({"n": 0}), Some("n")),
-        (serde_json::json!({"prompt": ""}), None),
+    for (extra, kind, param) in [
+        (
+            serde_json::json!({"max_tokens": 0}),
+            "BadRequestError",
+            Some("max_tokens"),
+        ),
+        (serde_json::json!({"n": 0}), "BadRequestError", Some("n")),
+        (serde_json::json!({"prompt": ""}), "Bad Request", None),
     ] {
         let a = completion(f.base, extra.clone());
         assert_eq!(a.status, 400, "{extra}: {}", a.body);
-        assert_eq!(a.json()["error"]["param"].as_str(), param, "{extra}");
+        let e = &a.json()["error"];
+        assert_eq!(
+            (e["type"].as_str(), e["param"].as_str()),
+            (Some(kind), param),
+            "{extra}"
+        );
     }
     let plain = {
         let mut s = TcpStream::connect(("127.0.0.1", f.base)).unwrap();
@@ -382,6 +489,7 @@ fn what_vllm_rejects_gets_400_and_what_it_accepts_gets_200() {
         out
     };
     assert!(plain.starts_with("HTTP/1.1 400"), "{plain}");
+    assert!(plain.contains(r#""type":"Bad Request""#), "{plain}");
     for extra in [
         serde_json::json!({"stream": null}),
         serde_json::json!({"max_tokens": 5.0}),
@@ -626,7 +734,12 @@ fn ignore_eos_min_tokens_and_stream_options_act_as_in_vllm() {
     );
     let refused = chat(f.base, serde_json::json!({"stream_options": {"include_usage": true}}));
     assert_eq!(refused.status, 400, "{}", refused.body);
-    assert!(refused.body.contains("stream=True"), "{}", refused.body);
+    let e = &refused.json()["error"];
+    assert!(e["message"].as_str().unwrap().contains("stream=True"), "{e}");
+    assert_eq!(
+        (e["type"].as_str(), e["param"].as_str()),
+        (Some("Bad Request"), Some("stream_options"))
+    );
 }
 
 /// One answer read off a kept-alive connection: the head, then `content-length` bytes.
@@ -698,6 +811,76 @@ fn a_request_without_content_type_is_refused_as_vllm_refuses_it() {
     let a = send_with(f.base, "POST", "/v1/completions", "", body.to_string().as_bytes());
     assert_eq!(a.status, 400, "{}", a.body);
     assert!(a.body.contains("Only 'application/json' is allowed"), "{}", a.body);
+    assert_eq!(a.json()["error"]["type"], "Bad Request");
+}
+
+/// vLLM answers a body FastAPI cannot read into its request type through its
+/// `RequestValidationError` handler (type: the status's phrase), and what its serving code
+/// refuses with that code's error type.
+#[test]
+fn a_body_that_does_not_fit_the_request_type_is_a_bad_request_and_a_refused_request_a_bad_request_error() {
+    let f = fleet(1);
+    let hello = serde_json::json!([{"role": "user", "content": "hi"}]);
+    let unreadable: [(&str, Vec<u8>); 8] = [
+        ("/v1/chat/completions", b"{\"model\": ".to_vec()),
+        ("/v1/chat/completions", b"[1, 2]".to_vec()),
+        (
+            "/v1/chat/completions",
+            serde_json::json!({"model": MODEL}).to_string().into(),
+        ),
+        (
+            "/v1/chat/completions",
+            serde_json::json!({"messages": hello, "max_tokens": "x"})
+                .to_string()
+                .into(),
+        ),
+        (
+            "/v1/chat/completions",
+            serde_json::json!({"messages": hello, "model": 5}).to_string().into(),
+        ),
+        (
+            "/v1/chat/completions",
+            serde_json::json!({"messages": [{"role": "user", "content": 5}]})
+                .to_string()
+                .into(),
+        ),
+        (
+            "/v1/completions",
+            serde_json::json!({"model": MODEL}).to_string().into(),
+        ),
+        (
+            "/v1/responses",
+            serde_json::json!({"input": "hi", "background": "maybe"})
+                .to_string()
+                .into(),
+        ),
+    ];
+    for (path, body) in unreadable {
+        let a = send(f.base, "POST", path, &body);
+        assert_eq!(a.status, 400, "{path} {}: {}", String::from_utf8_lossy(&body), a.body);
+        let e = &a.json()["error"];
+        assert_eq!(
+            (e["type"].as_str(), e["code"].as_u64()),
+            (Some("Bad Request"), Some(400)),
+            "{e}"
+        );
+        assert!(e["param"].is_null() && e["message"].is_string(), "{e}");
+    }
+    let tokenize = send(f.base, "POST", "/tokenize", b"not json");
+    assert_eq!(
+        (tokenize.status, tokenize.json()["error"]["type"].as_str()),
+        (400, Some("Bad Request"))
+    );
+    // Read, then refused: an empty conversation (no message for the chat template) and a prompt
+    // over the context.
+    for extra in [
+        serde_json::json!({"messages": []}),
+        serde_json::json!({"max_tokens": 200_000}),
+    ] {
+        let a = chat(f.base, extra.clone());
+        assert_eq!(a.status, 400, "{extra}: {}", a.body);
+        assert_eq!(a.json()["error"]["type"], "BadRequestError", "{extra}");
+    }
 }
 
 #[test]

@@ -18,6 +18,7 @@ use kvroute_core::request::{parse, ApiKind};
 use serde_json::Value;
 
 use super::errors::ApiError;
+use super::request::unreadable;
 
 /// Llama 3's `<|begin_of_text|>`, `<|start_header_id|>`, `<|end_header_id|>`, `<|eot_id|>`.
 const TEMPLATE_IDS: [u32; 4] = [128_000, 128_006, 128_007, 128_009];
@@ -57,8 +58,7 @@ pub fn detokenize(ids: &[u32]) -> String {
 
 /// `POST /tokenize`: the response body, or vLLM's error.
 pub fn tokenize(body: &[u8], served: &[String], max_model_len: u64) -> Result<Value, ApiError> {
-    let json: Value =
-        serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("JSON decode error: {e}")))?;
+    let json: Value = serde_json::from_slice(body).map_err(|e| ApiError::schema(format!("JSON decode error: {e}")))?;
     check_model(&json, served)?;
     let (kind, request) = if let Some(messages) = json.get("messages") {
         let mut r = serde_json::json!({"model": "", "messages": messages});
@@ -69,14 +69,14 @@ pub fn tokenize(body: &[u8], served: &[String], max_model_len: u64) -> Result<Va
     } else {
         let prompt = json.get("prompt").cloned().unwrap_or(Value::Null);
         if !prompt.is_string() {
-            return Err(ApiError::bad_request("prompt: Input should be a valid string"));
+            return Err(ApiError::schema("prompt: Input should be a valid string"));
         }
         (ApiKind::Completions, serde_json::json!({"model": "", "prompt": prompt}))
     };
     let messages = request["messages"].as_array().map_or(0, Vec::len);
     let mut ids = Vec::new();
     if !request["prompt"].as_str().is_some_and(str::is_empty) {
-        let parsed = parse(kind, request.to_string().as_bytes()).map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let parsed = parse(kind, request.to_string().as_bytes()).map_err(unreadable)?;
         ids = text_ids(&parsed.canonical);
         debug_assert_eq!(
             ids.len() as u64 + 4 * messages as u64,
@@ -97,11 +97,10 @@ pub fn tokenize(body: &[u8], served: &[String], max_model_len: u64) -> Result<Va
 
 /// `POST /detokenize`.
 pub fn detokenize_body(body: &[u8], served: &[String]) -> Result<Value, ApiError> {
-    let json: Value =
-        serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("JSON decode error: {e}")))?;
+    let json: Value = serde_json::from_slice(body).map_err(|e| ApiError::schema(format!("JSON decode error: {e}")))?;
     check_model(&json, served)?;
     let Some(tokens) = json.get("tokens").and_then(Value::as_array) else {
-        return Err(ApiError::bad_request("tokens: Field required"));
+        return Err(ApiError::schema("tokens: Field required"));
     };
     let mut ids = Vec::with_capacity(tokens.len());
     for t in tokens {
@@ -124,6 +123,6 @@ fn check_model(json: &Value, served: &[String]) -> Result<(), ApiError> {
         None | Some(Value::Null) => Ok(()),
         Some(Value::String(m)) if served.contains(m) => Ok(()),
         Some(Value::String(m)) => Err(ApiError::unknown_model(m)),
-        Some(_) => Err(ApiError::bad_request("model: Input should be a valid string")),
+        Some(_) => Err(ApiError::schema("model: Input should be a valid string")),
     }
 }
