@@ -1,7 +1,8 @@
 //! A small stand-in for a vLLM server, for end-to-end tests of the filter in real Envoy:
 //! `/metrics` in vLLM 0.33's format (or the legacy pre-0.12 names) with load the test
-//! sets, `/health`, `/v1/models`, chat/completions answers (JSON or SSE) and Anthropic
-//! `/v1/messages` answers (JSON) that name the
+//! sets, `/health`, `/v1/models`, chat/completions answers (JSON or SSE), Responses API
+//! answers (`/v1/responses`, JSON or SSE, nothing stored) and Anthropic `/v1/messages`
+//! answers (JSON) that name the
 //! server in `x-served-by` and count what each server received. `kill()` closes the
 //! listener and every open connection, as a crashed server would.
 //!
@@ -53,6 +54,9 @@ struct State {
     /// Streams carry `usage` whether they asked for it or not (vLLM's
     /// `--enable-force-include-usage`); otherwise only those that asked.
     force_usage: AtomicBool,
+    /// Tokens in a streamed answer, each its own chunk, and the pause before each.
+    stream_tokens: AtomicU64,
+    token_gap_us: AtomicU64,
     inference: AtomicU64,
     scrapes: AtomicU64,
     streams: Mutex<Vec<TcpStream>>,
@@ -85,6 +89,8 @@ impl FakeVllm {
             alive: AtomicBool::new(true),
             delay_ms: AtomicU64::new(0),
             force_usage: AtomicBool::new(false),
+            stream_tokens: AtomicU64::new(1),
+            token_gap_us: AtomicU64::new(0),
             inference: AtomicU64::new(0),
             scrapes: AtomicU64::new(0),
             streams: Mutex::new(Vec::new()),
@@ -118,6 +124,12 @@ impl FakeVllm {
     /// Streams carry `usage` even when they did not ask (`--enable-force-include-usage`).
     pub fn set_force_usage(&self, force: bool) {
         self.state.force_usage.store(force, Ordering::SeqCst);
+    }
+    /// Streamed answers carry `tokens` tokens (at least one), each written as its own chunk
+    /// `gap_us` after the one before, as a server decoding one token per step does.
+    pub fn set_stream(&self, tokens: u64, gap_us: u64) {
+        self.state.stream_tokens.store(tokens.max(1), Ordering::SeqCst);
+        self.state.token_gap_us.store(gap_us, Ordering::SeqCst);
     }
     pub fn inference_requests(&self) -> u64 {
         self.state.inference.load(Ordering::SeqCst)
@@ -234,14 +246,34 @@ fn serve(stream: TcpStream, state: Arc<State>, port: u16) {
                 let model = model_of(&state);
                 let body = String::from_utf8_lossy(&req.body);
                 if body.contains("\"stream\":true") {
-                    let usage = state.force_usage.load(Ordering::SeqCst) || body.contains("\"include_usage\":true");
-                    respond_stream(&mut writer, port, usage)
+                    let usage = if state.force_usage.load(Ordering::SeqCst) {
+                        StreamUsage::Forced
+                    } else if body.contains("\"include_usage\":true") {
+                        StreamUsage::Asked
+                    } else {
+                        StreamUsage::None
+                    };
+                    respond_stream(&mut writer, port, usage, &Pace::of(&state))
                 } else {
                     // Every answer is a miss: vLLM (with --enable-prompt-tokens-details) then
                     // gives no details, null in a whole response and absent from a stream's usage.
                     let body = format!(
                         r#"{{"id":"x","object":"chat.completion","model":"{model}","choices":[{{"index":0,"message":{{"role":"assistant","content":"ok from {port}"}},"finish_reason":"stop"}}],"usage":{{"prompt_tokens":{},"completion_tokens":3,"prompt_tokens_details":null}}}}"#,
                         req.body.len() / 4
+                    );
+                    respond(&mut writer, 200, "application/json", body.as_bytes(), port)
+                }
+            }
+            ("POST", "/v1/responses") => {
+                let n = state.inference.fetch_add(1, Ordering::SeqCst);
+                let id = format!("resp_{port}x{n}");
+                let prompt_tokens = req.body.len() / 4;
+                if String::from_utf8_lossy(&req.body).contains("\"stream\":true") {
+                    respond_responses_stream(&mut writer, port, &id, prompt_tokens, &Pace::of(&state))
+                } else {
+                    let body = format!(
+                        r#"{{"id":"{id}","object":"response","status":"completed","output":[{{"type":"message","role":"assistant","content":[{{"type":"output_text","text":"ok from {port}"}}]}}],"usage":{}}}"#,
+                        responses_usage(prompt_tokens, 3)
                     );
                     respond(&mut writer, 200, "application/json", body.as_bytes(), port)
                 }
@@ -282,27 +314,158 @@ fn respond(w: &mut TcpStream, status: u16, content_type: &str, body: &[u8], port
         .is_ok()
 }
 
-/// A stream of one token, then `usage` when `usage`, then `[DONE]`.
-fn respond_stream(w: &mut TcpStream, port: u16, usage: bool) -> bool {
+/// How a stream's tokens come: how many, and the pause before each.
+struct Pace {
+    tokens: u64,
+    gap: Duration,
+}
+
+impl Pace {
+    fn of(state: &State) -> Pace {
+        Pace {
+            tokens: state.stream_tokens.load(Ordering::SeqCst).max(1),
+            gap: Duration::from_micros(state.token_gap_us.load(Ordering::SeqCst)),
+        }
+    }
+}
+
+/// An SSE answer, one HTTP chunk per event: `events` before the tokens, `token(i)` for each
+/// token (after the pace's gap), then `after`.
+fn write_stream(
+    w: &mut TcpStream,
+    port: u16,
+    pace: &Pace,
+    before: &[String],
+    token: impl Fn(u64) -> String,
+    after: &[String],
+) -> bool {
     let head = format!(
         "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\nx-served-by: 127.0.0.1:{port}\r\n\r\n"
     );
-    let mut ok = w.write_all(head.as_bytes()).is_ok();
-    let usage = usage.then_some(r#"data: {"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":1}}"#);
-    for event in [
-        Some(r#"data: {"choices":[{"index":0,"delta":{"role":"assistant","content":"ok"}}]}"#),
-        usage,
-        Some("data: [DONE]"),
-    ]
-    .into_iter()
-    .flatten()
-    {
-        let chunk = format!("{event}\n\n");
-        ok = ok
-            && w.write_all(format!("{:x}\r\n{chunk}\r\n", chunk.len()).as_bytes())
-                .is_ok();
+    if w.write_all(head.as_bytes()).is_err() {
+        return false;
     }
+    let mut chunk = |event: &str| {
+        let chunk = format!("{event}\n\n");
+        w.write_all(format!("{:x}\r\n{chunk}\r\n", chunk.len()).as_bytes())
+            .is_ok()
+    };
+    let mut ok = before.iter().all(|e| chunk(e));
+    for i in 0..pace.tokens {
+        if !ok {
+            break;
+        }
+        if !pace.gap.is_zero() {
+            thread::sleep(pace.gap);
+        }
+        ok = chunk(&token(i));
+    }
+    ok = ok && after.iter().all(|e| chunk(e));
     ok && w.write_all(b"0\r\n\r\n").and_then(|_| w.flush()).is_ok()
+}
+
+/// The usage a chat stream carries.
+#[derive(Clone, Copy, PartialEq)]
+enum StreamUsage {
+    None,
+    /// A last chunk with the usage (`stream_options.include_usage`).
+    Asked,
+    /// That, and the usage so far on every chunk (`--enable-force-include-usage` forces both).
+    Forced,
+}
+
+/// A chat stream of the pace's tokens, then the usage if it carries any, then `[DONE]`.
+fn respond_stream(w: &mut TcpStream, port: u16, usage: StreamUsage, pace: &Pace) -> bool {
+    let mut after = Vec::new();
+    if usage != StreamUsage::None {
+        after.push(format!(
+            r#"data: {{"choices":[],"usage":{{"prompt_tokens":10,"completion_tokens":{}}}}}"#,
+            pace.tokens
+        ));
+    }
+    after.push("data: [DONE]".to_string());
+    write_stream(
+        w,
+        port,
+        pace,
+        &[],
+        |i| {
+            let role = if i == 0 { r#""role":"assistant","# } else { "" };
+            let so_far = if usage == StreamUsage::Forced {
+                format!(
+                    r#","usage":{{"prompt_tokens":10,"total_tokens":{},"completion_tokens":{}}}"#,
+                    11 + i,
+                    i + 1
+                )
+            } else {
+                String::new()
+            };
+            format!(r#"data: {{"choices":[{{"index":0,"delta":{{{role}"content":"ok"}}}}]{so_far}}}"#)
+        },
+        &after,
+    )
+}
+
+fn responses_usage(input: usize, output: u64) -> String {
+    format!(
+        r#"{{"input_tokens":{input},"input_tokens_details":{{"cached_tokens":0}},"output_tokens":{output},"output_tokens_details":{{"reasoning_tokens":0}},"total_tokens":{}}}"#,
+        input as u64 + output
+    )
+}
+
+/// A Responses API stream as vLLM sends one: `response.created` and `response.in_progress`
+/// (the response's id first), the message's opening events, one `response.output_text.delta`
+/// per token, the closing events and `response.completed` with the usage; no `[DONE]`.
+fn respond_responses_stream(w: &mut TcpStream, port: u16, id: &str, input: usize, pace: &Pace) -> bool {
+    let event = |kind: &str, data: String| format!("event: {kind}\ndata: {data}");
+    let response = |status: &str, usage: &str| {
+        format!(r#"{{"id":"{id}","object":"response","status":"{status}","output":[]{usage}}}"#)
+    };
+    let before = [
+        event(
+            "response.created",
+            format!(r#"{{"type":"response.created","sequence_number":0,"response":{}}}"#, response("in_progress", "")),
+        ),
+        event(
+            "response.in_progress",
+            format!(r#"{{"type":"response.in_progress","sequence_number":1,"response":{}}}"#, response("in_progress", "")),
+        ),
+        event(
+            "response.output_item.added",
+            r#"{"type":"response.output_item.added","sequence_number":2,"output_index":0,"item":{"type":"message","role":"assistant","content":[]}}"#.to_string(),
+        ),
+    ];
+    let usage = format!(r#","usage":{}"#, responses_usage(input, pace.tokens));
+    let after = [
+        event(
+            "response.output_item.done",
+            r#"{"type":"response.output_item.done","output_index":0,"item":{"type":"message","role":"assistant"}}"#
+                .to_string(),
+        ),
+        event(
+            "response.completed",
+            format!(
+                r#"{{"type":"response.completed","response":{}}}"#,
+                response("completed", &usage)
+            ),
+        ),
+    ];
+    write_stream(
+        w,
+        port,
+        pace,
+        &before,
+        |i| {
+            event(
+                "response.output_text.delta",
+                format!(
+                    r#"{{"type":"response.output_text.delta","sequence_number":{},"output_index":0,"content_index":0,"delta":"ok"}}"#,
+                    i + 3
+                ),
+            )
+        },
+        &after,
+    )
 }
 
 fn metrics(state: &State) -> Vec<u8> {

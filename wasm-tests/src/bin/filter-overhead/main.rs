@@ -23,6 +23,10 @@
 //!   removes the destination header: no buffering, parsing or routing) and on the inference
 //!   path, to split the filter's cost into "being there" and "deciding".
 //!
+//! - `streams [TOKENS [GAP_US]]`: Envoy CPU per request on streamed and whole answers that
+//!   kvroute reads (usage asked for or sent unasked, the Responses API's id and first
+//!   output event) and one it leaves unread, against the empty filter.
+//!
 //! Usage (from the repository root, after `make build-wasm setup-envoy`):
 //!   cargo run --release -p kvroute-wasm-tests --bin filter-overhead -- [all|latency [N]|wrk|scrape [interval_ms]]
 //!
@@ -43,6 +47,8 @@ mod listeners;
 mod scrape;
 #[cfg(not(target_arch = "wasm32"))]
 mod sharing;
+#[cfg(not(target_arch = "wasm32"))]
+mod streams;
 #[cfg(not(target_arch = "wasm32"))]
 mod wrk;
 
@@ -73,6 +79,10 @@ fn main() -> Result<(), String> {
             args.get(1).and_then(|a| a.parse().ok()).unwrap_or(3),
             args.get(2).map(String::as_str) != Some("every-decision"),
         ),
+        "streams" => streams::streams(
+            args.get(1).and_then(|a| a.parse().ok()).unwrap_or(64),
+            args.get(2).and_then(|a| a.parse().ok()).unwrap_or(1000),
+        ),
         "capture" => capture::capture(args.get(1).and_then(|a| a.parse().ok()).unwrap_or(3)),
         "capture-pair" => capture::capture_pair(args.get(1).and_then(|a| a.parse().ok()).unwrap_or(10)),
         "all" => listeners::latency(2000)
@@ -84,9 +94,10 @@ fn main() -> Result<(), String> {
             .and_then(|_| sharing::replicas_cost(3, false))
             .and_then(|_| capture::capture(3))
             .and_then(|_| capture::capture_pair(10))
+            .and_then(|_| streams::streams(64, 1000))
             .and_then(|_| scrape::scrape_cost(200)),
         other => Err(format!(
-            "unknown measurement {other:?}: all | latency [N] | wrk | scrape | presence | hostile | sharing | sharing-timed [N [every-decision]] | replicas [N [unique]] | capture [N] | capture-pair [N]"
+            "unknown measurement {other:?}: all | latency [N] | wrk | scrape | presence | hostile | sharing | sharing-timed [N [every-decision]] | replicas [N [unique]] | capture [N] | capture-pair [N] | streams [TOKENS [GAP_US]]"
         )),
     }
 }
