@@ -414,8 +414,9 @@ fn responses_usage(input: usize, output: u64) -> String {
 }
 
 /// A Responses API stream as vLLM sends one: `response.created` and `response.in_progress`
-/// (the response's id first), the message's opening events, one `response.output_text.delta`
-/// per token, the closing events and `response.completed` with the usage; no `[DONE]`.
+/// (the response's id first) at once, the message's opening events with the first token's
+/// `response.output_text.delta`, one delta per token, the closing events and
+/// `response.completed` with the usage; no `[DONE]`.
 fn respond_responses_stream(w: &mut TcpStream, port: u16, id: &str, input: usize, pace: &Pace) -> bool {
     let event = |kind: &str, data: String| format!("event: {kind}\ndata: {data}");
     let response = |status: &str, usage: &str| {
@@ -424,17 +425,31 @@ fn respond_responses_stream(w: &mut TcpStream, port: u16, id: &str, input: usize
     let before = [
         event(
             "response.created",
-            format!(r#"{{"type":"response.created","sequence_number":0,"response":{}}}"#, response("in_progress", "")),
+            format!(
+                r#"{{"type":"response.created","sequence_number":0,"response":{}}}"#,
+                response("in_progress", "")
+            ),
         ),
         event(
             "response.in_progress",
-            format!(r#"{{"type":"response.in_progress","sequence_number":1,"response":{}}}"#, response("in_progress", "")),
+            format!(
+                r#"{{"type":"response.in_progress","sequence_number":1,"response":{}}}"#,
+                response("in_progress", "")
+            ),
         ),
+    ];
+    // The message's opening events come with its first token, as vLLM sends them.
+    let opening = [
         event(
             "response.output_item.added",
             r#"{"type":"response.output_item.added","sequence_number":2,"output_index":0,"item":{"type":"message","role":"assistant","content":[]}}"#.to_string(),
         ),
-    ];
+        event(
+            "response.content_part.added",
+            r#"{"type":"response.content_part.added","sequence_number":3,"output_index":0,"content_index":0,"part":{"type":"output_text","text":""}}"#.to_string(),
+        ),
+    ]
+    .join("\n\n");
     let usage = format!(r#","usage":{}"#, responses_usage(input, pace.tokens));
     let after = [
         event(
@@ -456,13 +471,18 @@ fn respond_responses_stream(w: &mut TcpStream, port: u16, id: &str, input: usize
         pace,
         &before,
         |i| {
-            event(
+            let delta = event(
                 "response.output_text.delta",
                 format!(
                     r#"{{"type":"response.output_text.delta","sequence_number":{},"output_index":0,"content_index":0,"delta":"ok"}}"#,
-                    i + 3
+                    i + 4
                 ),
-            )
+            );
+            if i == 0 {
+                format!("{opening}\n\n{delta}")
+            } else {
+                delta
+            }
         },
         &after,
     )
