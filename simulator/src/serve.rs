@@ -1,7 +1,8 @@
 //! Live mode: each simulated server is a real HTTP server that answers like vLLM 0.33.
 //!
 //! `/v1/chat/completions` and `/v1/completions` (validation in `request`, bodies and streams
-//! in `respond`, errors in `errors`), OpenAI's Responses API (`POST /v1/responses`,
+//! in `respond`, errors in `errors`), Anthropic's Messages API (`POST /v1/messages`, served as
+//! the chat request vLLM translates it to, in `messages`), OpenAI's Responses API (`POST /v1/responses`,
 //! `GET /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`, in `responses`; responses are
 //! stored only with `--responses-store`, as vLLM stores them only with
 //! `VLLM_ENABLE_RESPONSES_API_STORE=1`), `/tokenize` and `/detokenize` (`tokenize`),
@@ -50,6 +51,7 @@ mod admin;
 mod answer;
 mod errors;
 mod info;
+mod messages;
 mod request;
 mod respond;
 mod responses;
@@ -185,6 +187,15 @@ impl SimServer {
     fn request_id(&self, prefix: &str, n: u64) -> String {
         format!("{prefix}-{}", self.hex_id(n))
     }
+    /// The id of request `n`'s answer: `prefix-` and the client's `X-Request-Id` when it sent
+    /// one, as vLLM builds its request id (behind Envoy, which sets one on every request, the
+    /// ids are Envoy's), else [`Self::request_id`].
+    fn answer_id(&self, prefix: &str, headers: &HeaderMap, n: u64) -> String {
+        match headers.get("x-request-id").and_then(|v| v.to_str().ok()) {
+            Some(given) => format!("{prefix}-{given}"),
+            None => self.request_id(prefix, n),
+        }
+    }
     /// 32 hex digits from this server's address, its start time and `n` (a per-server
     /// counter): unique across servers, requests and restarts (vLLM uses a random UUID's hex).
     fn hex_id(&self, n: u64) -> String {
@@ -214,6 +225,7 @@ fn app(srv: Arc<SimServer>) -> Router {
             "/v1/completions",
             post(|s, h, b| complete(s, h, b, ApiKind::Completions)),
         )
+        .route("/v1/messages", post(messages::create))
         .route("/v1/responses", post(responses::create))
         .route("/v1/responses/{id}", get(responses::retrieve))
         .route("/v1/responses/{id}/cancel", post(responses::cancel))
@@ -388,12 +400,7 @@ async fn complete(State(srv): State<Arc<SimServer>>, headers: HeaderMap, body: B
     };
     let prefix = if kind == ApiKind::Chat { "chatcmpl" } else { "cmpl" };
     let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    // vLLM's request id (and so the response's) is the client's `X-Request-Id` when it sent
-    // one: behind Envoy, which sets one on every request, the ids are Envoy's.
-    let id = match headers.get("x-request-id").and_then(|v| v.to_str().ok()) {
-        Some(given) => format!("{prefix}-{given}"),
-        None => srv.request_id(prefix, n),
-    };
+    let id = srv.answer_id(prefix, &headers, n);
     let stream = ask.stream;
     let reply = Reply::new(ask, id, created, sub.choices.clone());
     let r = if stream {

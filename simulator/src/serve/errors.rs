@@ -12,10 +12,16 @@
 //! Messages are vLLM's texts (`vllm/entrypoints/openai/engine/serving.py`, `_validate_input`
 //! and `_check_model`; the Responses API's, `serving_responses.py`, are of type
 //! `invalid_request_error`).
+//!
+//! The Messages API writes its serving code's refusals in Anthropic's shape,
+//! `{"type": "error", "error": {"type", "message"}}` with the same status and type
+//! (`vllm/entrypoints/anthropic/api_router.py`, `translate_error_response`); what the validation
+//! handler refuses keeps the body above, as vLLM registers that handler for every route.
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use serde::Serialize;
 
 /// One error answer: status, vLLM's error type, message and the parameter at fault.
 #[derive(Clone, Debug, PartialEq)]
@@ -136,6 +142,20 @@ impl ApiError {
         )
     }
 
+    /// A body vLLM could not read into its request type, answered by its validation handler.
+    pub fn unreadable_body(&self) -> bool {
+        self.kind == "Bad Request"
+    }
+
+    /// As the Messages API answers it: Anthropic's body, with this status and type, unless the
+    /// validation handler answers it.
+    pub fn into_anthropic_response(self) -> Response {
+        if self.unreadable_body() {
+            return self.into_response();
+        }
+        (self.status, Json(AnthropicError::new(self.kind, &self.message))).into_response()
+    }
+
     pub fn body(&self) -> serde_json::Value {
         serde_json::json!({"error": {
             "message": self.message,
@@ -149,5 +169,30 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         (self.status, Json(self.body())).into_response()
+    }
+}
+
+/// Anthropic's error body (vLLM's `AnthropicErrorResponse`), also the data of a Messages
+/// stream's `error` event.
+#[derive(Debug, Serialize)]
+pub struct AnthropicError<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    error: AnthropicErrorInfo<'a>,
+}
+
+#[derive(Debug, Serialize)]
+struct AnthropicErrorInfo<'a> {
+    #[serde(rename = "type")]
+    kind: &'a str,
+    message: &'a str,
+}
+
+impl<'a> AnthropicError<'a> {
+    pub fn new(kind: &'a str, message: &'a str) -> AnthropicError<'a> {
+        AnthropicError {
+            kind: "error",
+            error: AnthropicErrorInfo { kind, message },
+        }
     }
 }

@@ -12,7 +12,8 @@
 //! Prompts are measured by `kvroute_core::request::parse`, the rule the filter hashes with
 //! (4 bytes a token, +4 per chat message): a completions `prompt` list is one sequence per
 //! entry, each measured on its own; a Responses body's `instructions` and `input` as chat
-//! messages. The context check comes last (`Draft::fit`): a Responses continuation's prompt
+//! messages; an Anthropic Messages body as the chat request vLLM translates it to. The
+//! context check comes last (`Draft::fit`): a Responses continuation's prompt
 //! is known only once its stored history is found.
 
 use kvroute_core::request::{parse, ApiKind, RequestError};
@@ -23,7 +24,8 @@ use super::errors::ApiError;
 /// Default output length of a completion without `max_tokens` (vLLM's `CompletionRequest`).
 pub const COMPLETION_DEFAULT_MAX_TOKENS: u64 = 16;
 /// Where the simulated model stops by itself (an end-of-sequence token) when a chat request
-/// sets no `max_tokens`; vLLM would allow up to the rest of the context.
+/// sets no `max_tokens`, or a Messages API request a larger one; vLLM would allow up to the
+/// rest of the context.
 pub const NATURAL_STOP_TOKENS: u64 = 256;
 
 /// One prompt: the canonical bytes its cache blocks come from, and its token count.
@@ -121,18 +123,23 @@ pub fn json_object(content_type: Option<&str>, body: &[u8]) -> Result<serde_json
 /// Everything `read` checks but the context.
 pub fn draft(kind: ApiKind, content_type: Option<&str>, body: &[u8], served: &[String]) -> Result<Draft, ApiError> {
     let obj = json_object(content_type, body)?;
+    if kind == ApiKind::Messages {
+        // Pydantic reads the whole Anthropic request before vLLM's code looks at the model.
+        super::messages::check_body(&obj)?;
+    }
     let model = match obj.get("model") {
         None | Some(Value::Null) => served.first().cloned().unwrap_or_default(),
         Some(Value::String(m)) if served.contains(m) => m.clone(),
         Some(Value::String(m)) => return Err(ApiError::unknown_model(m)),
         Some(_) => return Err(ApiError::schema("model: Input should be a valid string")),
     };
-    // The Responses API has no `n`, `ignore_eos`, `min_tokens`, `echo` nor `stream_options`.
-    let responses = kind == ApiKind::Responses;
-    let n = if responses {
-        1
-    } else {
+    // The Responses and Messages APIs have no `n`, `ignore_eos`, `min_tokens`, `echo` nor
+    // `stream_options` (vLLM builds the Messages API's chat request without them).
+    let openai = matches!(kind, ApiKind::Chat | ApiKind::Completions);
+    let n = if openai {
         int_field(&obj, "n")?.unwrap_or(1)
+    } else {
+        1
     };
     if n < 1 {
         return Err(ApiError::validation(&format!("n must be at least 1, got {n}."), "n", n));
@@ -152,18 +159,18 @@ pub fn draft(kind: ApiKind, content_type: Option<&str>, body: &[u8], served: &[S
     }
     // Sampling parameters that set the length: `ignore_eos` generates to `max_tokens` or the
     // context's end, `min_tokens` holds off the natural stop.
-    let ignore_eos = !responses && obj.get("ignore_eos").and_then(Value::as_bool).unwrap_or(false);
-    let min_tokens = if responses {
-        0
-    } else {
+    let ignore_eos = openai && obj.get("ignore_eos").and_then(Value::as_bool).unwrap_or(false);
+    let min_tokens = if openai {
         int_field(&obj, "min_tokens")?.unwrap_or(0).max(0) as u64
+    } else {
+        0
     };
     let prompts = prompts(kind, &obj)?;
     let stream = obj.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let stream_options = obj
         .get("stream_options")
         .filter(|o| o.as_object().is_some_and(|m| !m.is_empty()));
-    if stream_options.is_some() && !stream && !responses {
+    if stream_options.is_some() && !stream && openai {
         // The request model's validator raises a `VLLMValidationError`, whose parameter the
         // validation handler reports.
         return Err(ApiError {
@@ -172,7 +179,7 @@ pub fn draft(kind: ApiKind, content_type: Option<&str>, body: &[u8], served: &[S
         });
     }
     let asked = |option: &str| {
-        !responses
+        openai
             && stream_options
                 .and_then(|o| o.get(option))
                 .and_then(Value::as_bool)
@@ -210,6 +217,9 @@ impl Draft {
             let planned = match (self.kind, self.max_tokens) {
                 (ApiKind::Responses, Some(m)) => m.min(room),
                 (_, Some(m)) if m > room => return Err(ApiError::max_tokens_too_large(max_model_len, p.tokens, m)),
+                // The Messages API requires `max_tokens`: a ceiling, which the model's own stop
+                // usually comes before.
+                (ApiKind::Messages, Some(m)) => m.min(NATURAL_STOP_TOKENS),
                 (_, Some(m)) => m,
                 (ApiKind::Chat, None) if self.ignore_eos => room,
                 (ApiKind::Chat | ApiKind::Responses | ApiKind::Messages, None) => {
@@ -225,7 +235,10 @@ impl Draft {
             prompts: self.prompts,
             n: self.n,
             output_tokens,
-            finish_by_length: self.max_tokens.is_some() || self.kind == ApiKind::Completions || self.ignore_eos,
+            finish_by_length: match self.kind {
+                ApiKind::Messages => self.max_tokens.is_some_and(|m| m <= NATURAL_STOP_TOKENS),
+                _ => self.max_tokens.is_some() || self.kind == ApiKind::Completions || self.ignore_eos,
+            },
             stream: self.stream,
             include_usage: self.include_usage,
             continuous_usage: self.continuous_usage,

@@ -1237,3 +1237,5 @@ fn a_follow_up_sent_to_another_server_of_the_fleet_is_404() {
     assert_eq!(send(f.base + 1, "GET", &format!("/v1/responses/{id}"), b"").status, 404);
     assert_eq!(respond(f.base, follow_up).status, 200);
 }
+
+mod messages;
