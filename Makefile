@@ -136,7 +136,7 @@ validate-envoy: setup-envoy build-wasm build-wasm-empty
 
 ## test-e2e: real Envoy + dist/kvroute.wasm in front of test vLLM servers on loopback
 test-e2e: setup-envoy build-wasm build-wasm-test-panic
-	KVROUTE_ENVOY=$(CURDIR)/$(ENVOY) $(CARGO) test -p kvroute-wasm-tests --test e2e --test e2e_simulated --test e2e_faults --test e2e_soak --test e2e_workers --test e2e_replicas --test e2e_clients --test e2e_discovery --test e2e_paths --test e2e_tiers --test e2e_hold --test e2e_responses -- --test-threads 2
+	KVROUTE_ENVOY=$(CURDIR)/$(ENVOY) $(CARGO) test -p kvroute-wasm-tests --test e2e --test e2e_simulated --test e2e_faults --test e2e_soak --test e2e_workers --test e2e_replicas --test e2e_clients --test e2e_discovery --test e2e_paths --test e2e_tiers --test e2e_hold --test e2e_responses --test e2e_vllm_serving -- --test-threads 2
 	KVROUTE_ENVOY=$(CURDIR)/$(ENVOY) $(CARGO) test -p kvroute-wasm-tests --test e2e_capture -- --test-threads 1
 
 ## test-clients: the Rust async-openai types (test-openai-types), then the official `openai` Python client through real Envoy + dist/kvroute.wasm in
