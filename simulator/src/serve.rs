@@ -2,8 +2,9 @@
 //!
 //! `/v1/chat/completions` and `/v1/completions` (validation in `request`, bodies and streams
 //! in `respond`, errors in `errors`), Anthropic's Messages API (`POST /v1/messages`, served as
-//! the chat request vLLM translates it to, in `messages`), OpenAI's Responses API (`POST /v1/responses`,
-//! `GET /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`, in `responses`; responses are
+//! the chat request vLLM translates it to, in `messages`), OpenAI's Responses API
+//! (`POST /v1/responses`, `GET /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`, in
+//! `responses`; responses are
 //! stored only with `--responses-store`, as vLLM stores them only with
 //! `VLLM_ENABLE_RESPONSES_API_STORE=1`), `/tokenize` and `/detokenize` (`tokenize`),
 //! `/v1/models`, `/health`, `/metrics` (vLLM 0.33's format, or the legacy names). What the

@@ -136,11 +136,7 @@ pub fn draft(kind: ApiKind, content_type: Option<&str>, body: &[u8], served: &[S
     // The Responses and Messages APIs have no `n`, `ignore_eos`, `min_tokens`, `echo` nor
     // `stream_options` (vLLM builds the Messages API's chat request without them).
     let openai = matches!(kind, ApiKind::Chat | ApiKind::Completions);
-    let n = if openai {
-        int_field(&obj, "n")?.unwrap_or(1)
-    } else {
-        1
-    };
+    let n = if openai { int_field(&obj, "n")?.unwrap_or(1) } else { 1 };
     if n < 1 {
         return Err(ApiError::validation(&format!("n must be at least 1, got {n}."), "n", n));
     }
