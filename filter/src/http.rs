@@ -8,7 +8,7 @@
 use std::rc::Rc;
 
 use kvroute_core::request::{parse, response_key, stored_response_path, ApiKind};
-use kvroute_core::response::{cached_tokens, prompt_tokens, reports_usage};
+use kvroute_core::response::usage;
 use kvroute_core::{Completion, Outcome};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, BufferType, LogLevel};
@@ -61,6 +61,8 @@ pub struct Http {
     responded: bool,
     /// Keep the response tail: the response will carry `usage` (see `reports_usage`).
     read_usage: bool,
+    /// An Anthropic `/v1/messages` answer: its usage is read as Anthropic writes it.
+    anthropic: bool,
     /// A stream that did not ask for `usage` (`ParsedRequest::usage_unasked`), and whether
     /// it is read to learn whether its server sends it anyway (`ForcedUsage`).
     usage_unasked: bool,
@@ -94,6 +96,7 @@ impl Http {
             status: 0,
             responded: false,
             read_usage: false,
+            anthropic: false,
             usage_unasked: false,
             learn_usage: false,
             awaiting_first_chunk: false,
@@ -162,6 +165,7 @@ impl Http {
         // A stream without `include_usage` never reports cached tokens: copying its chunks
         // into the VM (one host call each) would buy nothing.
         self.read_usage = parsed.reports_usage;
+        self.anthropic = kind == ApiKind::Messages;
         self.usage_unasked = parsed.usage_unasked;
         self.awaiting_first_chunk = parsed.stream;
         let mut home_known = false;
@@ -579,8 +583,10 @@ impl HttpContext for Http {
             return;
         }
         let served_by = host::property_string(&["upstream", "address"]).map(kvroute_core::EndpointId::new);
-        let cached = cached_tokens(&self.tail);
-        self.write_capture(&shared, served_by.as_ref().map(|e| e.as_str()), cached);
+        let usage = usage(&self.tail, self.anthropic);
+        let cached = usage.cached;
+        let prompt = if self.anthropic { usage.prompt } else { None };
+        self.write_capture(&shared, served_by.as_ref().map(|e| e.as_str()), cached, prompt);
         let Some(request_id) = routed else { return };
         let moved = self.moved_from_choice(served_by.as_ref().map(|e| e.as_str()));
         if moved {
@@ -604,8 +610,7 @@ impl HttpContext for Http {
         if self.learn_usage && status == 200 {
             self.learn_forced_usage(&shared, served_by.as_ref());
         }
-        let usage = reports_usage(&self.tail);
-        if usage {
+        if usage.reported {
             shared.stats.usage_reported.inc();
         } else {
             shared.stats.usage_missing.inc();
@@ -620,8 +625,8 @@ impl HttpContext for Http {
             served_by,
             status,
             cached_tokens: cached,
-            prompt_tokens: if usage { prompt_tokens(&self.tail) } else { None },
-            usage,
+            prompt_tokens: usage.prompt,
+            usage: usage.reported,
             client_left: !self.responded,
         };
         if let Some(flip) = router.on_completed(request_id, &done, host::now()) {

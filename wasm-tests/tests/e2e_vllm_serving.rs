@@ -4,6 +4,8 @@
 //! - `--enable-force-include-usage`: every stream carries the usage, asked for or not, at its
 //!   end and (as vLLM forces `continuous_usage_stats` with it) on each chunk; kvroute learns
 //!   that a server sends it and reads the cached tokens of streams that did not ask.
+//! - Anthropic's `/v1/messages`: vLLM's translation reports the cached tokens as
+//!   `cache_read_input_tokens` (absent when nothing was cached); kvroute reads them.
 
 #![allow(clippy::unwrap_used, clippy::disallowed_methods)] // wall-time test helpers
 
@@ -82,4 +84,32 @@ fn streams_of_servers_forcing_usage_are_read_for_their_cached_tokens() {
 
     let (reported, missing, cached) = streams_through_envoy(Options::default(), 12);
     assert_eq!((reported, missing, cached), (0, 12, 0), "a server that sends no usage");
+}
+
+#[test]
+fn anthropic_answers_report_their_cached_tokens_to_kvroute() {
+    let (_rt, ports) = fleet(Options::default());
+    let envoy = Envoy::start_workers("envoy.yaml", &ports, 1, |t| t).unwrap();
+    scraped(&envoy);
+    let model = Model::Llama31_8b.served_name();
+    let system = "an anthropic system prompt of some length ".repeat(40);
+    let body = |n: usize, stream: bool| {
+        format!(
+            r#"{{"model":"{model}","max_tokens":8,"stream":{stream},"system":"{system}","messages":[{{"role":"user","content":"question {n}"}}]}}"#
+        )
+    };
+    for n in 0..8 {
+        let r = envoy.post("/v1/messages", &[], &body(n, n >= 6)).unwrap();
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert!(r.body.contains("\"input_tokens\""), "{}", r.body);
+    }
+    let stat = |name: &str| envoy.stat(&format!("wasmcustom.kvroute.{name}"));
+    // The first found nothing cached (no cache fields: not a report); the seven after it
+    // went to the server holding the system prompt and reported its tokens cached.
+    assert_eq!(
+        (stat("responses.usage_reported"), stat("responses.usage_missing")),
+        (7, 1)
+    );
+    let cached = stat("tokens.reported_cached");
+    assert!(cached >= 7 * 300, "cached tokens read: {cached}");
 }

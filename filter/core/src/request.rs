@@ -17,8 +17,8 @@
 //!   blocks joined) as a first `system` message; each message's content as chat content
 //!   (text blocks as text, an image as an `image_url` part; `tool_use` and `thinking`
 //!   blocks become fields chat does not hash); a `tool_result` block as a `tool` message
-//!   before its message; `tools` as chat's function tools. Its `usage` (input and output
-//!   tokens, no cached ones) is not read.
+//!   before its message; `tools` as chat's function tools. Its `usage` is read where it
+//!   has the cached tokens (`response::usage`).
 //! - completions: the prompt string; for an array of strings, the first string is the
 //!   canonical text (vLLM runs them as separate sequences) while all count toward the token
 //!   estimate, and the response's `usage` is not read (vLLM reports one prompt's cached
@@ -369,7 +369,8 @@ fn parse_messages(body: &[u8]) -> Result<ParsedRequest, RequestError> {
         prompt_tokens,
         max_tokens: body.max_tokens,
         stream: body.stream,
-        reports_usage: false,
+        // vLLM's translation puts the usage in every answer, a stream's in `message_delta`.
+        reports_usage: true,
         usage_unasked: false,
         user: None,
         cache_salt: None,

@@ -13,6 +13,11 @@
 //! details" as 0 cached from a server that has shown details before.
 
 const CACHED: &[u8] = b"\"cached_tokens\"";
+/// Anthropic's `usage.cache_read_input_tokens`, `usage.cache_creation_input_tokens` and
+/// `usage.input_tokens` (the prompt less both).
+const CACHE_READ: &[u8] = b"\"cache_read_input_tokens\"";
+const CACHE_CREATION: &[u8] = b"\"cache_creation_input_tokens\"";
+const INPUT: &[u8] = b"\"input_tokens\"";
 /// `usage.prompt_tokens`, or the Responses API's `usage.input_tokens`.
 const USAGE: [&[u8]; 2] = [b"\"prompt_tokens\"", b"\"input_tokens\""];
 /// `usage.completion_tokens`, or the Responses API's `usage.output_tokens`.
@@ -26,6 +31,42 @@ pub fn reports_usage(tail: &[u8]) -> bool {
 /// The last `cached_tokens` value in `tail`, if one is there whole.
 pub fn cached_tokens(tail: &[u8]) -> Option<u64> {
     last_count(tail, CACHED)
+}
+
+/// What an answer's usage says, as the router reads it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// A usage the router can read came (see `reports_usage` for what its absence means).
+    pub reported: bool,
+    pub cached: Option<u64>,
+    /// The prompt's tokens as the server counted them.
+    pub prompt: Option<u64>,
+}
+
+/// The usage in an answer's `tail`. An Anthropic answer's (`anthropic`: `/v1/messages`, as
+/// vLLM translates chat's usage, vllm-project/vllm#40912) has `input_tokens` less the
+/// cached ones, which `cache_read_input_tokens` counts; without chat's cache details (no
+/// `--enable-prompt-tokens-details`, or nothing cached) the cache fields are absent, and
+/// such usage says nothing the router can use: it counts as not reported, never as a miss.
+pub fn usage(tail: &[u8], anthropic: bool) -> Usage {
+    if anthropic {
+        let cached = last_count(tail, CACHE_READ);
+        let prompt = cached.and_then(|c| {
+            let created = last_count(tail, CACHE_CREATION).unwrap_or(0);
+            Some(last_count(tail, INPUT)? + c + created)
+        });
+        return Usage {
+            reported: cached.is_some(),
+            cached,
+            prompt,
+        };
+    }
+    let reported = reports_usage(tail);
+    Usage {
+        reported,
+        cached: cached_tokens(tail),
+        prompt: if reported { prompt_tokens(tail) } else { None },
+    }
 }
 
 /// The last `usage.prompt_tokens` in `tail`.
@@ -185,6 +226,45 @@ fn trim_ws(s: &[u8]) -> &[u8] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn anthropic_usage_counts_only_with_its_cache_fields_and_its_prompt_includes_them() {
+        let whole = br#"{"id":"chatcmpl-1","type":"message","content":[],"stop_reason":"end_turn","usage":{"input_tokens":36,"output_tokens":5,"cache_read_input_tokens":2048}}"#;
+        let read = usage(whole, true);
+        assert_eq!(
+            (read.reported, read.cached, read.prompt),
+            (true, Some(2048), Some(2084))
+        );
+        // A stream's: `message_start` has the usage without cache fields, `message_delta` the
+        // final one with them.
+        let stream = concat!(
+            "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":2100,\"output_tokens\":0}}}\n\n",
+            "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"max_tokens\"},\"usage\":{\"input_tokens\":52,\"output_tokens\":8,\"cache_read_input_tokens\":2048,\"cache_creation_input_tokens\":0}}\n\n",
+            "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
+        )
+        .as_bytes();
+        let read = usage(stream, true);
+        assert_eq!(
+            (read.reported, read.cached, read.prompt),
+            (true, Some(2048), Some(2100))
+        );
+        // No cache fields (no cache details on the server, or nothing cached): unknown, not
+        // a miss; read as chat's, `input_tokens` would have said "usage without details".
+        let bare = br#"{"type":"message","usage":{"input_tokens":2100,"output_tokens":5}}"#;
+        assert_eq!(usage(bare, true), Usage::default());
+        assert!(usage(bare, false).reported);
+        // Chat's usage reads as before.
+        let chat =
+            br#"{"usage":{"prompt_tokens":2100,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":2048}}}"#;
+        assert_eq!(
+            usage(chat, false),
+            Usage {
+                reported: true,
+                cached: Some(2048),
+                prompt: Some(2100)
+            }
+        );
+    }
 
     #[test]
     fn reads_cached_tokens_from_a_non_streaming_body() {

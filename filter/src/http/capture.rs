@@ -36,13 +36,20 @@ impl Http {
     }
 
     /// Hands the finished capture line to Envoy (filter state `wasm.<capture.property>`,
-    /// written by an access log after this `on_log`).
-    pub(super) fn write_capture(&mut self, shared: &Shared, server: Option<&str>, cached: Option<u64>) {
+    /// written by an access log after this `on_log`). `prompt`: the prompt's tokens where
+    /// the usage's own count is not them (Anthropic's `input_tokens` leaves out the cached).
+    pub(super) fn write_capture(
+        &mut self,
+        shared: &Shared,
+        server: Option<&str>,
+        cached: Option<u64>,
+        prompt: Option<u64>,
+    ) {
         let t0 = crate::stats::self_clock();
         let (Some(c), Some(capturer)) = (self.capture.take(), shared.capture.as_ref()) else {
             return;
         };
-        let usage = usage_tokens(&self.tail);
+        let usage = usage_tokens(&self.tail).map(|(p, o)| (prompt.unwrap_or(p), o));
         let line = CaptureLine {
             timestamp: c.timestamp,
             model: &c.model,
