@@ -271,6 +271,22 @@ impl Envoy {
     }
 
     /// A counter or gauge from the admin `/stats` (0 when absent).
+    /// Waits (10 s at most, then panics with Envoy's log) until kvroute counts `servers`
+    /// healthy scraped servers, then 300 ms more for a worker tick to take the snapshot.
+    pub fn wait_scraped(&self, servers: u64) {
+        let healthy = "wasmcustom.kvroute.scrape.healthy_endpoints";
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while self.stat(healthy) < servers {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "not every server scraped:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+
     pub fn stat(&self, name: &str) -> u64 {
         self.stat_if_defined(name).unwrap_or(0)
     }

@@ -6,7 +6,7 @@
 
 #![allow(clippy::unwrap_used, clippy::disallowed_methods)] // wall-time test helpers
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kvroute_sim::profile::{Gpu, Model, Profile};
 use kvroute_wasm_tests::envoy::{free_port, with_replicas_cluster, Envoy};
@@ -28,21 +28,6 @@ fn debug_headers(text: String) -> String {
         "\"policy\": \"cost\",",
         "\"policy\": \"cost\", \"debug_headers\": true,",
     )
-}
-
-/// Waits until every server was scraped, then a worker tick.
-fn scraped(envoy: &Envoy) {
-    let healthy = "wasmcustom.kvroute.scrape.healthy_endpoints";
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while envoy.stat(healthy) < u64::from(SERVERS) {
-        assert!(
-            Instant::now() < deadline,
-            "not every server scraped:\n{}",
-            envoy.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    std::thread::sleep(Duration::from_millis(300));
 }
 
 fn body(input: &str, previous: Option<&str>, stream: bool) -> String {
@@ -125,7 +110,7 @@ fn a_follow_up_reaches_the_server_that_stored_its_response_through_any_worker() 
         )
     })
     .unwrap();
-    scraped(&envoy);
+    envoy.wait_scraped(u64::from(SERVERS));
     // At once: the worker that read the id published its home before the client had it.
     let turns: Vec<_> = (0..12)
         .map(|i| conversation(&envoy, &envoy, i, Duration::ZERO))
@@ -160,8 +145,8 @@ fn replica_pair(ports: &[u16], replicas: &str) -> (Envoy, Envoy) {
     };
     let a = Envoy::start_listening("envoy.yaml", ports, 2, Some(peers[0]), config).unwrap();
     let b = Envoy::start_listening("envoy.yaml", ports, 2, Some(peers[1]), config).unwrap();
-    scraped(&a);
-    scraped(&b);
+    a.wait_scraped(u64::from(SERVERS));
+    b.wait_scraped(u64::from(SERVERS));
     (a, b)
 }
 

@@ -9,8 +9,6 @@
 
 #![allow(clippy::unwrap_used, clippy::disallowed_methods)] // wall-time test helpers
 
-use std::time::{Duration, Instant};
-
 use kvroute_sim::profile::{Gpu, Model, Profile};
 use kvroute_sim::serve::Options;
 use kvroute_wasm_tests::envoy::Envoy;
@@ -23,21 +21,6 @@ fn fleet(options: Options) -> (tokio::runtime::Runtime, Vec<u16>) {
     let profile = Profile::new(Gpu::H100_80g, Model::Llama31_8b, 1).unwrap();
     let (rt, base) = kvroute_sim::serve::start_in_background_with(profile, SERVERS, 20.0, options).unwrap();
     (rt, (base..base + SERVERS).collect())
-}
-
-/// Waits until every server was scraped, then a worker tick.
-fn scraped(envoy: &Envoy) {
-    let healthy = "wasmcustom.kvroute.scrape.healthy_endpoints";
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while envoy.stat(healthy) < u64::from(SERVERS) {
-        assert!(
-            Instant::now() < deadline,
-            "not every server scraped:\n{}",
-            envoy.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    std::thread::sleep(Duration::from_millis(300));
 }
 
 /// A streamed chat request that does not ask for usage, on a long system prompt shared by
@@ -55,7 +38,7 @@ fn stream_body(n: usize) -> String {
 fn streams_through_envoy(options: Options, n: usize) -> (u64, u64, u64) {
     let (_rt, ports) = fleet(options);
     let envoy = Envoy::start_workers("envoy.yaml", &ports, 1, |t| t).unwrap();
-    scraped(&envoy);
+    envoy.wait_scraped(u64::from(SERVERS));
     for i in 0..n {
         let r = envoy.post("/v1/chat/completions", &[], &stream_body(i)).unwrap();
         assert_eq!(r.status, 200, "{}", r.body);
@@ -90,7 +73,7 @@ fn streams_of_servers_forcing_usage_are_read_for_their_cached_tokens() {
 fn anthropic_answers_report_their_cached_tokens_to_kvroute() {
     let (_rt, ports) = fleet(Options::default());
     let envoy = Envoy::start_workers("envoy.yaml", &ports, 1, |t| t).unwrap();
-    scraped(&envoy);
+    envoy.wait_scraped(u64::from(SERVERS));
     let model = Model::Llama31_8b.served_name();
     let system = "an anthropic system prompt of some length ".repeat(40);
     let body = |n: usize, stream: bool| {
