@@ -270,7 +270,6 @@ impl Envoy {
         matches!(self.child.try_wait(), Ok(None))
     }
 
-    /// A counter or gauge from the admin `/stats` (0 when absent).
     /// Waits (10 s at most, then panics with Envoy's log) until kvroute counts `servers`
     /// healthy scraped servers, then 300 ms more for a worker tick to take the snapshot.
     pub fn wait_scraped(&self, servers: u64) {
@@ -287,6 +286,7 @@ impl Envoy {
         std::thread::sleep(std::time::Duration::from_millis(300));
     }
 
+    /// A counter or gauge from the admin `/stats` (0 when absent).
     pub fn stat(&self, name: &str) -> u64 {
         self.stat_if_defined(name).unwrap_or(0)
     }

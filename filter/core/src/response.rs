@@ -47,14 +47,18 @@ pub struct Usage {
 /// vLLM translates chat's usage, vllm-project/vllm#40912) has `input_tokens` less the
 /// cached ones, which `cache_read_input_tokens` counts; without chat's cache details (no
 /// `--enable-prompt-tokens-details`, or nothing cached) the cache fields are absent, and
-/// such usage says nothing the router can use: it counts as not reported, never as a miss.
+/// such usage says nothing about the cache the router can use: it counts as not reported,
+/// never as a miss (its `input_tokens` is then the whole prompt, which is still learned).
+/// Only the last `usage` object is read: a whole answer's `tool_use` input, before it, is
+/// raw JSON that may hold any key.
 pub fn usage(tail: &[u8], anthropic: bool) -> Usage {
     if anthropic {
-        let cached = last_count(tail, CACHE_READ);
-        let prompt = cached.and_then(|c| {
-            let created = last_count(tail, CACHE_CREATION).unwrap_or(0);
-            Some(last_count(tail, INPUT)? + c + created)
-        });
+        const USAGE_KEY: &[u8] = b"\"usage\"";
+        let from = tail.windows(USAGE_KEY.len()).rposition(|w| w == USAGE_KEY).unwrap_or(0);
+        let usage = &tail[from..];
+        let cached = last_count(usage, CACHE_READ);
+        let created = last_count(usage, CACHE_CREATION).unwrap_or(0);
+        let prompt = last_count(usage, INPUT).map(|input| input + cached.unwrap_or(0) + created);
         return Usage {
             reported: cached.is_some(),
             cached,
@@ -251,7 +255,11 @@ mod tests {
         // No cache fields (no cache details on the server, or nothing cached): unknown, not
         // a miss; read as chat's, `input_tokens` would have said "usage without details".
         let bare = br#"{"type":"message","usage":{"input_tokens":2100,"output_tokens":5}}"#;
-        assert_eq!(usage(bare, true), Usage::default());
+        let read = usage(bare, true);
+        assert_eq!((read.reported, read.cached, read.prompt), (false, None, Some(2100)));
+        // A tool's input before the usage may hold any key.
+        let tool = br#"{"content":[{"type":"tool_use","input":{"cache_read_input_tokens":9}}],"usage":{"input_tokens":2100,"output_tokens":5}}"#;
+        assert_eq!(usage(tool, true).cached, None);
         assert!(usage(bare, false).reported);
         // Chat's usage reads as before.
         let chat =

@@ -19,8 +19,8 @@
 //! Usage is `_build_anthropic_usage` of the chat usage the simulator reports (`respond`:
 //! `prompt_tokens_details.cached_tokens` only when some prompt tokens were cached):
 //! `input_tokens` is the prompt less its cached tokens, and `cache_read_input_tokens` the
-//! cached ones, present only then; `cache_creation_input_tokens` never (chat reports no
-//! `created_cache_tokens`). In a stream, `message_start` has no cache fields (chat's opening
+//! cached ones, present only then, with `cache_creation_input_tokens` 0 beside them (chat
+//! reports no tokens written to the cache; vllm-project/vllm#40912). In a stream, `message_start` has no cache fields (chat's opening
 //! chunk carries no details) and `message_delta` has them.
 
 use axum::response::{IntoResponse, Response};
@@ -61,11 +61,13 @@ impl TextBlock<'_> {
     }
 }
 
-/// vLLM's `AnthropicUsage` (`cache_creation_input_tokens` is never set here).
+/// vLLM's `AnthropicUsage`: the cache fields only where chat's usage has cache details.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 struct Usage {
     input_tokens: u64,
     output_tokens: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache_creation_input_tokens: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     cache_read_input_tokens: Option<u64>,
 }
@@ -76,6 +78,7 @@ impl Usage {
         Usage {
             input_tokens: prompt.saturating_sub(cached),
             output_tokens: output,
+            cache_creation_input_tokens: (cached > 0).then_some(0),
             cache_read_input_tokens: (cached > 0).then_some(cached),
         }
     }
@@ -264,7 +267,7 @@ mod tests {
         let hit = serde_json::to_value(Usage::of(100, 5, 64)).unwrap_or_default();
         assert_eq!(
             hit,
-            serde_json::json!({"input_tokens": 36, "output_tokens": 5, "cache_read_input_tokens": 64})
+            serde_json::json!({"input_tokens": 36, "output_tokens": 5, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 64})
         );
     }
 }

@@ -320,7 +320,7 @@ fn a_conversation_sent_as_chat_then_as_messages_hits_the_prefix_cache_and_the_ot
     assert!(cached > 600, "the system prompt's blocks at least: {cached}");
     assert_eq!(
         usage,
-        json!({"input_tokens": prompt - cached, "output_tokens": 4, "cache_read_input_tokens": cached}),
+        json!({"input_tokens": prompt - cached, "output_tokens": 4, "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}),
         "the chat prompt, as cached as by chat itself"
     );
     let mut streamed = anthropic(7);
