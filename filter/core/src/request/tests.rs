@@ -395,7 +395,10 @@ fn an_anthropic_body_hashes_as_the_chat_request_vllm_makes_of_it() {
     assert_eq!(anthropic.canonical, chat_body.canonical);
     assert_eq!(anthropic.prompt_tokens, chat_body.prompt_tokens);
     assert_eq!(anthropic.max_tokens, Some(9));
-    assert!(anthropic.reports_usage, "every answer carries its usage (`response::usage`)");
+    assert!(
+        anthropic.reports_usage,
+        "every answer carries its usage (`response::usage`)"
+    );
     assert!(!anthropic.usage_unasked);
 }
 
