@@ -14,10 +14,12 @@
 //!   routed to the server that stored it, the only one that can answer it (`Router::route`).
 //! - messages (Anthropic's, `/v1/messages`): the chat request vLLM translates it to, so a
 //!   conversation shares its prefix with the same one sent as chat: `system` (its text
-//!   blocks joined) as a first `system` message; each message's content as chat content
-//!   (text blocks as text, an image as an `image_url` part; `tool_use` and `thinking`
+//!   blocks joined, Claude Code's attribution block left out, as vLLM leaves it out) as a
+//!   first `system` message; each message's content as chat content (text blocks as text,
+//!   an image as an `image_url` part with vLLM's `data:` URI; `tool_use` and `thinking`
 //!   blocks become fields chat does not hash); a `tool_result` block as a `tool` message
-//!   before its message; `tools` as chat's function tools. Its `usage` is read where it
+//!   before its message (blocks: their text joined by newlines, their images a user
+//!   message after it); `tools` as chat's function tools. Its `usage` is read where it
 //!   has the cached tokens (`response::usage`).
 //! - completions: the prompt string; for an array of strings, the first string is the
 //!   canonical text (vLLM runs them as separate sequences) while all count toward the token
@@ -422,19 +424,28 @@ fn anthropic_canonical(
         None | Some(Value::Null) => {}
         Some(Value::String(text)) if text.is_empty() => {}
         Some(Value::String(text)) => c.message("system", text.as_bytes()),
-        Some(Value::Array(blocks)) if blocks.is_empty() => {}
         Some(Value::Array(blocks)) => {
-            let text: String = blocks
-                .iter()
-                .filter(|b| b.get("type").and_then(Value::as_str) == Some("text"))
-                .filter_map(|b| b.get("text").and_then(Value::as_str))
-                .collect();
-            c.message("system", text.as_bytes());
+            let text = system_text(blocks);
+            if !text.is_empty() {
+                c.message("system", text.as_bytes());
+            }
         }
         Some(_) => return Err(invalid("system")),
     }
     for m in messages {
         let role = m.role.as_str();
+        if role == "system" {
+            // A system message inside the conversation: its text alone, as vLLM extracts it.
+            let text = match &m.content {
+                Some(Value::String(text)) if !text.starts_with(BILLING_HEADER) => text.clone(),
+                Some(Value::Array(blocks)) => system_text(blocks),
+                _ => String::new(),
+            };
+            if !text.is_empty() {
+                c.message("system", text.as_bytes());
+            }
+            continue;
+        }
         let blocks = match &m.content {
             Some(Value::String(text)) => {
                 c.message(role, text.as_bytes());
@@ -455,8 +466,7 @@ fn anthropic_canonical(
                     }
                 }
                 Some("image") => {
-                    let data = b.get("source").and_then(|s| s.get("data")).unwrap_or(&Value::Null);
-                    let json = format!(r#"{{"image_url":{{"url":{data}}},"type":"image_url"}}"#);
+                    let json = image_part(b.get("source"));
                     media.parts += 1;
                     media.bytes += json.len();
                     own.extend_from_slice(json.as_bytes());
@@ -465,8 +475,28 @@ fn anthropic_canonical(
                 Some("tool_use" | "thinking") => fields_only = true,
                 Some("tool_result") if role == "user" => match b.get("content") {
                     Some(Value::String(text)) => c.message("tool", text.as_bytes()),
-                    None | Some(Value::Null) => c.message("tool", b""),
-                    Some(other) => c.message("tool", other.to_string().as_bytes()),
+                    Some(Value::Array(items)) => {
+                        // Its text items joined by newlines; its images follow as a user
+                        // message of image parts.
+                        let texts: Vec<&str> = items
+                            .iter()
+                            .filter(|i| i.get("type").and_then(Value::as_str) == Some("text"))
+                            .map(|i| i.get("text").and_then(Value::as_str).unwrap_or(""))
+                            .collect();
+                        c.message("tool", texts.join("\n").as_bytes());
+                        let images: Vec<String> = items
+                            .iter()
+                            .filter(|i| i.get("type").and_then(Value::as_str) == Some("image"))
+                            .map(|i| image_part(i.get("source")))
+                            .collect();
+                        if !images.is_empty() {
+                            let joined = images.concat();
+                            c.media.parts += images.len() as u64;
+                            c.media.bytes += joined.len();
+                            c.message("user", joined.as_bytes());
+                        }
+                    }
+                    _ => c.message("tool", b""),
                 },
                 Some("tool_result") => {
                     let content = b.get("content").map(Value::to_string).unwrap_or_default();
@@ -492,6 +522,37 @@ fn anthropic_canonical(
         + TOKENS_PER_MESSAGE * c.messages
         + TOKENS_PER_MEDIA_PART.saturating_mul(c.media.parts);
     Ok((c.out, Tokens(tokens)))
+}
+
+/// The first text of Claude Code's attribution block in `system`: it carries a hash that
+/// changes with every request, and vLLM leaves it out of the prompt so that the prefix can
+/// be cached (vllm-project/vllm#36829); so does kvroute, or no two such requests would share
+/// a block.
+const BILLING_HEADER: &str = "x-anthropic-billing-header";
+
+/// System blocks as vLLM joins them: the text blocks but the attribution one, back to back.
+fn system_text(blocks: &[Value]) -> String {
+    blocks
+        .iter()
+        .filter(|b| b.get("type").and_then(Value::as_str) == Some("text"))
+        .filter_map(|b| b.get("text").and_then(Value::as_str))
+        .filter(|t| !t.starts_with(BILLING_HEADER))
+        .collect()
+}
+
+/// An Anthropic image `source` as the chat image part vLLM makes of it: a `url` source's
+/// URL, otherwise a `data:` URI of its media type (JPEG unless it says) and data.
+fn image_part(source: Option<&Value>) -> String {
+    let field = |name| source.and_then(|s| s.get(name)).and_then(Value::as_str);
+    let url = match field("type") {
+        Some("url") => field("url").unwrap_or("").to_string(),
+        _ => format!(
+            "data:{};base64,{}",
+            field("media_type").unwrap_or("image/jpeg"),
+            field("data").unwrap_or("")
+        ),
+    };
+    format!(r#"{{"image_url":{{"url":{}}},"type":"image_url"}}"#, Value::String(url))
 }
 
 /// Canonical text written message by message (`chat_canonical`'s format).

@@ -423,7 +423,56 @@ fn an_anthropic_image_counts_as_the_chat_image_part_it_becomes() {
     )
     .unwrap();
     let chat_body = chat(
-        r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"see"},{"type":"image_url","image_url":{"url":"iVBOR"}}]}]}"#,
+        r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"see"},{"type":"image_url","image_url":{"url":"data:image/png;base64,iVBOR"}}]}]}"#,
+    )
+    .unwrap();
+    assert_eq!(anthropic.canonical, chat_body.canonical);
+    assert_eq!(anthropic.prompt_tokens, chat_body.prompt_tokens);
+    // A URL source is its URL.
+    let by_url = messages(
+        r#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"text","text":"see"},{"type":"image","source":{"type":"url","url":"https://x/y.png"}}]}]}"#,
+    )
+    .unwrap();
+    let chat_url = chat(
+        r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"see"},{"type":"image_url","image_url":{"url":"https://x/y.png"}}]}]}"#,
+    )
+    .unwrap();
+    assert_eq!(by_url.canonical, chat_url.canonical);
+}
+
+#[test]
+fn claude_codes_attribution_block_is_left_out_of_the_prefix_as_vllm_leaves_it_out() {
+    // Its `cch` hash changes with every request: kept, no two requests would share a block.
+    let body = |cch: &str| {
+        format!(
+            r#"{{"model":"m","max_tokens":5,"system":[{{"type":"text","text":"x-anthropic-billing-header: cc_version=2.1.100; cc_entrypoint=cli; cch={cch};"}},{{"type":"text","text":"You are a coding agent."}}],"messages":[{{"role":"user","content":"hi"}}]}}"#
+        )
+    };
+    let (a, b) = (messages(&body("eb6c6")).unwrap(), messages(&body("4e20a")).unwrap());
+    assert_eq!(a.canonical, b.canonical);
+    let chat_body = chat(
+        r#"{"model":"m","messages":[{"role":"system","content":"You are a coding agent."},{"role":"user","content":"hi"}]}"#,
+    )
+    .unwrap();
+    assert_eq!(a.canonical, chat_body.canonical);
+    // A system message inside the conversation loses it too; one left empty is no message.
+    let inline = messages(
+        r#"{"model":"m","max_tokens":5,"messages":[{"role":"system","content":[{"type":"text","text":"x-anthropic-billing-header: cch=1;"},{"type":"text","text":"You are a coding agent."}]},{"role":"system","content":"x-anthropic-billing-header: cch=2;"},{"role":"user","content":"hi"}]}"#,
+    )
+    .unwrap();
+    assert_eq!(inline.canonical, chat_body.canonical);
+}
+
+#[test]
+fn a_tool_result_of_blocks_is_its_text_joined_by_newlines_and_its_images_a_user_message() {
+    let anthropic = messages(
+        r#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":[{"type":"text","text":"line one"},{"type":"image","source":{"type":"base64","media_type":"image/png","data":"iVBOR"}},{"type":"text","text":"line two"}]},{"type":"text","text":"and?"}]}]}"#,
+    )
+    .unwrap();
+    let chat_body = chat(
+        r#"{"model":"m","messages":[{"role":"tool","tool_call_id":"t1","content":"line one\nline two"},
+            {"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,iVBOR"}}]},
+            {"role":"user","content":"and?"}]}"#,
     )
     .unwrap();
     assert_eq!(anthropic.canonical, chat_body.canonical);
