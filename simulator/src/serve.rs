@@ -227,6 +227,7 @@ fn app(srv: Arc<SimServer>) -> Router {
             post(|s, h, b| complete(s, h, b, ApiKind::Completions)),
         )
         .route("/v1/messages", post(messages::create))
+        .route("/v1/messages/count_tokens", post(messages::count_tokens))
         .route("/v1/responses", post(responses::create))
         .route("/v1/responses/{id}", get(responses::retrieve))
         .route("/v1/responses/{id}/cancel", post(responses::cancel))

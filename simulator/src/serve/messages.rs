@@ -24,12 +24,17 @@
 //! length. The simulated model stops by itself after `NATURAL_STOP_TOKENS` (`end_turn`), as
 //! a chat request without `max_tokens` does, unless `max_tokens` comes first (`max_tokens`).
 //! Stop sequences, tool calls and thinking are not generated.
+//!
+//! `POST /v1/messages/count_tokens` (`AnthropicCountTokensRequest`: the same fields, no
+//! `max_tokens`) renders the same chat prompt and answers `{"input_tokens": N}`, its token
+//! count; nothing reaches the engine.
 
 use std::sync::Arc;
 
 use axum::extract::State;
 use axum::http::{header, HeaderMap};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
 use bytes::Bytes;
 use kvroute_core::request::ApiKind;
 use serde_json::{Map, Value};
@@ -71,6 +76,29 @@ async fn respond(srv: &Arc<SimServer>, ask: Ask, headers: &HeaderMap, number: u6
     }
 }
 
+/// `POST /v1/messages/count_tokens`: the prompt's tokens, as `/v1/messages` measures them, with
+/// no engine work (so, like `/tokenize`, no request number, fault or metric).
+pub(super) async fn count_tokens(State(srv): State<Arc<SimServer>>, headers: HeaderMap, body: Bytes) -> Response {
+    let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
+    let r = match count(content_type, &body, &srv.served) {
+        Ok(n) => Json(serde_json::json!({"input_tokens": n})).into_response(),
+        Err(e) => e.into_anthropic_response(),
+    };
+    with_server(r, &srv)
+}
+
+fn count(content_type: Option<&str>, body: &[u8], served: &[String]) -> Result<u64, ApiError> {
+    let mut obj = request::json_object(content_type, body)?;
+    check_fields(&obj, false)?;
+    request::served_model(&obj, served)?;
+    // Not a field of the count request: pydantic ignores it, so `parse` must not refuse it.
+    obj.remove("max_tokens");
+    Ok(request::prompts(ApiKind::Messages, &obj)?
+        .iter()
+        .map(|p| p.tokens)
+        .sum())
+}
+
 const FIELD_REQUIRED: &str = "Field required";
 
 /// Roles an Anthropic message may have: vLLM reads Claude Code's `ctx` and `msg` as `user`
@@ -80,17 +108,24 @@ const ROLES: [&str; 5] = ["user", "assistant", "system", "ctx", "msg"];
 /// What pydantic refuses in an `AnthropicMessagesRequest` before vLLM's code runs, as
 /// [`ApiError::schema`]; the message names the field as pydantic's `loc` does.
 pub fn check_body(obj: &Map<String, Value>) -> Result<(), ApiError> {
+    check_fields(obj, true)
+}
+
+/// [`check_body`], with `max_tokens` checked only where the request type has it.
+fn check_fields(obj: &Map<String, Value>, has_max_tokens: bool) -> Result<(), ApiError> {
     match obj.get("model") {
         None => return Err(refused("model", FIELD_REQUIRED)),
         Some(Value::String(m)) if m.is_empty() => return Err(refused("model", "Value error, Model is required")),
         Some(Value::String(_)) => {}
         Some(_) => return Err(refused("model", "Input should be a valid string")),
     }
-    match int_field(obj, "max_tokens")? {
-        _ if !obj.contains_key("max_tokens") => return Err(refused("max_tokens", FIELD_REQUIRED)),
-        None => return Err(refused("max_tokens", "Input should be a valid integer")),
-        Some(m) if m <= 0 => return Err(refused("max_tokens", "Value error, max_tokens must be positive")),
-        Some(_) => {}
+    if has_max_tokens {
+        match int_field(obj, "max_tokens")? {
+            _ if !obj.contains_key("max_tokens") => return Err(refused("max_tokens", FIELD_REQUIRED)),
+            None => return Err(refused("max_tokens", "Input should be a valid integer")),
+            Some(m) if m <= 0 => return Err(refused("max_tokens", "Value error, max_tokens must be positive")),
+            Some(_) => {}
+        }
     }
     match obj.get("messages") {
         None => return Err(refused("messages", FIELD_REQUIRED)),

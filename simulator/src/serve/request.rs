@@ -127,12 +127,7 @@ pub fn draft(kind: ApiKind, content_type: Option<&str>, body: &[u8], served: &[S
         // Pydantic reads the whole Anthropic request before vLLM's code looks at the model.
         super::messages::check_body(&obj)?;
     }
-    let model = match obj.get("model") {
-        None | Some(Value::Null) => served.first().cloned().unwrap_or_default(),
-        Some(Value::String(m)) if served.contains(m) => m.clone(),
-        Some(Value::String(m)) => return Err(ApiError::unknown_model(m)),
-        Some(_) => return Err(ApiError::schema("model: Input should be a valid string")),
-    };
+    let model = served_model(&obj, served)?;
     // The Responses and Messages APIs have no `n`, `ignore_eos`, `min_tokens`, `echo` nor
     // `stream_options` (vLLM builds the Messages API's chat request without them).
     let openai = matches!(kind, ApiKind::Chat | ApiKind::Completions);
@@ -196,6 +191,17 @@ pub fn draft(kind: ApiKind, content_type: Option<&str>, body: &[u8], served: &[S
         echo: kind == ApiKind::Completions && obj.get("echo").and_then(Value::as_bool).unwrap_or(false),
         body: obj,
     })
+}
+
+/// The served name `obj` asks for (vLLM's model check: no `model` means the first served name,
+/// an unknown one is a 404).
+pub fn served_model(obj: &serde_json::Map<String, Value>, served: &[String]) -> Result<String, ApiError> {
+    match obj.get("model") {
+        None | Some(Value::Null) => Ok(served.first().cloned().unwrap_or_default()),
+        Some(Value::String(m)) if served.contains(m) => Ok(m.clone()),
+        Some(Value::String(m)) => Err(ApiError::unknown_model(m)),
+        Some(_) => Err(ApiError::schema("model: Input should be a valid string")),
+    }
 }
 
 impl Draft {
@@ -272,7 +278,8 @@ pub fn unreadable(e: RequestError) -> ApiError {
     }
 }
 
-fn prompts(kind: ApiKind, obj: &serde_json::Map<String, Value>) -> Result<Vec<Prompt>, ApiError> {
+/// The prompts of a validated body, measured by `kvroute_core::request::parse`.
+pub fn prompts(kind: ApiKind, obj: &serde_json::Map<String, Value>) -> Result<Vec<Prompt>, ApiError> {
     let one = |body: Value| -> Result<Prompt, ApiError> {
         let bytes = body.to_string();
         let p = parse(kind, bytes.as_bytes()).map_err(unreadable)?;

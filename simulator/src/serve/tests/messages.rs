@@ -347,3 +347,36 @@ fn a_conversation_sent_as_chat_then_as_messages_hits_the_prefix_cache_and_the_ot
         "as much as a repeat of the Messages request"
     );
 }
+
+#[test]
+fn count_tokens_answers_the_cold_messages_usage_without_max_tokens_or_engine_work() {
+    let f = fleet(1);
+    let conversation =
+        json!({"model": MODEL, "system": "be brief", "messages": [{"role": "user", "content": "count me"}]});
+    let count = post(f.base, "/v1/messages/count_tokens", &conversation);
+    assert_eq!(count.status, 200, "accepted without max_tokens: {}", count.body);
+    assert!(count.head.contains("content-type: application/json"), "{}", count.head);
+    let input = count.json()["input_tokens"].as_u64().unwrap();
+    assert_eq!(count.json(), json!({"input_tokens": input}), "the only field");
+    assert_eq!(
+        (finished(f.base, "length"), finished(f.base, "stop")),
+        (0.0, 0.0),
+        "nothing generated"
+    );
+
+    let mut sent = conversation.clone();
+    sent["max_tokens"] = json!(1);
+    let cold = post(f.base, "/v1/messages", &sent).json();
+    assert_eq!(cold["usage"]["input_tokens"].as_u64(), Some(input), "{cold}");
+
+    let refused = post(f.base, "/v1/messages/count_tokens", &json!({"model": MODEL}));
+    assert_eq!(refused.status, 400, "{}", refused.body);
+    assert_eq!(refused.json()["error"]["type"], "Bad Request");
+    let unknown = post(
+        f.base,
+        "/v1/messages/count_tokens",
+        &json!({"model": "nope", "messages": [{"role": "user", "content": "hi"}]}),
+    );
+    assert_eq!(unknown.status, 404, "{}", unknown.body);
+    assert_eq!(unknown.json()["error"]["type"], "NotFoundError", "Anthropic's body");
+}
