@@ -40,17 +40,7 @@ fn simulated_fleet_keeps_prefix_groups_together_and_survives_a_crash() {
     let envoy = Envoy::start("envoy.yaml", &ports, |t| t).unwrap();
     // Every server scraped before the first request (a fixed sleep was not always enough on
     // a loaded 2-core machine: a server not scraped yet is no candidate), then a worker tick.
-    let healthy = "wasmcustom.kvroute.scrape.healthy_endpoints";
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while envoy.stat(healthy) < 4 && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert_eq!(
-        envoy.stat(healthy),
-        4,
-        "the four servers were not all scraped within 10 s"
-    );
-    std::thread::sleep(Duration::from_millis(300));
+    envoy.wait_scraped(4);
     let url = format!("http://127.0.0.1:{}", envoy.port);
 
     // 16 groups × 6 prompts sharing a 2048-token system prompt. The fleet runs 20× faster
@@ -115,12 +105,9 @@ fn replicas_that_do_not_share_read_the_others_traffic_as_unseen() {
         Envoy::start("envoy.yaml", &ports, |t| t).unwrap(),
         Envoy::start("envoy.yaml", &ports, |t| t).unwrap(),
     ];
-    let healthy = "wasmcustom.kvroute.scrape.healthy_endpoints";
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while replicas.iter().any(|e| e.stat(healthy) < 4) && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
+    for e in &replicas {
+        e.wait_scraped(4);
     }
-    std::thread::sleep(Duration::from_millis(300));
     // The load generator sends its requests to the two gateways in turn.
     let urls = replicas
         .iter()

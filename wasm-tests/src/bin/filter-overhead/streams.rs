@@ -11,7 +11,7 @@ use kvroute_wasm_tests::envoy::Envoy;
 use kvroute_wasm_tests::fake_vllm::{FakeVllm, MODEL};
 
 use crate::common::fleet;
-use crate::wrk::wrk_abccba;
+use crate::wrk::{body_script, wrk_abccba};
 
 /// One kind of answer: its label, the path, the request body, and whether the servers send
 /// stream usage unasked.
@@ -68,17 +68,6 @@ fn cases() -> Vec<Case> {
     ]
 }
 
-fn script(dir: &std::path::Path, n: usize, body: &str) -> Result<String, String> {
-    let path = dir.join(format!("stream-{n}.lua"));
-    let b = body.replace('\\', "\\\\").replace('"', "\\\"");
-    std::fs::write(
-        &path,
-        format!("wrk.method = \"POST\"\nwrk.headers[\"content-type\"] = \"application/json\"\nwrk.body = \"{b}\"\n"),
-    )
-    .map_err(|e| e.to_string())?;
-    Ok(path.to_string_lossy().to_string())
-}
-
 pub fn streams(tokens: u64, gap_us: u64) -> Result<(), String> {
     let dir = std::env::temp_dir().join(format!("kvroute-streams-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
@@ -94,7 +83,7 @@ pub fn streams(tokens: u64, gap_us: u64) -> Result<(), String> {
         let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
         let envoy = Envoy::start("bench-overhead.yaml", &ports, |t| t)?;
         std::thread::sleep(std::time::Duration::from_millis(600));
-        let script = script(&dir, n, &case.body)?;
+        let script = body_script(&dir, &format!("stream-{n}"), &case.body)?;
         let [none, empty, with] = wrk_abccba(&envoy, case.path, &script, 16, 4)?;
         let flag = if with.errors || none.errors || empty.errors {
             " (errors)"

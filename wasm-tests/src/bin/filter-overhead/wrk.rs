@@ -101,8 +101,13 @@ pub fn wrk_path(
 
 /// A wrk script POSTing a fixed chat body of `size` bytes; returns its path.
 pub fn post_script(dir: &std::path::Path, size: usize) -> Result<String, String> {
-    let script = dir.join(format!("post-{size}.lua"));
-    let b = body(size, 0).replace('\\', "\\\\").replace('"', "\\\"");
+    body_script(dir, &format!("post-{size}"), &body(size, 0))
+}
+
+/// A wrk script POSTing `body` (JSON) as `<name>.lua` in `dir`; returns its path.
+pub fn body_script(dir: &std::path::Path, name: &str, body: &str) -> Result<String, String> {
+    let script = dir.join(format!("{name}.lua"));
+    let b = body.replace('\\', "\\\\").replace('"', "\\\"");
     std::fs::write(
         &script,
         format!("wrk.method = \"POST\"\nwrk.headers[\"content-type\"] = \"application/json\"\nwrk.body = \"{b}\"\n"),
