@@ -211,7 +211,7 @@ fn serve(stream: TcpStream, state: Arc<State>, port: u16) {
     let mut reader = BufReader::new(stream);
     while let Some(req) = read_request(&mut reader) {
         if !state.alive.load(Ordering::SeqCst) {
-            return;
+            break;
         }
         let ok = match (req.method.as_str(), req.path.split('?').next().unwrap_or("")) {
             ("GET", "/metrics") => {
@@ -290,9 +290,13 @@ fn serve(stream: TcpStream, state: Arc<State>, port: u16) {
             _ => respond(&mut writer, 404, "text/plain", b"not found\n", port),
         };
         if !ok {
-            return;
+            break;
         }
     }
+    // The server's list of streams holds a clone of this socket, so dropping ours would not
+    // close it: a connection accepted as the server was killed would then hang, unanswered
+    // and never closed, until the client gave up.
+    let _ = writer.shutdown(Shutdown::Both);
 }
 
 fn model_of(state: &State) -> String {
