@@ -292,9 +292,23 @@ impl Envoy {
     }
 
     /// A stat's value, `None` when Envoy has no stat of that name (a check that a figure is
-    /// 0 must not pass on a misspelt name).
+    /// 0 must not pass on a misspelt name). An admin read that fails is tried again, and
+    /// panics after the last try: read as "no stat", it would pass a check that a figure is
+    /// 0 and fail one that it grew (a loaded CI machine saw such a read once).
     pub fn stat_if_defined(&self, name: &str) -> Option<u64> {
-        let r = http_client::request(self.admin, "GET", &format!("/stats?filter=^{name}$"), &[], b"").ok()?;
+        let path = format!("/stats?filter=^{name}$");
+        let mut tries = 0;
+        let r = loop {
+            match http_client::request(self.admin, "GET", &path, &[], b"") {
+                Ok(r) if r.status == 200 => break r,
+                _ if tries < 4 => {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+                Ok(r) => panic!("admin GET {path}: status {}: {}", r.status, r.body),
+                Err(e) => panic!("admin GET {path}: {e}"),
+            }
+        };
         r.body
             .lines()
             .find_map(|l| l.strip_prefix(&format!("{name}: ")).and_then(|v| v.trim().parse().ok()))

@@ -37,7 +37,7 @@ fn fleet_with(edit: impl Fn(String) -> String) -> Fleet {
         ))
     };
     let envoy = Envoy::start("envoy.yaml", &ports, debug).unwrap();
-    sleep(Duration::from_millis(800));
+    envoy.wait_scraped(4);
     Fleet { _rt: rt, base, envoy }
 }
 

@@ -65,6 +65,31 @@ fn start_holding_with(workers: u32, delay_ms: u64, hold: &str, edit: impl Fn(Str
     (server, envoy)
 }
 
+/// Waits until `done` holds, 10 s at most. A request's way to the server or into the queue
+/// takes longer than any fixed sleep on a loaded machine, and the tests' order of arrivals
+/// must not rest on one.
+fn until(what: &str, envoy: &Envoy, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}:\n{}", envoy.log_text());
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Waits until `n` requests reached the server.
+fn reached(server: &FakeVllm, envoy: &Envoy, n: u64) {
+    until(&format!("{n} requests never reached the server"), envoy, || {
+        server.inference_requests() >= n
+    });
+}
+
+/// Waits until `n` requests were held in all.
+fn held(envoy: &Envoy, n: u64) {
+    until(&format!("{n} requests were never held"), envoy, || {
+        envoy.stat("wasmcustom.kvroute.hold.held") >= n
+    });
+}
+
 /// Sends one request from another thread; its status and how long it took.
 fn send(
     envoy: &Envoy,
@@ -86,7 +111,7 @@ fn send(
 fn a_request_waits_while_the_only_server_is_full_and_goes_once_it_has_room() {
     let (server, envoy) = start(800, 10_000);
     let first = send(&envoy, vec![]);
-    thread::sleep(Duration::from_millis(150));
+    reached(&server, &envoy, 1);
     let second = send(&envoy, vec![]);
     let (s1, _, _) = first.join().unwrap();
     let (s2, took, _) = second.join().unwrap();
@@ -105,7 +130,7 @@ fn a_request_waits_while_the_only_server_is_full_and_goes_once_it_has_room() {
 fn past_the_wait_bound_a_held_request_gets_429_with_retry_after() {
     let (server, envoy) = start(3_000, 300);
     let first = send(&envoy, vec![]);
-    thread::sleep(Duration::from_millis(150));
+    reached(&server, &envoy, 1);
     let (status, took, retry) = send(&envoy, vec![]).join().unwrap();
     assert_eq!(status, 429, "{}", envoy.log_text());
     assert_eq!(retry.as_deref(), Some("1"));
@@ -126,9 +151,9 @@ fn past_the_wait_bound_a_held_request_gets_429_with_retry_after() {
 fn a_higher_priority_leaves_the_queue_first_and_a_sheddable_one_still_gets_its_turn() {
     let (server, envoy) = start(700, 10_000);
     let first = send(&envoy, vec![]);
-    thread::sleep(Duration::from_millis(150));
+    reached(&server, &envoy, 1);
     let low = send(&envoy, vec![("x-kvroute-priority", "-1")]);
-    thread::sleep(Duration::from_millis(150));
+    held(&envoy, 1);
     let high = send(&envoy, vec![("x-kvroute-priority", "1")]);
     let t0 = Instant::now();
     let (s_high, _, _) = high.join().unwrap();
@@ -155,7 +180,7 @@ fn a_higher_priority_leaves_the_queue_first_and_a_sheddable_one_still_gets_its_t
 fn a_client_that_hangs_up_while_held_leaves_the_queue_and_nothing_reaches_the_server() {
     let (server, envoy) = start(1_000, 10_000);
     let first = send(&envoy, vec![]);
-    thread::sleep(Duration::from_millis(150));
+    reached(&server, &envoy, 1);
     let body = body();
     let mut s = TcpStream::connect(("127.0.0.1", envoy.port)).unwrap();
     let head = format!(
@@ -163,7 +188,7 @@ fn a_client_that_hangs_up_while_held_leaves_the_queue_and_nothing_reaches_the_se
         body.len()
     );
     s.write_all(head.as_bytes()).unwrap();
-    thread::sleep(Duration::from_millis(200));
+    held(&envoy, 1);
     drop(s);
     assert_eq!(first.join().unwrap().0, 200);
     thread::sleep(Duration::from_millis(300));
@@ -188,7 +213,7 @@ fn a_held_request_that_envoy_answers_itself_leaves_the_queue() {
         )
     });
     let first = send(&envoy, vec![]);
-    thread::sleep(Duration::from_millis(150));
+    reached(&server, &envoy, 1);
     let (status, took, _) = send(&envoy, vec![("x-test-short", "1")]).join().unwrap();
     assert_eq!(status, 504, "Envoy's stream duration bound: {}", envoy.log_text());
     assert!(took < Duration::from_millis(1_200), "{took:?}");
@@ -221,22 +246,27 @@ fn workers_used(envoy: &Envoy, workers: u32) -> usize {
         .count()
 }
 
-/// Sends `headers[i]` requests 100 ms apart (each on its own connection, so Envoy's
-/// workers share them) after one that fills the server; when each finished, in send order.
-fn held_on_many_workers(envoy: &Envoy, headers: &[Vec<(&'static str, &'static str)>]) -> Vec<Duration> {
+/// Sends `headers[i]` requests one after another, each once the one before is held (each
+/// on its own connection, so Envoy's workers share them), after one that fills the server;
+/// when each finished, in send order.
+fn held_on_many_workers(
+    server: &FakeVllm,
+    envoy: &Envoy,
+    headers: &[Vec<(&'static str, &'static str)>],
+) -> Vec<Duration> {
     let t0 = Instant::now();
     let first = send(envoy, vec![]);
-    thread::sleep(Duration::from_millis(150));
-    let held: Vec<_> = headers
-        .iter()
-        .map(|h| {
+    reached(server, envoy, 1);
+    let sent: Vec<_> = (1..)
+        .zip(headers)
+        .map(|(n, h)| {
             let sent = (t0.elapsed(), send(envoy, h.clone()));
-            thread::sleep(Duration::from_millis(100));
+            held(envoy, n);
             sent
         })
         .collect();
     assert_eq!(first.join().unwrap().0, 200, "{}", envoy.log_text());
-    held.into_iter()
+    sent.into_iter()
         .map(|(sent_at, h)| {
             let (status, took, _) = h.join().unwrap();
             assert_eq!(status, 200, "{}", envoy.log_text());
@@ -248,7 +278,7 @@ fn held_on_many_workers(envoy: &Envoy, headers: &[Vec<(&'static str, &'static st
 #[test]
 fn with_four_workers_held_requests_leave_in_arrival_order_one_at_a_time() {
     let (server, envoy) = start_with_workers(4, 400, 20_000);
-    let done = held_on_many_workers(&envoy, &vec![vec![]; 6]);
+    let done = held_on_many_workers(&server, &envoy, &vec![vec![]; 6]);
     for (i, pair) in done.windows(2).enumerate() {
         assert!(
             pair[1] >= pair[0] + Duration::from_millis(300),
@@ -270,7 +300,7 @@ fn with_four_workers_a_later_higher_priority_request_passes_every_held_one() {
     let (server, envoy) = start_with_workers(4, 400, 20_000);
     let mut headers = vec![vec![]; 5];
     headers.push(vec![("x-kvroute-priority", "1")]);
-    let done = held_on_many_workers(&envoy, &headers);
+    let done = held_on_many_workers(&server, &envoy, &headers);
     let high = done[5];
     let before = done[..5].iter().filter(|d| **d < high).count();
     assert!(
@@ -300,11 +330,11 @@ fn on_one_worker_a_full_queue_answers_the_request_it_displaces() {
 fn displacement(workers: u32) {
     let (server, envoy) = start_holding(workers, 1_500, r#""max_wait_ms": 20000, "max_requests": 2"#);
     let first = send(&envoy, vec![]);
-    thread::sleep(Duration::from_millis(150));
+    reached(&server, &envoy, 1);
     let old = send(&envoy, vec![]);
-    thread::sleep(Duration::from_millis(100));
+    held(&envoy, 1);
     let newest = send(&envoy, vec![]);
-    thread::sleep(Duration::from_millis(100));
+    held(&envoy, 2);
     let high = send(&envoy, vec![("x-kvroute-priority", "1")]);
     let (s_newest, took, retry) = newest.join().unwrap();
     assert_eq!(
@@ -333,11 +363,11 @@ fn displacement(workers: u32) {
 #[test]
 fn with_newest_first_the_last_held_request_leaves_first_once_the_oldest_waited() {
     let (server, envoy) = start_holding(4, 400, r#""max_wait_ms": 20000, "newest_first_after_ms": 300"#);
-    // Held at about 150, 250 and 350 ms; the server frees at about 400 ms (the oldest has
-    // waited 250 ms: it goes, or if that release is late the newest does), then at about
-    // 800 ms, when whichever waits longest has waited over 300 ms: the newest goes before
-    // the one held at 250. First come, first served would finish 1 before 2.
-    let done = held_on_many_workers(&envoy, &vec![vec![]; 3]);
+    // All three held within the first 400 ms, the first request's time at the server. At
+    // each release after the oldest has waited 300 ms the newest goes, so the third request
+    // leaves before the second (whether the first release finds the oldest past 300 ms or
+    // not). First come, first served would finish the second before the third.
+    let done = held_on_many_workers(&server, &envoy, &vec![vec![]; 3]);
     assert!(
         done[2] < done[1],
         "past 300 ms of waiting the newest goes before the one held before it: {done:?}"

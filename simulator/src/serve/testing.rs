@@ -9,10 +9,12 @@ use crate::profile::Profile;
 /// A base port `b` with `b − 1 ..= b + n` free on loopback (for tests and scripts that start
 /// `n` servers and the admin listener), or `None`. Concurrent callers (tests run in parallel
 /// threads and processes) start their scans at different places, so they rarely race for the
-/// same ports; `start_in_background` also detects a lost race and moves on.
+/// same ports; `start_in_background` also detects a lost race and moves on. The ports lie
+/// below Linux's default range for outgoing connections' local ports (32768 up), where a
+/// client socket could take one between the scan and the bind.
 pub fn free_base_port(n: u16) -> Option<u16> {
     static CALLS: AtomicUsize = AtomicUsize::new(0);
-    let slots: Vec<u16> = (20_000..40_000u16).step_by(97).collect();
+    let slots: Vec<u16> = (20_000..32_000u16).step_by(97).collect();
     let start = (std::process::id() as usize).wrapping_mul(31) + CALLS.fetch_add(1, Ordering::Relaxed) * 7;
     (0..slots.len())
         .map(|i| slots[(start + i) % slots.len()])
@@ -82,14 +84,19 @@ pub fn start_in_background_with(
             )
             .await
         });
-        for port in base - 1..base + n {
+        // Until someone listens on every port, or `serve` returned because it could not bind
+        // one (another caller took it between the scan and the bind): then try elsewhere.
+        let listening = || (base - 1..base + n).all(|p| std::net::TcpStream::connect(("127.0.0.1", p)).is_ok());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !task.is_finished() && !listening() {
             anyhow::ensure!(
-                wait_listening(port, Duration::from_secs(10)),
-                "simulated server on port {port} did not start"
+                Instant::now() < deadline,
+                "simulated servers on ports {}..={} did not start",
+                base - 1,
+                base + n - 1
             );
+            std::thread::sleep(Duration::from_millis(20));
         }
-        // Someone listens on every port; if our servers could not bind (another caller took
-        // the ports between the scan and the bind), `serve` has returned: try elsewhere.
         std::thread::sleep(Duration::from_millis(100));
         if !task.is_finished() {
             return Ok((rt, base));
