@@ -13,14 +13,17 @@
 //!   content). A request that continues a stored response (`previous_response_id`) is
 //!   routed to the server that stored it, the only one that can answer it (`Router::route`).
 //! - messages (Anthropic's, `/v1/messages`): the chat request vLLM translates it to, so a
-//!   conversation shares its prefix with the same one sent as chat: `system` (its text
-//!   blocks joined, Claude Code's attribution block left out, as vLLM leaves it out) as a
-//!   first `system` message; each message's content as chat content (text blocks as text,
-//!   an image as an `image_url` part with vLLM's `data:` URI; `tool_use` and `thinking`
-//!   blocks become fields chat does not hash); a `tool_result` block as a `tool` message
-//!   before its message (blocks: their text joined by newlines, their images a user
-//!   message after it); `tools` as chat's function tools. Its `usage` is read where it
-//!   has the cached tokens (`response::usage`).
+//!   conversation shares its prefix with the same one sent as chat: `system` and the system
+//!   messages inside the conversation (their text blocks, Claude Code's attribution block
+//!   left out, as vLLM leaves it out) joined as one first `system` message; the roles `ctx`
+//!   and `msg` as `user`; each message's content as chat content (text blocks as text, an
+//!   image as an `image_url` part with vLLM's `data:` URI; `tool_use` and `thinking` blocks
+//!   become fields chat does not hash; a user message left without content is dropped); a
+//!   user's `tool_result` block as a `tool` message before its message (blocks: their text
+//!   joined by newlines, their images a user message after it, the tools they reference a
+//!   `tool` message after that); an assistant's as `Tool result: ` and its content; `tools`
+//!   as chat's function tools. Its `usage` is read where it has the cached tokens
+//!   (`response::usage`).
 //! - completions: the prompt string; for an array of strings, the first string is the
 //!   canonical text (vLLM runs them as separate sequences) while all count toward the token
 //!   estimate, and the response's `usage` is not read (vLLM reports one prompt's cached
@@ -420,32 +423,34 @@ fn anthropic_canonical(
         }
         c.out.extend_from_slice(b"]\x1e");
     }
+    // Every system text, the top-level field's and those of system messages inside the
+    // conversation, joined into one first system message, as vLLM's translation does: a
+    // system message added late changes the start of the prompt, not its end.
+    let mut system_parts: Vec<&str> = Vec::new();
     match system {
         None | Some(Value::Null) => {}
         Some(Value::String(text)) if text.is_empty() => {}
-        Some(Value::String(text)) => c.message("system", text.as_bytes()),
-        Some(Value::Array(blocks)) => {
-            let text = system_text(blocks);
-            if !text.is_empty() {
-                c.message("system", text.as_bytes());
-            }
-        }
+        Some(Value::String(text)) => system_parts.push(text),
+        Some(Value::Array(blocks)) => system_parts.extend(system_texts(blocks)),
         Some(_) => return Err(invalid("system")),
     }
-    for m in messages {
-        let role = m.role.as_str();
-        if role == "system" {
-            // A system message inside the conversation: its text alone, as vLLM extracts it.
-            let text = match &m.content {
-                Some(Value::String(text)) if !text.starts_with(BILLING_HEADER) => text.clone(),
-                Some(Value::Array(blocks)) => system_text(blocks),
-                _ => String::new(),
-            };
-            if !text.is_empty() {
-                c.message("system", text.as_bytes());
-            }
-            continue;
+    for m in messages.iter().filter(|m| m.role == "system") {
+        match &m.content {
+            Some(Value::String(text)) => system_parts.push(text),
+            Some(Value::Array(blocks)) => system_parts.extend(system_texts(blocks)),
+            _ => return Err(invalid("messages[].content")),
         }
+    }
+    if !system_parts.is_empty() {
+        c.message("system", system_parts.concat().as_bytes());
+    }
+    for m in messages {
+        let role = match m.role.as_str() {
+            "system" => continue,
+            // Claude Code's own roles for context and messages, read as user turns.
+            "ctx" | "msg" => "user",
+            role => role,
+        };
         let blocks = match &m.content {
             Some(Value::String(text)) => {
                 c.message(role, text.as_bytes());
@@ -456,7 +461,7 @@ fn anthropic_canonical(
         };
         // The message's own content, written after the tool messages its blocks make.
         let mut own = Vec::new();
-        let (mut parts, mut media, mut fields_only) = (0usize, Media::default(), false);
+        let (mut parts, mut media) = (0usize, Media::default());
         for b in blocks {
             match b.get("type").and_then(Value::as_str) {
                 Some("text") => {
@@ -472,41 +477,24 @@ fn anthropic_canonical(
                     own.extend_from_slice(json.as_bytes());
                     parts += 1;
                 }
-                Some("tool_use" | "thinking") => fields_only = true,
-                Some("tool_result") if role == "user" => match b.get("content") {
-                    Some(Value::String(text)) => c.message("tool", text.as_bytes()),
-                    Some(Value::Array(items)) => {
-                        // Its text items joined by newlines; its images follow as a user
-                        // message of image parts.
-                        let texts: Vec<&str> = items
-                            .iter()
-                            .filter(|i| i.get("type").and_then(Value::as_str) == Some("text"))
-                            .map(|i| i.get("text").and_then(Value::as_str).unwrap_or(""))
-                            .collect();
-                        c.message("tool", texts.join("\n").as_bytes());
-                        let images: Vec<String> = items
-                            .iter()
-                            .filter(|i| i.get("type").and_then(Value::as_str) == Some("image"))
-                            .map(|i| image_part(i.get("source")))
-                            .collect();
-                        if !images.is_empty() {
-                            let joined = images.concat();
-                            c.media.parts += images.len() as u64;
-                            c.media.bytes += joined.len();
-                            c.message("user", joined.as_bytes());
-                        }
-                    }
-                    _ => c.message("tool", b""),
-                },
+                Some("tool_result") if role == "user" => user_tool_result(&mut c, b.get("content")),
                 Some("tool_result") => {
-                    let content = b.get("content").map(Value::to_string).unwrap_or_default();
+                    let content = match b.get("content") {
+                        None | Some(Value::Null) => String::new(),
+                        Some(Value::String(text)) => text.clone(),
+                        Some(Value::Array(items)) if items.is_empty() => String::new(),
+                        Some(other) => other.to_string(),
+                    };
                     own.extend_from_slice(format!("Tool result: {content}").as_bytes());
                     parts += 1;
                 }
+                // `tool_use` and `thinking` become fields chat does not hash; the rest is
+                // dropped.
                 _ => {}
             }
         }
-        if parts > 0 || fields_only {
+        // A user message left without content is no message; an assistant's always is one.
+        if parts > 0 || role != "user" {
             c.media.parts += media.parts;
             c.media.bytes += media.bytes;
             c.message(role, &own);
@@ -530,14 +518,57 @@ fn anthropic_canonical(
 /// a block.
 const BILLING_HEADER: &str = "x-anthropic-billing-header";
 
-/// System blocks as vLLM joins them: the text blocks but the attribution one, back to back.
-fn system_text(blocks: &[Value]) -> String {
+/// The texts vLLM keeps of system blocks: those of the text blocks, but the attribution
+/// block's and empty ones.
+fn system_texts(blocks: &[Value]) -> impl Iterator<Item = &str> {
     blocks
         .iter()
         .filter(|b| b.get("type").and_then(Value::as_str) == Some("text"))
         .filter_map(|b| b.get("text").and_then(Value::as_str))
-        .filter(|t| !t.starts_with(BILLING_HEADER))
-        .collect()
+        .filter(|t| !t.is_empty() && !t.starts_with(BILLING_HEADER))
+}
+
+/// A user's `tool_result` block as the messages vLLM makes of it: a `tool` message of its
+/// text (a string, or its text items joined by newlines), then a user message of its images,
+/// then a `tool` message of the tools it references (Claude Code's tool search).
+fn user_tool_result(c: &mut Canon, content: Option<&Value>) {
+    let items = match content {
+        Some(Value::String(text)) => return c.message("tool", text.as_bytes()),
+        Some(Value::Array(items)) => items,
+        _ => return c.message("tool", b""),
+    };
+    let of_type = |kind: &'static str| {
+        items
+            .iter()
+            .filter(move |i| i.get("type").and_then(Value::as_str) == Some(kind))
+    };
+    let texts: Vec<&str> = of_type("text")
+        .map(|i| i.get("text").and_then(Value::as_str).unwrap_or(""))
+        .collect();
+    c.message("tool", texts.join("\n").as_bytes());
+    let images: Vec<String> = of_type("image").map(|i| image_part(i.get("source"))).collect();
+    if !images.is_empty() {
+        let joined = images.concat();
+        c.media.parts += images.len() as u64;
+        c.media.bytes += joined.len();
+        c.message("user", joined.as_bytes());
+    }
+    let references: Vec<Value> = of_type("tool_reference")
+        .filter_map(|i| {
+            let name = i.get("tool_name").or_else(|| i.get("name")).and_then(Value::as_str);
+            name.filter(|n| !n.is_empty()).map(|n| {
+                let mut part = serde_json::Map::new();
+                part.insert("name".to_string(), Value::String(n.to_string()));
+                part.insert("type".to_string(), Value::String("tool_reference".to_string()));
+                Value::Object(part)
+            })
+        })
+        .collect();
+    if !references.is_empty() {
+        let mut content = Vec::new();
+        append_parts(&mut content, &references, &mut c.media);
+        c.message("tool", &content);
+    }
 }
 
 /// An Anthropic image `source` as the chat image part vLLM makes of it: a `url` source's

@@ -455,12 +455,111 @@ fn claude_codes_attribution_block_is_left_out_of_the_prefix_as_vllm_leaves_it_ou
     )
     .unwrap();
     assert_eq!(a.canonical, chat_body.canonical);
-    // A system message inside the conversation loses it too; one left empty is no message.
+    // A system message of blocks inside the conversation loses it too; one of blocks left
+    // empty adds nothing.
     let inline = messages(
-        r#"{"model":"m","max_tokens":5,"messages":[{"role":"system","content":[{"type":"text","text":"x-anthropic-billing-header: cch=1;"},{"type":"text","text":"You are a coding agent."}]},{"role":"system","content":"x-anthropic-billing-header: cch=2;"},{"role":"user","content":"hi"}]}"#,
+        r#"{"model":"m","max_tokens":5,"messages":[{"role":"system","content":[{"type":"text","text":"x-anthropic-billing-header: cch=1;"},{"type":"text","text":"You are a coding agent."}]},{"role":"system","content":[{"type":"text","text":"x-anthropic-billing-header: cch=2;"}]},{"role":"user","content":"hi"}]}"#,
     )
     .unwrap();
     assert_eq!(inline.canonical, chat_body.canonical);
+    // A system string is kept whole, as vLLM keeps it.
+    let string = messages(
+        r#"{"model":"m","max_tokens":5,"system":"x-anthropic-billing-header: cch=3;","messages":[{"role":"user","content":"hi"}]}"#,
+    )
+    .unwrap();
+    let kept = chat(
+        r#"{"model":"m","messages":[{"role":"system","content":"x-anthropic-billing-header: cch=3;"},{"role":"user","content":"hi"}]}"#,
+    )
+    .unwrap();
+    assert_eq!(string.canonical, kept.canonical);
+}
+
+#[test]
+fn system_messages_inside_the_conversation_join_the_first_system_message_as_vllm_joins_them() {
+    // A system message added late changes the start of vLLM's prompt: read in place, the
+    // conversation would look like it kept its prefix.
+    let anthropic = messages(
+        r#"{"model":"m","max_tokens":5,"system":"You are terse. ","messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"hello"},{"role":"system","content":"Answer in French."},{"role":"user","content":"more"}]}"#,
+    )
+    .unwrap();
+    let chat_body = chat(
+        r#"{"model":"m","messages":[{"role":"system","content":"You are terse. Answer in French."},{"role":"user","content":"hi"},{"role":"assistant","content":"hello"},{"role":"user","content":"more"}]}"#,
+    )
+    .unwrap();
+    assert_eq!(anthropic.canonical, chat_body.canonical);
+    assert_eq!(anthropic.prompt_tokens, chat_body.prompt_tokens);
+    let earlier = messages(
+        r#"{"model":"m","max_tokens":5,"system":"You are terse. ","messages":[{"role":"user","content":"hi"}]}"#,
+    )
+    .unwrap();
+    let shared = anthropic
+        .canonical
+        .iter()
+        .zip(&earlier.canonical)
+        .take_while(|(a, b)| a == b)
+        .count();
+    assert_eq!(
+        shared,
+        "system\x1fYou are terse. ".len(),
+        "the later turn's prompt differs from the earlier one's inside its system text"
+    );
+}
+
+#[test]
+fn claude_codes_ctx_and_msg_roles_are_user_turns_as_vllm_reads_them() {
+    let anthropic = messages(
+        r#"{"model":"m","max_tokens":5,"messages":[{"role":"ctx","content":"the repository"},{"role":"msg","content":[{"type":"text","text":"fix it"}]}]}"#,
+    )
+    .unwrap();
+    let chat_body = chat(
+        r#"{"model":"m","messages":[{"role":"user","content":"the repository"},{"role":"user","content":"fix it"}]}"#,
+    )
+    .unwrap();
+    assert_eq!(anthropic.canonical, chat_body.canonical);
+}
+
+#[test]
+fn messages_without_content_are_kept_for_the_assistant_and_dropped_for_the_user() {
+    // vLLM keeps an assistant turn whose blocks made no content (only thinking, here) and
+    // drops such a user turn (only a tool_use, which a user cannot send, here).
+    let anthropic = messages(
+        r#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":[{"type":"thinking","thinking":"hmm","signature":"s"}]},{"role":"user","content":[{"type":"tool_use","id":"t","name":"f","input":{}}]},{"role":"user","content":"well?"}]}"#,
+    )
+    .unwrap();
+    let chat_body = chat(
+        r#"{"model":"m","messages":[{"role":"user","content":"hi"},{"role":"assistant"},{"role":"user","content":"well?"}]}"#,
+    )
+    .unwrap();
+    assert_eq!(anthropic.canonical, chat_body.canonical);
+    assert_eq!(anthropic.prompt_tokens, chat_body.prompt_tokens);
+}
+
+#[test]
+fn an_assistants_tool_result_is_its_text_after_tool_result() {
+    let anthropic = messages(
+        r#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":[{"type":"tool_result","tool_use_id":"t","content":"42"}]},{"role":"assistant","content":[{"type":"tool_result","tool_use_id":"u","content":[]}]}]}"#,
+    )
+    .unwrap();
+    let chat_body = chat(
+        r#"{"model":"m","messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"Tool result: 42"},{"role":"assistant","content":"Tool result: "}]}"#,
+    )
+    .unwrap();
+    assert_eq!(anthropic.canonical, chat_body.canonical);
+}
+
+#[test]
+fn tools_a_tool_result_references_follow_it_as_a_tool_message() {
+    // Claude Code's tool search: the referenced tools as vLLM passes them to the template.
+    let anthropic = messages(
+        r#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"text","text":"found"},{"type":"tool_reference","tool_name":"Bash"},{"type":"tool_reference","name":"Grep"}]}]}]}"#,
+    )
+    .unwrap();
+    let chat_body = chat(
+        r#"{"model":"m","messages":[{"role":"tool","tool_call_id":"t","content":"found"},{"role":"tool","tool_call_id":"t","content":[{"type":"tool_reference","name":"Bash"},{"type":"tool_reference","name":"Grep"}]}]}"#,
+    )
+    .unwrap();
+    assert_eq!(anthropic.canonical, chat_body.canonical);
+    assert_eq!(anthropic.prompt_tokens, chat_body.prompt_tokens);
 }
 
 #[test]
