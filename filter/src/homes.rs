@@ -100,6 +100,8 @@ impl Shared {
                         .is_some_and(|h| host::set_request_header(crate::DESTINATION_HEADER, Some(h)).is_ok());
                     if sent {
                         self.stats.response_home.inc();
+                    } else {
+                        self.stats.passthrough.inc();
                     }
                     a.slot.borrow_mut().reason = Some(if sent {
                         Outcome::ResponseHome.label()

@@ -316,6 +316,7 @@ impl Http {
             (home, r.config().share().replicas.is_some())
         });
         let Some((home, replicas)) = found else {
+            shared.stats.skipped_error.inc();
             return Action::Continue;
         };
         let Some(home) = home else {
@@ -326,13 +327,17 @@ impl Http {
                     return Action::Pause;
                 }
             }
+            // Envoy balances it, as any request that is not inference.
             shared.stats.home_unknown.inc();
+            shared.stats.passthrough.inc();
             return Action::Continue;
         };
         if host::set_request_header(crate::DESTINATION_HEADER, Some(&home)).is_ok() {
             shared.stats.response_home.inc();
             self.reason = Outcome::ResponseHome.label();
             self.chosen = Some(home);
+        } else {
+            shared.stats.passthrough.inc();
         }
         Action::Continue
     }
@@ -449,6 +454,7 @@ impl HttpContext for Http {
             if shared.router.try_borrow().is_ok_and(|r| r.config().stored_responses()) {
                 return self.send_home(&shared, id, end_of_stream);
             }
+            shared.stats.passthrough.inc();
             return Action::Continue;
         }
         let kind = headers.text(":path").and_then(ApiKind::from_path);

@@ -286,6 +286,38 @@ impl Envoy {
         std::thread::sleep(std::time::Duration::from_millis(300));
     }
 
+    /// From one read of the admin `/stats`: the requests the inference listener saw, and
+    /// those kvroute counted under one of its outcomes (the sum the failing-open alert
+    /// compares them with, `kvroute:requests_total` in envoy/observability/kvroute-rules.yaml).
+    pub fn requests_accounted(&self) -> (u64, u64) {
+        const OUTCOMES: [&str; 14] = [
+            "decision.prefix_hit",
+            "decision.cold",
+            "decision.fallback",
+            "decision.shed",
+            "decision.response_home",
+            "passthrough",
+            "peer_batch",
+            "skipped.over_limit",
+            "skipped.malformed",
+            "skipped.error",
+            "hold.expired",
+            "hold.refused",
+            "hold.gone",
+            "hold.unavailable",
+        ];
+        let r =
+            http_client::request(self.admin, "GET", "/stats", &[], b"").unwrap_or_else(|e| panic!("admin /stats: {e}"));
+        let value = |name: &str| -> u64 {
+            r.body
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("{name}: ")).and_then(|v| v.trim().parse().ok()))
+                .unwrap_or(0)
+        };
+        let counted = OUTCOMES.iter().map(|n| value(&format!("wasmcustom.kvroute.{n}"))).sum();
+        (value("http.inference.downstream_rq_total"), counted)
+    }
+
     /// A counter or gauge from the admin `/stats` (0 when absent).
     pub fn stat(&self, name: &str) -> u64 {
         self.stat_if_defined(name).unwrap_or(0)

@@ -126,10 +126,20 @@ fn a_follow_up_reaches_the_server_that_stored_its_response_through_any_worker() 
     assert!(envoy.stat("wasmcustom.kvroute.responses.usage_reported") >= 8);
     assert_eq!(envoy.stat("wasmcustom.kvroute.skipped.over_limit"), 4);
 
-    // A response the gateway never saw is routed like any request (and answered 404).
+    // A response the gateway never saw is routed like any request (and answered 404); a
+    // GET of one is left to Envoy.
     let unknown = post(&envoy, "/v1/responses", &body("Hello?", Some("resp_unknown"), false));
     assert_eq!(unknown.status, 404, "{}", unknown.body);
-    assert_eq!(envoy.stat("wasmcustom.kvroute.stored_response.home_unknown"), 1);
+    let get = http_client::request(envoy.port, "GET", "/v1/responses/resp_unknown", &[], b"").unwrap();
+    assert_eq!(get.status, 404, "{}", get.body);
+    assert_eq!(envoy.stat("wasmcustom.kvroute.stored_response.home_unknown"), 2);
+    // Every request of the listener counted under one outcome, the follow-ups, GETs and
+    // cancels sent home included (the failing-open alert compares the two).
+    let (listener, counted) = envoy.requests_accounted();
+    assert_eq!(
+        listener, counted,
+        "the listener saw {listener} requests, kvroute's outcomes count {counted}"
+    );
 }
 
 /// Two gateway replicas in front of one storing fleet, exchanging their events with
