@@ -14,12 +14,16 @@
 #
 # Knobs (environment): CONCURRENCY (Envoy workers, default 2), RATE (default 100),
 # DURATION (s, default 120), COLD_S (default 15), BURST (1: also the burst; default 1),
-# OUT (default target/demo); ports as in scripts/lib.sh (default 8000-8004, 9901, 10000).
+# API (chat, or messages: Anthropic's /v1/messages as Claude Code sends it, an attribution
+# block with a hash of its own on every request; default chat), OUT (default target/demo);
+# ports as in scripts/lib.sh (default 8000-8004, 9901, 10000); WASM (the filter, default
+# dist/kvroute.wasm).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 OUT=${OUT:-target/demo}
 CONCURRENCY=${CONCURRENCY:-2}
+API=${API:-chat}
 RATE=${RATE:-100}
 DURATION=${DURATION:-120}
 COLD_S=${COLD_S:-15}
@@ -45,7 +49,7 @@ run_once() {
   require_loopback_only
   sleep 1 # a few metrics scrapes reach kvroute's workers
   run_waited "$OUT/bench-$tag.txt" /dev/stderr env ${PHASES:+"KVROUTE_BENCH_COLD_S=$COLD_S" "KVROUTE_BENCH_PHASES_JSON=$PHASES"} \
-    "$SIM" bench --url "http://127.0.0.1:$ENVOY_PORT" "$@" --label "$label" --json "$OUT/$tag.json"
+    "$SIM" bench --url "http://127.0.0.1:$ENVOY_PORT" --api "$API" "$@" --label "$label" --json "$OUT/$tag.json"
   grep '^  ' "$OUT/bench-$tag.txt" | sed 's/^/    /' || true
   stop_all
 }

@@ -15,6 +15,13 @@
 //!   `<label>/cold` and `<label>/steady`, in wall time whatever `--time-scale` says;
 //!   `kvroute-sim compare` reads the file). These are environment variables because the
 //!   command line belongs to `main.rs`.
+//!
+//! `Api::Messages` sends each prompt as Anthropic's `/v1/messages` does as Claude Code
+//! sends it: the prompt as the user message, and a `system` block of Claude Code's
+//! attribution (`x-anthropic-billing-header: …; cch=…;`) whose hash differs on every
+//! request. vLLM leaves that block out of the prompt (vllm-project/vllm#36829), so the
+//! servers cache such prompts as they cache chat's; a gateway that hashed it would see no
+//! two requests share a prefix.
 
 #![allow(clippy::disallowed_methods)] // the wall-time driver: reading the clock is its job
 
@@ -47,8 +54,58 @@ struct Outcome {
 /// The seed of the spread across several `--url`s (any constant: it only has to be fixed).
 const SPREAD_SEED: u64 = 0x6b76_726f_7574_6531;
 
+/// The API the prompts are sent through.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Api {
+    /// OpenAI's chat completions (`/v1/chat/completions`).
+    #[default]
+    Chat,
+    /// Anthropic's Messages (`/v1/messages`), as Claude Code sends them (see the module note).
+    Messages,
+}
+
+impl Api {
+    fn path(self) -> &'static str {
+        match self {
+            Api::Chat => "/v1/chat/completions",
+            Api::Messages => "/v1/messages",
+        }
+    }
+
+    /// Request `index`'s body.
+    fn body(self, model: &str, r: &SimRequest, index: usize) -> String {
+        match self {
+            Api::Chat => serde_json::json!({
+                "model": model,
+                "messages": [{"role": "user", "content": r.prompt_text()}],
+                "max_tokens": r.output_tokens,
+                "stream": true,
+                "stream_options": {"include_usage": true},
+            }),
+            Api::Messages => {
+                let cch = kvroute_core::policy::mix(SPREAD_SEED ^ !(index as u64)) & 0xf_ffff;
+                let attribution =
+                    format!("x-anthropic-billing-header: cc_version=2.1.100; cc_entrypoint=cli; cch={cch:05x};");
+                serde_json::json!({
+                    "model": model,
+                    "system": [{"type": "text", "text": attribution}],
+                    "messages": [{"role": "user", "content": r.prompt_text()}],
+                    "max_tokens": r.output_tokens,
+                    "stream": true,
+                })
+            }
+        }
+        .to_string()
+    }
+}
+
 /// The gateways to send to: `url` is one `http://host:port` or a comma-separated list.
 pub fn targets(url: &str) -> anyhow::Result<Vec<hyper::Uri>> {
+    targets_of(url, Api::Chat)
+}
+
+/// `targets` for the API `api`.
+pub fn targets_of(url: &str, api: Api) -> anyhow::Result<Vec<hyper::Uri>> {
     let targets = url
         .split(',')
         .map(str::trim)
@@ -59,7 +116,7 @@ pub fn targets(url: &str) -> anyhow::Result<Vec<hyper::Uri>> {
                 base.scheme_str() == Some("http"),
                 "--url {u:?} must be http://host:port (a comma-separated list for several gateways)"
             );
-            Ok(format!("{}/v1/chat/completions", u.trim_end_matches('/')).parse()?)
+            Ok(format!("{}{}", u.trim_end_matches('/'), api.path()).parse()?)
         })
         .collect::<anyhow::Result<Vec<hyper::Uri>>>()?;
     anyhow::ensure!(!targets.is_empty(), "--url is empty: give http://host:port");
@@ -73,16 +130,18 @@ pub fn spread(index: usize, n: usize) -> usize {
 }
 
 /// Sends `requests` (arrival times in ms from now) to `url` (one gateway or a comma-separated
-/// list, see `targets`) and reports. Requests arriving after `duration_s` are not sent.
+/// list, see `targets`) through `api` and reports. Requests arriving after `duration_s` are
+/// not sent.
 pub async fn bench(
     url: &str,
+    api: Api,
     model: &str,
     requests: &[SimRequest],
     duration_s: f64,
     label: &str,
     progress: impl Fn(u64) + Send + Sync + 'static,
 ) -> anyhow::Result<(RunReport, Vec<String>)> {
-    let targets = targets(url)?;
+    let targets = targets_of(url, api)?;
     let phases = PhaseRequest::from_env()?;
     let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(30))
@@ -96,14 +155,7 @@ pub async fn bench(
         .filter(|r| r.arrival_ms <= duration_s * 1000.0)
         .collect();
     for (index, r) in chosen.iter().enumerate() {
-        let body = serde_json::json!({
-            "model": model,
-            "messages": [{"role": "user", "content": r.prompt_text()}],
-            "max_tokens": r.output_tokens,
-            "stream": true,
-            "stream_options": {"include_usage": true},
-        })
-        .to_string();
+        let body = api.body(model, r, index);
         let (client, target, outcomes, progress) = (
             client.clone(),
             targets[spread(index, targets.len())].clone(),
@@ -113,7 +165,8 @@ pub async fn bench(
         let at = Duration::from_secs_f64(r.arrival_ms / 1000.0);
         tasks.spawn(async move {
             tokio::time::sleep_until(tokio::time::Instant::from_std(start + at)).await;
-            let res = tokio::time::timeout(Duration::from_secs(600), one(&client, target, body, start, index)).await;
+            let res =
+                tokio::time::timeout(Duration::from_secs(600), one(&client, target, body, start, index, api)).await;
             if let (Ok(Some(o)), Ok(mut all)) = (res, outcomes.lock()) {
                 all.push(o);
                 progress(all.len() as u64);
@@ -233,6 +286,7 @@ async fn one(
     body: String,
     start: Instant,
     index: usize,
+    api: Api,
 ) -> Option<Outcome> {
     let ms = || start.elapsed().as_secs_f64() * 1000.0;
     let start_ms = ms();
@@ -259,7 +313,8 @@ async fn one(
         while let Some(end) = buf.windows(2).position(|w| w == b"\n\n") {
             let event: Vec<u8> = buf.drain(..end + 2).collect();
             let line = String::from_utf8_lossy(&event);
-            let Some(payload) = line.trim().strip_prefix("data: ") else {
+            // An Anthropic event has an `event:` line before its data.
+            let Some(payload) = line.lines().find_map(|l| l.strip_prefix("data: ")) else {
                 continue;
             };
             if payload == "[DONE]" {
@@ -267,6 +322,29 @@ async fn one(
                 continue;
             }
             let v: serde_json::Value = serde_json::from_str(payload).ok()?;
+            if api == Api::Messages {
+                match v["type"].as_str() {
+                    Some("content_block_delta") if v["delta"]["text"].as_str().is_some_and(|t| !t.is_empty()) => {
+                        let now = ms();
+                        if tokens == 0 {
+                            first = now;
+                        }
+                        last = now;
+                        tokens += 1;
+                    }
+                    // The final usage: the prompt is what was computed plus what was read
+                    // from the cache (and written to it).
+                    Some("message_delta") => {
+                        let u = &v["usage"];
+                        let field = |name: &str| u[name].as_u64().unwrap_or(0);
+                        cached = field("cache_read_input_tokens");
+                        prompt = field("input_tokens") + cached + field("cache_creation_input_tokens");
+                    }
+                    Some("message_stop") => done = true,
+                    _ => {}
+                }
+                continue;
+            }
             // A token is a chunk with text: vLLM opens a chat stream with a role-only delta.
             let text = |c: &serde_json::Value| {
                 c["delta"]["content"]
@@ -364,6 +442,27 @@ mod tests {
         assert!(targets("https://127.0.0.1:10000").is_err());
         assert!(targets(" , ").is_err());
         assert!(targets("http://a:1,not a url").is_err());
+    }
+
+    #[test]
+    fn messages_carry_the_prompt_and_an_attribution_hash_of_their_own() {
+        let p = crate::workload::GenParams {
+            groups: 1,
+            prompts_per_group: 2,
+            ..crate::workload::GenParams::defaults(crate::workload::Generator::SharedPrefix)
+        };
+        let reqs = crate::workload::generate(crate::workload::Generator::SharedPrefix, &p);
+        let body =
+            |i: usize| -> serde_json::Value { serde_json::from_str(&Api::Messages.body("m", &reqs[0], i)).unwrap() };
+        let (a, b) = (body(0), body(1));
+        assert_eq!(a["messages"][0]["content"], reqs[0].prompt_text().as_str());
+        assert_eq!(a["max_tokens"], reqs[0].output_tokens);
+        let attribution = |v: &serde_json::Value| v["system"][0]["text"].as_str().unwrap().to_string();
+        assert!(attribution(&a).starts_with("x-anthropic-billing-header: "));
+        assert_ne!(attribution(&a), attribution(&b), "a hash per request");
+        assert_eq!(a["messages"], b["messages"]);
+        let t = targets_of("http://127.0.0.1:10000", Api::Messages).unwrap();
+        assert_eq!(t[0].to_string(), "http://127.0.0.1:10000/v1/messages");
     }
 
     #[test]

@@ -107,6 +107,10 @@ struct BenchArgs {
     /// Name of this run in the table and JSON.
     #[arg(long, default_value = "live")]
     label: String,
+    /// The API the prompts go through: `messages` sends them to `/v1/messages` as Claude
+    /// Code does, with an attribution block whose hash differs on every request.
+    #[arg(long, value_enum, default_value = "chat")]
+    api: kvroute_sim::bench::Api,
     /// The servers' --time-scale: measured times are multiplied by it (and throughput
     /// divided) so figures are in simulated GPU time.
     #[arg(long, default_value_t = 1.0)]
@@ -162,6 +166,7 @@ fn bench_cmd(a: &BenchArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let (mut run, servers) = rt.block_on(kvroute_sim::bench::bench(
         &a.url,
+        a.api,
         a.model.served_name(),
         &requests,
         a.duration,

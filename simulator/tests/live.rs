@@ -58,13 +58,43 @@ fn live_servers_answer_like_vllm_and_take_faults() {
     let reqs = generate(Generator::SharedPrefix, &p);
     let url = format!("http://127.0.0.1:{base}");
     let (run, servers) = rt
-        .block_on(kvroute_sim::bench::bench(&url, "m", &reqs, 60.0, "live", |_| {}))
+        .block_on(kvroute_sim::bench::bench(
+            &url,
+            kvroute_sim::bench::Api::Chat,
+            "m",
+            &reqs,
+            60.0,
+            "live",
+            |_| {},
+        ))
         .unwrap();
     assert_eq!((run.completed, run.failed), (8, 0));
     assert_eq!(servers, vec![format!("127.0.0.1:{base}")]);
     assert!(
         run.prefix_hit_rate > 0.5,
         "siblings share 2048 of 2180 tokens: {}",
+        run.prefix_hit_rate
+    );
+    assert!(run.ttft_ms.p50 > 0.0 && run.itl_ms.p50 > 0.0);
+
+    // The same through Anthropic's Messages, each request with its own attribution hash:
+    // the server leaves the block out, so the siblings still share their prefix.
+    let later = generate(Generator::SharedPrefix, &GenParams { seed: 9, ..p });
+    let (run, _) = rt
+        .block_on(kvroute_sim::bench::bench(
+            &url,
+            kvroute_sim::bench::Api::Messages,
+            "m",
+            &later,
+            60.0,
+            "messages",
+            |_| {},
+        ))
+        .unwrap();
+    assert_eq!((run.completed, run.failed), (8, 0));
+    assert!(
+        run.prefix_hit_rate > 0.5,
+        "the attribution block is no part of the prefix: {}",
         run.prefix_hit_rate
     );
     assert!(run.ttft_ms.p50 > 0.0 && run.itl_ms.p50 > 0.0);

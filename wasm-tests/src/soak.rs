@@ -64,8 +64,16 @@ pub fn soak(seconds: u64, rate: f64) -> Result<SoakReport, String> {
             ..GenParams::defaults(Generator::SharedPrefix)
         };
         let reqs = generate(Generator::SharedPrefix, &p);
-        rt.block_on(kvroute_sim::bench::bench(&url, "m", &reqs, secs as f64, "soak", |_| {}))
-            .map_err(|e| e.to_string())
+        rt.block_on(kvroute_sim::bench::bench(
+            &url,
+            kvroute_sim::bench::Api::Chat,
+            "m",
+            &reqs,
+            secs as f64,
+            "soak",
+            |_| {},
+        ))
+        .map_err(|e| e.to_string())
     };
     let warmup = (seconds / 4).clamp(5, 300);
     let (w, _) = phase(warmup, 1)?;

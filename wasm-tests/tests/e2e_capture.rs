@@ -49,7 +49,15 @@ fn a_captured_run_replays_to_the_live_hit_rate_and_ttft() {
     let reqs = generate(Generator::SharedPrefix, &p);
     let url = format!("http://127.0.0.1:{}", envoy.port);
     let (live, _) = rt
-        .block_on(kvroute_sim::bench::bench(&url, "m", &reqs, 60.0, "live", |_| {}))
+        .block_on(kvroute_sim::bench::bench(
+            &url,
+            kvroute_sim::bench::Api::Chat,
+            "m",
+            &reqs,
+            60.0,
+            "live",
+            |_| {},
+        ))
         .unwrap();
     assert_eq!((live.completed, live.failed), (reqs.len(), 0));
 

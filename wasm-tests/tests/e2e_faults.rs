@@ -555,7 +555,15 @@ fn a_slow_server_gets_a_smaller_share() {
     let url = format!("http://127.0.0.1:{}", f.envoy.port);
     let (run, servers) = f
         ._rt
-        .block_on(kvroute_sim::bench::bench(&url, "m", &reqs, 60.0, "slow", |_| {}))
+        .block_on(kvroute_sim::bench::bench(
+            &url,
+            kvroute_sim::bench::Api::Chat,
+            "m",
+            &reqs,
+            60.0,
+            "slow",
+            |_| {},
+        ))
         .unwrap();
     assert_eq!(run.failed, 0);
     let slow = servers

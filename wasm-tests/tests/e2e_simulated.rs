@@ -51,7 +51,15 @@ fn simulated_fleet_keeps_prefix_groups_together_and_survives_a_crash() {
     let p = shared_prefix_groups();
     let reqs = generate(Generator::SharedPrefix, &p);
     let (run, servers) = rt
-        .block_on(kvroute_sim::bench::bench(&url, "m", &reqs, 60.0, "kvroute", |_| {}))
+        .block_on(kvroute_sim::bench::bench(
+            &url,
+            kvroute_sim::bench::Api::Chat,
+            "m",
+            &reqs,
+            60.0,
+            "kvroute",
+            |_| {},
+        ))
         .unwrap();
     assert_eq!((run.completed, run.failed), (96, 0));
     // With affinity a group misses once per Envoy worker at most: ≥ 4 of 6 hit 2048 of 2180 tokens.
@@ -80,6 +88,7 @@ fn simulated_fleet_keeps_prefix_groups_together_and_survives_a_crash() {
     let (run, _) = rt
         .block_on(kvroute_sim::bench::bench(
             &url,
+            kvroute_sim::bench::Api::Chat,
             "m",
             &generate(Generator::SharedPrefix, &later),
             60.0,
@@ -118,6 +127,7 @@ fn replicas_that_do_not_share_read_the_others_traffic_as_unseen() {
     let (run, _) = rt
         .block_on(kvroute_sim::bench::bench(
             &urls,
+            kvroute_sim::bench::Api::Chat,
             "m",
             &generate(Generator::SharedPrefix, &p),
             60.0,
