@@ -201,6 +201,18 @@ pub async fn bench(
     ))
 }
 
+/// `bench` as the tests and the soak drive it: to servers that answer to the short model
+/// name `m`, showing no progress.
+pub async fn quiet(
+    url: &str,
+    api: Api,
+    requests: &[SimRequest],
+    duration_s: f64,
+    label: &str,
+) -> anyhow::Result<(RunReport, Vec<String>)> {
+    bench(url, api, "m", requests, duration_s, label, |_| {}).await
+}
+
 fn record(o: &Outcome, server: usize) -> Record {
     Record {
         server,

@@ -7,6 +7,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
+use kvroute_sim::bench::Api;
 use kvroute_sim::profile::{Gpu, Model, Profile};
 use kvroute_sim::workload::{generate, GenParams, Generator};
 
@@ -58,15 +59,7 @@ fn live_servers_answer_like_vllm_and_take_faults() {
     let reqs = generate(Generator::SharedPrefix, &p);
     let url = format!("http://127.0.0.1:{base}");
     let (run, servers) = rt
-        .block_on(kvroute_sim::bench::bench(
-            &url,
-            kvroute_sim::bench::Api::Chat,
-            "m",
-            &reqs,
-            60.0,
-            "live",
-            |_| {},
-        ))
+        .block_on(kvroute_sim::bench::quiet(&url, Api::Chat, &reqs, 60.0, "live"))
         .unwrap();
     assert_eq!((run.completed, run.failed), (8, 0));
     assert_eq!(servers, vec![format!("127.0.0.1:{base}")]);
@@ -81,15 +74,7 @@ fn live_servers_answer_like_vllm_and_take_faults() {
     // the server leaves the block out, so the siblings still share their prefix.
     let later = generate(Generator::SharedPrefix, &GenParams { seed: 9, ..p });
     let (run, _) = rt
-        .block_on(kvroute_sim::bench::bench(
-            &url,
-            kvroute_sim::bench::Api::Messages,
-            "m",
-            &later,
-            60.0,
-            "messages",
-            |_| {},
-        ))
+        .block_on(kvroute_sim::bench::quiet(&url, Api::Messages, &later, 60.0, "messages"))
         .unwrap();
     assert_eq!((run.completed, run.failed), (8, 0));
     assert!(

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use kvroute_sim::bench::Api;
 use kvroute_sim::profile::{Gpu, Model, Profile};
 use kvroute_sim::workload::{generate, GenParams, Generator};
 
@@ -64,16 +65,8 @@ pub fn soak(seconds: u64, rate: f64) -> Result<SoakReport, String> {
             ..GenParams::defaults(Generator::SharedPrefix)
         };
         let reqs = generate(Generator::SharedPrefix, &p);
-        rt.block_on(kvroute_sim::bench::bench(
-            &url,
-            kvroute_sim::bench::Api::Chat,
-            "m",
-            &reqs,
-            secs as f64,
-            "soak",
-            |_| {},
-        ))
-        .map_err(|e| e.to_string())
+        rt.block_on(kvroute_sim::bench::quiet(&url, Api::Chat, &reqs, secs as f64, "soak"))
+            .map_err(|e| e.to_string())
     };
     let warmup = (seconds / 4).clamp(5, 300);
     let (w, _) = phase(warmup, 1)?;

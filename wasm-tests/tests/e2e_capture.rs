@@ -12,6 +12,7 @@
 use std::time::Duration;
 
 use kvroute_core::{Config, PolicyKind};
+use kvroute_sim::bench::Api;
 use kvroute_sim::policies::PolicyName;
 use kvroute_sim::profile::{Gpu, Model, Profile};
 use kvroute_sim::replay::{self, ReplaySetup, Topology};
@@ -49,15 +50,7 @@ fn a_captured_run_replays_to_the_live_hit_rate_and_ttft() {
     let reqs = generate(Generator::SharedPrefix, &p);
     let url = format!("http://127.0.0.1:{}", envoy.port);
     let (live, _) = rt
-        .block_on(kvroute_sim::bench::bench(
-            &url,
-            kvroute_sim::bench::Api::Chat,
-            "m",
-            &reqs,
-            60.0,
-            "live",
-            |_| {},
-        ))
+        .block_on(kvroute_sim::bench::quiet(&url, Api::Chat, &reqs, 60.0, "live"))
         .unwrap();
     assert_eq!((live.completed, live.failed), (reqs.len(), 0));
 

@@ -10,6 +10,7 @@ use std::net::TcpStream;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
+use kvroute_sim::bench::Api;
 use kvroute_sim::profile::{Gpu, Model, Profile};
 use kvroute_sim::workload::{generate, GenParams, Generator};
 use kvroute_wasm_tests::envoy::Envoy;
@@ -555,15 +556,7 @@ fn a_slow_server_gets_a_smaller_share() {
     let url = format!("http://127.0.0.1:{}", f.envoy.port);
     let (run, servers) = f
         ._rt
-        .block_on(kvroute_sim::bench::bench(
-            &url,
-            kvroute_sim::bench::Api::Chat,
-            "m",
-            &reqs,
-            60.0,
-            "slow",
-            |_| {},
-        ))
+        .block_on(kvroute_sim::bench::quiet(&url, Api::Chat, &reqs, 60.0, "slow"))
         .unwrap();
     assert_eq!(run.failed, 0);
     let slow = servers

@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use kvroute_sim::bench::Api;
 use kvroute_sim::profile::{Gpu, Model, Profile};
 use kvroute_sim::workload::{generate, GenParams, Generator};
 use kvroute_wasm_tests::envoy::Envoy;
@@ -51,15 +52,7 @@ fn simulated_fleet_keeps_prefix_groups_together_and_survives_a_crash() {
     let p = shared_prefix_groups();
     let reqs = generate(Generator::SharedPrefix, &p);
     let (run, servers) = rt
-        .block_on(kvroute_sim::bench::bench(
-            &url,
-            kvroute_sim::bench::Api::Chat,
-            "m",
-            &reqs,
-            60.0,
-            "kvroute",
-            |_| {},
-        ))
+        .block_on(kvroute_sim::bench::quiet(&url, Api::Chat, &reqs, 60.0, "kvroute"))
         .unwrap();
     assert_eq!((run.completed, run.failed), (96, 0));
     // With affinity a group misses once per Envoy worker at most: ≥ 4 of 6 hit 2048 of 2180 tokens.
@@ -86,14 +79,12 @@ fn simulated_fleet_keeps_prefix_groups_together_and_survives_a_crash() {
     let before = envoy.stat(&chosen);
     let later = GenParams { seed: 7, ..p };
     let (run, _) = rt
-        .block_on(kvroute_sim::bench::bench(
+        .block_on(kvroute_sim::bench::quiet(
             &url,
-            kvroute_sim::bench::Api::Chat,
-            "m",
+            Api::Chat,
             &generate(Generator::SharedPrefix, &later),
             60.0,
             "after",
-            |_| {},
         ))
         .unwrap();
     assert_eq!((run.completed, run.failed), (96, 0), "requests failed after the crash");
@@ -125,14 +116,12 @@ fn replicas_that_do_not_share_read_the_others_traffic_as_unseen() {
         .join(",");
     let p = shared_prefix_groups();
     let (run, _) = rt
-        .block_on(kvroute_sim::bench::bench(
+        .block_on(kvroute_sim::bench::quiet(
             &urls,
-            kvroute_sim::bench::Api::Chat,
-            "m",
+            Api::Chat,
             &generate(Generator::SharedPrefix, &p),
             60.0,
             "two replicas",
-            |_| {},
         ))
         .unwrap();
     assert_eq!((run.completed, run.failed), (96, 0));
