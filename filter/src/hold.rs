@@ -359,8 +359,14 @@ impl Shared {
                 slot.borrow_mut().rejected = rejected;
                 !rejected
             }
-            Outcome::Fallback(_) | Outcome::Hold => {
+            Outcome::Fallback(_) => {
                 self.count_outcome(&decision.outcome);
+                true
+            }
+            // Not offered the queue again (a continuation whose home never came, every
+            // server full): Envoy balances it.
+            Outcome::Hold => {
+                self.stats.hold_unavailable.inc();
                 true
             }
         }

@@ -90,6 +90,8 @@ impl Shared {
         drop(waiting);
         for a in due {
             if a.slot.borrow().gone || host::set_effective_context(a.context_id).is_err() {
+                // Its client left while it waited: counted as one that left the hold queue.
+                self.stats.hold_gone.inc();
                 continue;
             }
             let home = router.home_of(a.response).map(ToString::to_string);

@@ -136,6 +136,7 @@ fn a_follow_up_reaches_the_server_that_stored_its_response_through_any_worker() 
     // Every request of the listener counted under one outcome, the follow-ups, GETs and
     // cancels sent home included (the failing-open alert compares the two).
     let (listener, counted) = envoy.requests_accounted();
+    assert!(listener >= 40, "the listener's count was read: {listener}");
     assert_eq!(
         listener, counted,
         "the listener saw {listener} requests, kvroute's outcomes count {counted}"

@@ -30,8 +30,9 @@
 //!   tokens); token ids are written as 4-byte little-endian integers.
 //!
 //! Token estimate (documented rule): ceil(bytes / 4) for text, plus 4 tokens per chat
-//! message for the template and 1,024 per content part that is not text (an image, audio);
-//! token-id prompts count exactly.
+//! message for the template and 1,024 per media part (an image, audio, a video, a file; a
+//! part of another type, a tool reference, counts as the text of its JSON); token-id
+//! prompts count exactly.
 //!
 //! Leniency: the parser accepts what vLLM 0.33 accepts (its pydantic models are lax), so a
 //! body vLLM serves is never skipped as malformed: `"stream": null` or `"true"`, integers
@@ -416,6 +417,15 @@ fn anthropic_canonical(
                         c.out.push(b',');
                     }
                     first = false;
+                    // vLLM gives a schema without a type the type `object`.
+                    let v = match v {
+                        Value::Object(schema) if from == "input_schema" && !schema.contains_key("type") => {
+                            let mut schema = schema.clone();
+                            schema.insert("type".to_string(), Value::String("object".to_string()));
+                            Value::Object(schema)
+                        }
+                        v => v.clone(),
+                    };
                     c.out.extend_from_slice(format!("\"{to}\":{v}").as_bytes());
                 }
             }
@@ -470,7 +480,11 @@ fn anthropic_canonical(
                         parts += 1;
                     }
                 }
-                Some("image") => {
+                // vLLM skips an image without a source.
+                Some("image")
+                    if b.get("source")
+                        .is_some_and(|s| s.as_object().is_some_and(|o| !o.is_empty())) =>
+                {
                     let json = image_part(b.get("source"));
                     media.parts += 1;
                     media.bytes += json.len();
@@ -546,7 +560,15 @@ fn user_tool_result(c: &mut Canon, content: Option<&Value>) {
         .map(|i| i.get("text").and_then(Value::as_str).unwrap_or(""))
         .collect();
     c.message("tool", texts.join("\n").as_bytes());
-    let images: Vec<String> = of_type("image").map(|i| image_part(i.get("source"))).collect();
+    // vLLM skips an image whose source gives no URL (a `url` source without one).
+    let images: Vec<String> = of_type("image")
+        .filter(|i| {
+            let source = i.get("source");
+            let field = |name| source.and_then(|s| s.get(name)).and_then(Value::as_str);
+            field("type") != Some("url") || field("url").is_some_and(|u| !u.is_empty())
+        })
+        .map(|i| image_part(i.get("source")))
+        .collect();
     if !images.is_empty() {
         let joined = images.concat();
         c.media.parts += images.len() as u64;
@@ -555,8 +577,10 @@ fn user_tool_result(c: &mut Canon, content: Option<&Value>) {
     }
     let references: Vec<Value> = of_type("tool_reference")
         .filter_map(|i| {
-            let name = i.get("tool_name").or_else(|| i.get("name")).and_then(Value::as_str);
-            name.filter(|n| !n.is_empty()).map(|n| {
+            let name = ["tool_name", "name"]
+                .iter()
+                .find_map(|k| i.get(*k).and_then(Value::as_str).filter(|n| !n.is_empty()));
+            name.map(|n| {
                 let mut part = serde_json::Map::new();
                 part.insert("name".to_string(), Value::String(n.to_string()));
                 part.insert("type".to_string(), Value::String("tool_reference".to_string()));
@@ -712,11 +736,23 @@ fn append_parts(out: &mut Vec<u8>, parts: &[Value], media: &mut Media) {
             }
             _ => {
                 let json = part.to_string();
-                media.parts += 1;
-                media.bytes += json.len();
+                if is_media(part) {
+                    media.parts += 1;
+                    media.bytes += json.len();
+                }
                 out.extend_from_slice(json.as_bytes());
             }
         }
+    }
+}
+
+/// Whether a content part that is not text is media (an image, audio, a video, a file),
+/// counted as `TOKENS_PER_MEDIA_PART`; any other part (a tool reference, a refusal) is text
+/// its JSON's length measures.
+fn is_media(part: &Value) -> bool {
+    match part.get("type").and_then(Value::as_str) {
+        Some(kind) => ["image", "audio", "video", "file"].iter().any(|m| kind.contains(m)),
+        None => true,
     }
 }
 

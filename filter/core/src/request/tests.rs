@@ -551,7 +551,7 @@ fn an_assistants_tool_result_is_its_text_after_tool_result() {
 fn tools_a_tool_result_references_follow_it_as_a_tool_message() {
     // Claude Code's tool search: the referenced tools as vLLM passes them to the template.
     let anthropic = messages(
-        r#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"text","text":"found"},{"type":"tool_reference","tool_name":"Bash"},{"type":"tool_reference","name":"Grep"}]}]}]}"#,
+        r#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"text","text":"found"},{"type":"tool_reference","tool_name":"Bash"},{"type":"tool_reference","tool_name":null,"name":"Grep"}]}]}]}"#,
     )
     .unwrap();
     let chat_body = chat(
@@ -560,6 +560,40 @@ fn tools_a_tool_result_references_follow_it_as_a_tool_message() {
     .unwrap();
     assert_eq!(anthropic.canonical, chat_body.canonical);
     assert_eq!(anthropic.prompt_tokens, chat_body.prompt_tokens);
+    assert!(
+        anthropic.prompt_tokens.0 < 100,
+        "a tool reference is a few tokens of text, not a media part: {:?}",
+        anthropic.prompt_tokens
+    );
+}
+
+#[test]
+fn images_vllm_skips_are_no_part_of_the_prompt() {
+    // A message's image without a source, a tool result's `url` image without a URL.
+    let anthropic = messages(
+        r#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"text","text":"see"},{"type":"image","source":{}},{"type":"image"}]},
+            {"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"text","text":"done"},{"type":"image","source":{"type":"url"}}]}]}]}"#,
+    )
+    .unwrap();
+    let chat_body = chat(
+        r#"{"model":"m","messages":[{"role":"user","content":"see"},{"role":"tool","tool_call_id":"t","content":"done"}]}"#,
+    )
+    .unwrap();
+    assert_eq!(anthropic.canonical, chat_body.canonical);
+    assert_eq!(anthropic.prompt_tokens, chat_body.prompt_tokens);
+}
+
+#[test]
+fn a_tool_schema_without_a_type_is_an_object_as_vllm_makes_it() {
+    let anthropic = messages(
+        r#"{"model":"m","max_tokens":5,"tools":[{"name":"f","input_schema":{"properties":{}}}],"messages":[{"role":"user","content":"hi"}]}"#,
+    )
+    .unwrap();
+    let chat_body = chat(
+        r#"{"model":"m","tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{}}}}],"messages":[{"role":"user","content":"hi"}]}"#,
+    )
+    .unwrap();
+    assert_eq!(anthropic.canonical, chat_body.canonical);
 }
 
 #[test]
