@@ -13,10 +13,12 @@
 //!   content). A request that continues a stored response (`previous_response_id`) is
 //!   routed to the server that stored it, the only one that can answer it (`Router::route`).
 //! - messages (Anthropic's, `/v1/messages`): the chat request vLLM translates it to, so a
-//!   conversation shares its prefix with the same one sent as chat: `system` and the system
-//!   messages inside the conversation (their text blocks, Claude Code's attribution block
-//!   left out, as vLLM leaves it out) joined as one first `system` message; the roles `ctx`
-//!   and `msg` as `user`; each message's content as chat content (text blocks as text, an
+//!   conversation shares its prefix with the same one sent as chat: `system` (its text
+//!   blocks, Claude Code's attribution block left out, as vLLM leaves it out) and the system
+//!   messages leading the conversation joined by blank lines as a first `system` message; a
+//!   later system message a `system` message where it stands (after the tool results when
+//!   it comes between a tool call and them), as vLLM places it; the roles `ctx` and `msg`
+//!   as `user`; each message's content as chat content (text blocks as text, an
 //!   image as an `image_url` part with vLLM's `data:` URI; `tool_use` and `thinking` blocks
 //!   become fields chat does not hash; a user message left without content is dropped); a
 //!   user's `tool_result` block as a `tool` message before its message (blocks: their text
@@ -433,32 +435,37 @@ fn anthropic_canonical(
         }
         c.out.extend_from_slice(b"]\x1e");
     }
-    // Every system text, the top-level field's and those of system messages inside the
-    // conversation, joined into one first system message, as vLLM's translation does: a
-    // system message added late changes the start of the prompt, not its end.
-    let mut system_parts: Vec<&str> = Vec::new();
+    // System messages as vLLM places them (vllm/entrypoints/anthropic/inline_system.py):
+    // those leading the conversation join the system prompt, separated by a blank line;
+    // a later one stays where it is (moved past the tool results when it sits between a
+    // tool call and them), as a system turn, or folded into the neighbouring user turn
+    // where the template has no distinct one; either way it changes the prompt where it
+    // stands, so a conversation that gains one keeps its prefix (joined into the first
+    // system message, as vLLM's earlier translation did, it changed the prompt's start).
+    let mut system_parts: Vec<String> = Vec::new();
     match system {
         None | Some(Value::Null) => {}
-        Some(Value::String(text)) if text.is_empty() => {}
-        Some(Value::String(text)) => system_parts.push(text),
-        Some(Value::Array(blocks)) => system_parts.extend(system_texts(blocks)),
+        Some(Value::String(text)) => system_parts.push(text.clone()),
+        Some(Value::Array(blocks)) => system_parts.push(system_texts(blocks).collect()),
         Some(_) => return Err(invalid("system")),
     }
-    for m in messages.iter().filter(|m| m.role == "system") {
-        match &m.content {
-            Some(Value::String(text)) => system_parts.push(text),
-            Some(Value::Array(blocks)) => system_parts.extend(system_texts(blocks)),
-            _ => return Err(invalid("messages[].content")),
-        }
+    let leading = messages.iter().take_while(|m| m.role == "system").count();
+    for m in &messages[..leading] {
+        system_parts.push(inline_system_text(m).ok_or_else(|| invalid("messages[].content"))?);
     }
+    system_parts.retain(|t| !t.is_empty());
     if !system_parts.is_empty() {
-        c.message("system", system_parts.concat().as_bytes());
+        c.message("system", system_parts.join("\n\n").as_bytes());
     }
-    for m in messages {
-        let role = match m.role.as_str() {
-            "system" => continue,
-            // Claude Code's own roles for context and messages, read as user turns.
-            "ctx" | "msg" => "user",
+    for m in after_tool_results(&messages[leading..]) {
+        let role = match anthropic_role(m) {
+            "system" => {
+                let text = inline_system_text(m).ok_or_else(|| invalid("messages[].content"))?;
+                if !text.is_empty() {
+                    c.message("system", text.as_bytes());
+                }
+                continue;
+            }
             role => role,
         };
         let blocks = match &m.content {
@@ -540,6 +547,57 @@ fn system_texts(blocks: &[Value]) -> impl Iterator<Item = &str> {
         .filter(|b| b.get("type").and_then(Value::as_str) == Some("text"))
         .filter_map(|b| b.get("text").and_then(Value::as_str))
         .filter(|t| !t.is_empty() && !t.starts_with(BILLING_HEADER))
+}
+
+/// A message's role as vLLM reads it: Claude Code's own roles for context and messages,
+/// `ctx` and `msg`, are user turns.
+fn anthropic_role(m: &Message) -> &str {
+    match m.role.as_str() {
+        "ctx" | "msg" => "user",
+        role => role,
+    }
+}
+
+/// A system message's text as vLLM reads it: a string (none if it is Claude Code's
+/// attribution), or its text blocks' (`system_texts`); `None` for other content.
+fn inline_system_text(m: &Message) -> Option<String> {
+    match &m.content {
+        Some(Value::String(text)) if text.starts_with(BILLING_HEADER) => Some(String::new()),
+        Some(Value::String(text)) => Some(text.clone()),
+        Some(Value::Array(blocks)) => Some(system_texts(blocks).collect()),
+        _ => None,
+    }
+}
+
+/// `messages` in vLLM's order: a system message between an assistant's tool call and the
+/// user turn answering it goes after that turn (a template may not part a call from its
+/// result).
+fn after_tool_results(messages: &[Message]) -> Vec<&Message> {
+    let (mut out, mut held) = (Vec::with_capacity(messages.len()), Vec::new());
+    let mut awaiting_results = false;
+    for m in messages {
+        let role = anthropic_role(m);
+        if role == "system" {
+            if awaiting_results {
+                held.push(m);
+            } else {
+                out.push(m);
+            }
+            continue;
+        }
+        if role == "assistant" {
+            out.append(&mut held);
+        }
+        out.push(m);
+        if role == "user" {
+            out.append(&mut held);
+        }
+        awaiting_results = role == "assistant"
+            && matches!(&m.content, Some(Value::Array(blocks))
+                if blocks.iter().any(|b| b.get("type").and_then(Value::as_str) == Some("tool_use")));
+    }
+    out.append(&mut held);
+    out
 }
 
 /// A user's `tool_result` block as the messages vLLM makes of it: a `tool` message of its

@@ -455,14 +455,14 @@ fn claude_codes_attribution_block_is_left_out_of_the_prefix_as_vllm_leaves_it_ou
     )
     .unwrap();
     assert_eq!(a.canonical, chat_body.canonical);
-    // A system message of blocks inside the conversation loses it too; one of blocks left
-    // empty adds nothing.
+    // A system message inside the conversation loses it too (a string that is the block,
+    // whole); one left empty adds nothing.
     let inline = messages(
-        r#"{"model":"m","max_tokens":5,"messages":[{"role":"system","content":[{"type":"text","text":"x-anthropic-billing-header: cch=1;"},{"type":"text","text":"You are a coding agent."}]},{"role":"system","content":[{"type":"text","text":"x-anthropic-billing-header: cch=2;"}]},{"role":"user","content":"hi"}]}"#,
+        r#"{"model":"m","max_tokens":5,"messages":[{"role":"system","content":[{"type":"text","text":"x-anthropic-billing-header: cch=1;"},{"type":"text","text":"You are a coding agent."}]},{"role":"system","content":"x-anthropic-billing-header: cch=2;"},{"role":"user","content":"hi"}]}"#,
     )
     .unwrap();
     assert_eq!(inline.canonical, chat_body.canonical);
-    // A system string is kept whole, as vLLM keeps it.
+    // The top-level system string is kept whole, as vLLM keeps it.
     let string = messages(
         r#"{"model":"m","max_tokens":5,"system":"x-anthropic-billing-header: cch=3;","messages":[{"role":"user","content":"hi"}]}"#,
     )
@@ -475,34 +475,42 @@ fn claude_codes_attribution_block_is_left_out_of_the_prefix_as_vllm_leaves_it_ou
 }
 
 #[test]
-fn system_messages_inside_the_conversation_join_the_first_system_message_as_vllm_joins_them() {
-    // A system message added late changes the start of vLLM's prompt: read in place, the
-    // conversation would look like it kept its prefix.
+fn system_messages_lead_into_the_system_prompt_and_stay_in_place_later_as_vllm_places_them() {
+    // Leading ones join the system prompt after a blank line; a later one stays where it
+    // is, so the turn that gained it keeps the earlier turn's prompt as its prefix (vLLM
+    // leaves it there or folds it into the neighbouring user turn: either way its cache
+    // keeps the prefix).
     let anthropic = messages(
-        r#"{"model":"m","max_tokens":5,"system":"You are terse. ","messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"hello"},{"role":"system","content":"Answer in French."},{"role":"user","content":"more"}]}"#,
+        r#"{"model":"m","max_tokens":5,"system":"You are terse.","messages":[{"role":"system","content":"Use tools."},{"role":"user","content":"hi"},{"role":"assistant","content":"hello"},{"role":"user","content":"more"},{"role":"system","content":"Answer in French."}]}"#,
     )
     .unwrap();
     let chat_body = chat(
-        r#"{"model":"m","messages":[{"role":"system","content":"You are terse. Answer in French."},{"role":"user","content":"hi"},{"role":"assistant","content":"hello"},{"role":"user","content":"more"}]}"#,
+        r#"{"model":"m","messages":[{"role":"system","content":"You are terse.\n\nUse tools."},{"role":"user","content":"hi"},{"role":"assistant","content":"hello"},{"role":"user","content":"more"},{"role":"system","content":"Answer in French."}]}"#,
     )
     .unwrap();
     assert_eq!(anthropic.canonical, chat_body.canonical);
     assert_eq!(anthropic.prompt_tokens, chat_body.prompt_tokens);
     let earlier = messages(
-        r#"{"model":"m","max_tokens":5,"system":"You are terse. ","messages":[{"role":"user","content":"hi"}]}"#,
+        r#"{"model":"m","max_tokens":5,"system":"You are terse.","messages":[{"role":"system","content":"Use tools."},{"role":"user","content":"hi"}]}"#,
     )
     .unwrap();
-    let shared = anthropic
-        .canonical
-        .iter()
-        .zip(&earlier.canonical)
-        .take_while(|(a, b)| a == b)
-        .count();
-    assert_eq!(
-        shared,
-        "system\x1fYou are terse. ".len(),
-        "the later turn's prompt differs from the earlier one's inside its system text"
+    assert!(
+        anthropic.canonical.starts_with(&earlier.canonical),
+        "the later turn's prompt extends the earlier one's"
     );
+}
+
+#[test]
+fn a_system_message_between_a_tool_call_and_its_results_follows_the_results() {
+    let anthropic = messages(
+        r#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f","input":{}}]},{"role":"system","content":"Be careful."},{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":"42"}]}]}"#,
+    )
+    .unwrap();
+    let chat_body = chat(
+        r#"{"model":"m","messages":[{"role":"user","content":"hi"},{"role":"assistant","tool_calls":[{"id":"t","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"t","content":"42"},{"role":"system","content":"Be careful."}]}"#,
+    )
+    .unwrap();
+    assert_eq!(anthropic.canonical, chat_body.canonical);
 }
 
 #[test]
