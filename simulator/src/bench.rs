@@ -99,13 +99,9 @@ impl Api {
     }
 }
 
-/// The gateways to send to: `url` is one `http://host:port` or a comma-separated list.
-pub fn targets(url: &str) -> anyhow::Result<Vec<hyper::Uri>> {
-    targets_of(url, Api::Chat)
-}
-
-/// `targets` for the API `api`.
-pub fn targets_of(url: &str, api: Api) -> anyhow::Result<Vec<hyper::Uri>> {
+/// Where `api`'s requests go: `url` is one gateway's `http://host:port` or a
+/// comma-separated list of them.
+pub fn targets(url: &str, api: Api) -> anyhow::Result<Vec<hyper::Uri>> {
     let targets = url
         .split(',')
         .map(str::trim)
@@ -141,7 +137,7 @@ pub async fn bench(
     label: &str,
     progress: impl Fn(u64) + Send + Sync + 'static,
 ) -> anyhow::Result<(RunReport, Vec<String>)> {
-    let targets = targets_of(url, api)?;
+    let targets = targets(url, api)?;
     let phases = PhaseRequest::from_env()?;
     let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(30))
@@ -334,37 +330,37 @@ async fn one(
                 continue;
             }
             let v: serde_json::Value = serde_json::from_str(payload).ok()?;
-            if api == Api::Messages {
-                match v["type"].as_str() {
-                    Some("content_block_delta") if v["delta"]["text"].as_str().is_some_and(|t| !t.is_empty()) => {
-                        let now = ms();
-                        if tokens == 0 {
-                            first = now;
-                        }
-                        last = now;
-                        tokens += 1;
-                    }
+            let non_empty = |t: &serde_json::Value| t.as_str().is_some_and(|t| !t.is_empty());
+            // A token is an event with text (vLLM opens a chat stream with a role-only delta);
+            // the usage read is the last one.
+            let (token, usage) = match api {
+                Api::Chat => {
+                    let text = |c: &serde_json::Value| non_empty(&c["delta"]["content"]) || non_empty(&c["text"]);
+                    let usage = v.get("usage").filter(|u| !u.is_null()).map(|u| {
+                        let cached = u["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0);
+                        (u["prompt_tokens"].as_u64().unwrap_or(0), cached)
+                    });
+                    (v["choices"].as_array().is_some_and(|c| c.iter().any(text)), usage)
+                }
+                Api::Messages => {
+                    done |= v["type"] == "message_stop";
                     // The final usage: the prompt is what was computed plus what was read
                     // from the cache (and written to it).
-                    Some("message_delta") => {
-                        let u = &v["usage"];
-                        let field = |name: &str| u[name].as_u64().unwrap_or(0);
-                        cached = field("cache_read_input_tokens");
-                        prompt = field("input_tokens") + cached + field("cache_creation_input_tokens");
-                    }
-                    Some("message_stop") => done = true,
-                    _ => {}
+                    let usage = (v["type"] == "message_delta").then(|| {
+                        let field = |name: &str| v["usage"][name].as_u64().unwrap_or(0);
+                        let cached = field("cache_read_input_tokens");
+                        (
+                            field("input_tokens") + cached + field("cache_creation_input_tokens"),
+                            cached,
+                        )
+                    });
+                    (
+                        v["type"] == "content_block_delta" && non_empty(&v["delta"]["text"]),
+                        usage,
+                    )
                 }
-                continue;
-            }
-            // A token is a chunk with text: vLLM opens a chat stream with a role-only delta.
-            let text = |c: &serde_json::Value| {
-                c["delta"]["content"]
-                    .as_str()
-                    .or(c["text"].as_str())
-                    .is_some_and(|t| !t.is_empty())
             };
-            if v["choices"].as_array().is_some_and(|c| c.iter().any(text)) {
+            if token {
                 let now = ms();
                 if tokens == 0 {
                     first = now;
@@ -372,9 +368,8 @@ async fn one(
                 last = now;
                 tokens += 1;
             }
-            if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
-                prompt = u["prompt_tokens"].as_u64().unwrap_or(0);
-                cached = u["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0);
+            if let Some(u) = usage {
+                (prompt, cached) = u;
             }
         }
     }
@@ -442,7 +437,7 @@ mod tests {
 
     #[test]
     fn a_url_list_names_every_gateway_and_rejects_what_is_not_http() {
-        let t = targets("http://127.0.0.1:10000, http://127.0.0.1:10001/").unwrap();
+        let t = targets("http://127.0.0.1:10000, http://127.0.0.1:10001/", Api::Chat).unwrap();
         let t: Vec<String> = t.iter().map(ToString::to_string).collect();
         assert_eq!(
             t,
@@ -451,9 +446,9 @@ mod tests {
                 "http://127.0.0.1:10001/v1/chat/completions"
             ]
         );
-        assert!(targets("https://127.0.0.1:10000").is_err());
-        assert!(targets(" , ").is_err());
-        assert!(targets("http://a:1,not a url").is_err());
+        assert!(targets("https://127.0.0.1:10000", Api::Chat).is_err());
+        assert!(targets(" , ", Api::Chat).is_err());
+        assert!(targets("http://a:1,not a url", Api::Chat).is_err());
     }
 
     #[test]
@@ -473,7 +468,7 @@ mod tests {
         assert!(attribution(&a).starts_with("x-anthropic-billing-header: "));
         assert_ne!(attribution(&a), attribution(&b), "a hash per request");
         assert_eq!(a["messages"], b["messages"]);
-        let t = targets_of("http://127.0.0.1:10000", Api::Messages).unwrap();
+        let t = targets("http://127.0.0.1:10000", Api::Messages).unwrap();
         assert_eq!(t[0].to_string(), "http://127.0.0.1:10000/v1/messages");
     }
 

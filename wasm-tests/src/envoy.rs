@@ -306,14 +306,8 @@ impl Envoy {
             "hold.gone",
             "hold.unavailable",
         ];
-        let r =
-            http_client::request(self.admin, "GET", "/stats", &[], b"").unwrap_or_else(|e| panic!("admin /stats: {e}"));
-        let value = |name: &str| -> u64 {
-            r.body
-                .lines()
-                .find_map(|l| l.strip_prefix(&format!("{name}: ")).and_then(|v| v.trim().parse().ok()))
-                .unwrap_or(0)
-        };
+        let body = self.admin_stats("/stats");
+        let value = |name: &str| stat_in(&body, name).unwrap_or(0);
         let counted = OUTCOMES.iter().map(|n| value(&format!("wasmcustom.kvroute.{n}"))).sum();
         (value("http.inference.downstream_rq_total"), counted)
     }
@@ -328,11 +322,15 @@ impl Envoy {
     /// panics after the last try: read as "no stat", it would pass a check that a figure is
     /// 0 and fail one that it grew (a loaded CI machine saw such a read once).
     pub fn stat_if_defined(&self, name: &str) -> Option<u64> {
-        let path = format!("/stats?filter=^{name}$");
+        stat_in(&self.admin_stats(&format!("/stats?filter=^{name}$")), name)
+    }
+
+    /// The admin's answer at `path` (`/stats...`), tried again when the read fails.
+    fn admin_stats(&self, path: &str) -> String {
         let mut tries = 0;
-        let r = loop {
-            match http_client::request(self.admin, "GET", &path, &[], b"") {
-                Ok(r) if r.status == 200 => break r,
+        loop {
+            match http_client::request(self.admin, "GET", path, &[], b"") {
+                Ok(r) if r.status == 200 => return r.body,
                 _ if tries < 4 => {
                     tries += 1;
                     std::thread::sleep(std::time::Duration::from_millis(100));
@@ -340,15 +338,18 @@ impl Envoy {
                 Ok(r) => panic!("admin GET {path}: status {}: {}", r.status, r.body),
                 Err(e) => panic!("admin GET {path}: {e}"),
             }
-        };
-        r.body
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("{name}: ")).and_then(|v| v.trim().parse().ok()))
+        }
     }
 
     pub fn post(&self, path: &str, headers: &[(&str, &str)], body: &str) -> Result<http_client::Response, String> {
         http_client::request(self.port, "POST", path, headers, body.as_bytes())
     }
+}
+
+/// Stat `name`'s value in the admin's `/stats` text.
+fn stat_in(body: &str, name: &str) -> Option<u64> {
+    body.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}: ")).and_then(|v| v.trim().parse().ok()))
 }
 
 impl Drop for Envoy {

@@ -419,15 +419,17 @@ fn anthropic_canonical(
                         c.out.push(b',');
                     }
                     first = false;
-                    // vLLM gives a schema without a type the type `object`.
-                    let v = match v {
+                    // vLLM gives a schema without a type the type `object` (a copy only
+                    // then: a client's tools, sent with every request, may be large).
+                    let typed = match v {
                         Value::Object(schema) if from == "input_schema" && !schema.contains_key("type") => {
                             let mut schema = schema.clone();
                             schema.insert("type".to_string(), Value::String("object".to_string()));
-                            Value::Object(schema)
+                            Some(Value::Object(schema))
                         }
-                        v => v.clone(),
+                        _ => None,
                     };
+                    let v = typed.as_ref().unwrap_or(v);
                     c.out.extend_from_slice(format!("\"{to}\":{v}").as_bytes());
                 }
             }
@@ -500,13 +502,13 @@ fn anthropic_canonical(
                 }
                 Some("tool_result") if role == "user" => user_tool_result(&mut c, b.get("content")),
                 Some("tool_result") => {
-                    let content = match b.get("content") {
-                        None | Some(Value::Null) => String::new(),
-                        Some(Value::String(text)) => text.clone(),
-                        Some(Value::Array(items)) if items.is_empty() => String::new(),
-                        Some(other) => other.to_string(),
-                    };
-                    own.extend_from_slice(format!("Tool result: {content}").as_bytes());
+                    own.extend_from_slice(b"Tool result: ");
+                    match b.get("content") {
+                        None | Some(Value::Null) => {}
+                        Some(Value::String(text)) => own.extend_from_slice(text.as_bytes()),
+                        Some(Value::Array(items)) if items.is_empty() => {}
+                        Some(other) => own.extend_from_slice(other.to_string().as_bytes()),
+                    }
                     parts += 1;
                 }
                 // `tool_use` and `thinking` become fields chat does not hash; the rest is
