@@ -615,7 +615,11 @@ fn the_admin_answers_kvroute_only_clusters_and_stats_and_clients_cannot_reach_it
     };
     assert_eq!(admin("GET", "/clusters?format=json&filter=%5Evllm_pool%24"), 200);
     assert_eq!(admin("GET", "/stats/prometheus"), 200);
+    assert_eq!(admin("GET", "/stats"), 200);
+    assert_eq!(admin("GET", "/stats?filter=%5Ecluster%5C."), 200);
     for (method, path) in [
+        ("POST", "/stats/recentlookups/enable"),
+        ("POST", "/stats/recentlookups/clear"),
         ("GET", "/clusters"),
         ("GET", "/config_dump"),
         ("GET", "/server_info"),
