@@ -190,9 +190,9 @@ impl SimServer {
     }
     /// The id of request `n`'s answer: `prefix-` and the client's `X-Request-Id` when it sent
     /// one, as vLLM builds its request id (behind Envoy, which sets one on every request, the
-    /// ids are Envoy's), else [`Self::request_id`].
-    fn answer_id(&self, prefix: &str, headers: &HeaderMap, n: u64) -> String {
-        match headers.get("x-request-id").and_then(|v| v.to_str().ok()) {
+    /// ids are Envoy's), else the body's `request_id` when given, else [`Self::request_id`].
+    fn answer_id(&self, prefix: &str, headers: &HeaderMap, body_id: Option<&str>, n: u64) -> String {
+        match headers.get("x-request-id").and_then(|v| v.to_str().ok()).or(body_id) {
             Some(given) => format!("{prefix}-{given}"),
             None => self.request_id(prefix, n),
         }
@@ -402,7 +402,7 @@ async fn complete(State(srv): State<Arc<SimServer>>, headers: HeaderMap, body: B
     };
     let prefix = if kind == ApiKind::Chat { "chatcmpl" } else { "cmpl" };
     let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let id = srv.answer_id(prefix, &headers, n);
+    let id = srv.answer_id(prefix, &headers, ask.request_id.as_deref(), n);
     let stream = ask.stream;
     let reply = Reply::new(ask, id, created, sub.choices.clone());
     let r = if stream {

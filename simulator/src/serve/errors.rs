@@ -9,9 +9,9 @@
 //! whose `param` names the parameter and whose message ends with ` (parameter=…, value=…)`, as
 //! that exception's `__str__` prints it; an unknown model is a 404 `NotFoundError` with
 //! `param: "model"`.
-//! Messages are vLLM's texts (`vllm/entrypoints/openai/engine/serving.py`, `_validate_input`
-//! and `_check_model`; the Responses API's, `serving_responses.py`, are of type
-//! `invalid_request_error`).
+//! Messages are vLLM's texts (`vllm/renderers/params.py`'s `TokenizeParams` for the context,
+//! `vllm/entrypoints/openai/engine/serving.py`'s `_check_model`; the Responses API's,
+//! `serving_responses.py`, are of type `invalid_request_error`).
 //!
 //! The Messages API writes its serving code's refusals in Anthropic's shape,
 //! `{"type": "error", "error": {"type", "message"}}` with the same status and type
@@ -117,26 +117,41 @@ impl ApiError {
         )
     }
 
-    /// The prompt alone fills the context (vLLM: input up to `max_model_len − 1` tokens).
-    pub fn prompt_too_long(max_model_len: u64, prompt_tokens: u64) -> ApiError {
+    /// The prompt leaves less than the requested output's room in the context (vLLM's
+    /// renderer, `TokenizeParams._token_len_check`: at most `max_model_len − max_tokens` input
+    /// tokens, `max_tokens` counted 0 where the request sets none).
+    pub fn prompt_too_long(max_model_len: u64, prompt_tokens: u64, max_output: u64) -> ApiError {
         ApiError::validation(
             &format!(
-                "This model's maximum context length is {max_model_len} tokens. However, your request has \
-                 {prompt_tokens} input tokens. Please reduce the length of the input messages."
+                "You passed {prompt_tokens} input tokens and requested {max_output} output tokens. However, the \
+                 model's context length is only {max_model_len} tokens, resulting in a maximum input length of {} \
+                 tokens. Please reduce the length of the input prompt.",
+                max_model_len.saturating_sub(max_output)
             ),
             "input_tokens",
             prompt_tokens,
         )
     }
 
-    /// Prompt plus the requested output overflow the context.
-    pub fn max_tokens_too_large(max_model_len: u64, prompt_tokens: u64, max_tokens: u64) -> ApiError {
+    /// The requested output alone is longer than the context (`TokenizeParams.__post_init__`),
+    /// in vLLM's words to the byte: its message has no space after the number and names the
+    /// context twice (`max_model_len=max_total_tokens=…`).
+    pub fn output_over_context(param: &str, max_output: u64, max_model_len: u64) -> ApiError {
         ApiError::validation(
             &format!(
-                "'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's maximum \
-                 context length is {max_model_len} tokens and your request has {prompt_tokens} input tokens \
-                 ({max_tokens} > {max_model_len} - {prompt_tokens})."
+                "{param}={max_output}cannot be greater than max_model_len=max_total_tokens={max_model_len}. \
+                 Please request fewer output tokens."
             ),
+            param,
+            max_output,
+        )
+    }
+
+    /// `max_tokens` worked out as the context's room, where the prompt fills the context
+    /// (`SamplingParams`' check).
+    pub fn no_room_for_output(max_tokens: i64) -> ApiError {
+        ApiError::validation(
+            &format!("max_tokens must be at least 1, got {max_tokens}."),
             "max_tokens",
             max_tokens,
         )

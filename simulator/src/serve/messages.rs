@@ -68,7 +68,7 @@ async fn respond(srv: &Arc<SimServer>, ask: Ask, headers: &HeaderMap, number: u6
         Err(e) => return e.into_anthropic_response(),
     };
     let stream = ask.stream;
-    let answer = Messaging::new(srv.answer_id("chatcmpl", headers, number), ask);
+    let answer = Messaging::new(srv.answer_id("chatcmpl", headers, None, number), ask);
     if stream {
         answer::stream(sub, answer)
     } else {

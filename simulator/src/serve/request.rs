@@ -1,9 +1,11 @@
 //! Reading an inference request the way vLLM 0.33 validates it, before any engine work.
 //!
 //! Order as in vLLM's `OpenAIServing`: JSON and media type (400), the model (404 with
-//! `param: "model"`; no `model` means the first served name), the sampling fields (`n ≥ 1`,
-//! `max_tokens ≥ 1`), then each prompt against the context (`_validate_input`: the prompt
-//! must leave room for one token, prompt + `max_tokens` must fit `max_model_len`).
+//! `param: "model"`; no `model`, or an empty one, means the first served name), the sampling
+//! fields (`n ≥ 1`, `max_tokens ≥ 1`), then each prompt against the context (the renderer's
+//! `TokenizeParams`: `max_tokens` no longer than `max_model_len`, the prompt no longer than
+//! `max_model_len − max_tokens`, `max_tokens` counted 0 where the request sets none; a chat
+//! prompt that fills the context then leaves `max_tokens` 0, which `SamplingParams` refuses).
 //!
 //! What FastAPI and pydantic refuse before vLLM's code runs (the media type, JSON, a field
 //! missing or of the wrong type, the request model's validators) is an [`ApiError::schema`];
@@ -55,6 +57,8 @@ pub struct Ask {
     /// with `include_usage`).
     pub continuous_usage: bool,
     pub echo: bool,
+    /// The body's `request_id` (`Draft::request_id`).
+    pub request_id: Option<String>,
 }
 
 impl Ask {
@@ -76,6 +80,12 @@ pub struct Draft {
     pub n: u64,
     /// `max_tokens` (`max_completion_tokens`, Responses' `max_output_tokens`), at least 1.
     pub max_tokens: Option<u64>,
+    /// The field `max_tokens` came from, as vLLM's context errors name it.
+    max_tokens_param: &'static str,
+    /// The body's `request_id` (not in the Messages API): a chat or completion answer's id
+    /// where the client sent no `X-Request-Id` (vLLM's `_base_request_id(raw_request,
+    /// request.request_id)`), a Responses answer's id (`ResponsesRequest.request_id`).
+    pub request_id: Option<String>,
     ignore_eos: bool,
     min_tokens: u64,
     pub stream: bool,
@@ -135,11 +145,12 @@ pub fn draft(kind: ApiKind, content_type: Option<&str>, body: &[u8], served: &[S
     if n < 1 {
         return Err(ApiError::validation(&format!("n must be at least 1, got {n}."), "n", n));
     }
-    let max_tokens = match kind {
-        ApiKind::Chat => int_field(&obj, "max_completion_tokens")?.or(int_field(&obj, "max_tokens")?),
-        ApiKind::Completions | ApiKind::Messages => int_field(&obj, "max_tokens")?,
-        ApiKind::Responses => int_field(&obj, "max_output_tokens")?,
+    let max_tokens_param = match kind {
+        ApiKind::Chat if int_field(&obj, "max_completion_tokens")?.is_some() => "max_completion_tokens",
+        ApiKind::Responses => "max_output_tokens",
+        _ => "max_tokens",
     };
+    let max_tokens = int_field(&obj, max_tokens_param)?;
     // vLLM's `SamplingParams` check, whichever field the API calls it.
     if let Some(m) = max_tokens.filter(|m| *m < 1) {
         return Err(ApiError::validation(
@@ -183,6 +194,10 @@ pub fn draft(kind: ApiKind, content_type: Option<&str>, body: &[u8], served: &[S
         prompts,
         n: n as u64,
         max_tokens: max_tokens.map(|m| m as u64),
+        max_tokens_param,
+        request_id: (kind != ApiKind::Messages)
+            .then(|| obj.get("request_id").and_then(Value::as_str).map(str::to_string))
+            .flatten(),
         ignore_eos,
         min_tokens,
         stream,
@@ -193,11 +208,12 @@ pub fn draft(kind: ApiKind, content_type: Option<&str>, body: &[u8], served: &[S
     })
 }
 
-/// The served name `obj` asks for (vLLM's model check: no `model` means the first served name,
-/// an unknown one is a 404).
+/// The served name `obj` asks for (vLLM's model check, `_is_model_supported`: no `model`, or
+/// an empty one, means the first served name; an unknown one is a 404).
 pub fn served_model(obj: &serde_json::Map<String, Value>, served: &[String]) -> Result<String, ApiError> {
     match obj.get("model") {
         None | Some(Value::Null) => Ok(served.first().cloned().unwrap_or_default()),
+        Some(Value::String(m)) if m.is_empty() => Ok(served.first().cloned().unwrap_or_default()),
         Some(Value::String(m)) if served.contains(m) => Ok(m.clone()),
         Some(Value::String(m)) => Err(ApiError::unknown_model(m)),
         Some(_) => Err(ApiError::schema("model: Input should be a valid string")),
@@ -205,20 +221,35 @@ pub fn served_model(obj: &serde_json::Map<String, Value>, served: &[String]) -> 
 }
 
 impl Draft {
-    /// The output each prompt may have, once every prompt is known to leave room for one
-    /// token and, but for the Responses API, for `max_tokens` (vLLM's `_validate_input`; a
-    /// Responses request's `max_output_tokens` is cut to the room left, as
-    /// `ResponsesRequest.to_sampling_params` does).
+    /// The output each prompt may have, once every prompt is known to fit the context with
+    /// the requested output (vLLM's renderer, `TokenizeParams`) and to leave room for one
+    /// token. A Responses request's `max_output_tokens` is cut to the room left, as
+    /// `ResponsesRequest.to_sampling_params` does, so it asks for no room of its own; a
+    /// completion's `max_tokens` is 16 where the request sets none.
     pub fn fit(self, max_model_len: u64) -> Result<Ask, ApiError> {
+        let asked = match (self.kind, self.max_tokens) {
+            (ApiKind::Responses, _) => 0,
+            (ApiKind::Completions, None) => COMPLETION_DEFAULT_MAX_TOKENS,
+            (_, m) => m.unwrap_or(0),
+        };
+        if asked > max_model_len {
+            return Err(ApiError::output_over_context(
+                self.max_tokens_param,
+                asked,
+                max_model_len,
+            ));
+        }
         let mut output_tokens = Vec::with_capacity(self.prompts.len());
         for p in &self.prompts {
+            if p.tokens > max_model_len - asked {
+                return Err(ApiError::prompt_too_long(max_model_len, p.tokens, asked));
+            }
             if p.tokens >= max_model_len {
-                return Err(ApiError::prompt_too_long(max_model_len, p.tokens));
+                return Err(ApiError::no_room_for_output(0));
             }
             let room = max_model_len - p.tokens;
             let planned = match (self.kind, self.max_tokens) {
                 (ApiKind::Responses, Some(m)) => m.min(room),
-                (_, Some(m)) if m > room => return Err(ApiError::max_tokens_too_large(max_model_len, p.tokens, m)),
                 // The Messages API requires `max_tokens`: a ceiling, which the model's own stop
                 // usually comes before.
                 (ApiKind::Messages, Some(m)) => m.min(NATURAL_STOP_TOKENS),
@@ -245,6 +276,7 @@ impl Draft {
             include_usage: self.include_usage,
             continuous_usage: self.continuous_usage,
             echo: self.echo,
+            request_id: self.request_id,
         })
     }
 }

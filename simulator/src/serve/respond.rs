@@ -138,7 +138,7 @@ impl Answer for Reply {
                 if self.chat() {
                     json!({
                         "index": index,
-                        "message": {"role": "assistant", "content": text, "refusal": null, "tool_calls": [], "reasoning_content": null},
+                        "message": {"role": "assistant", "content": text, "refusal": null, "reasoning": null},
                         "logprobs": null, "finish_reason": self.finish_reason(), "stop_reason": null,
                     })
                 } else {

@@ -19,7 +19,8 @@
 //! every stored response is finished and `cancel` gets vLLM's 400 for a synchronous one.
 //!
 //! Ids are `resp_` and `msg_` with 32 hex digits unique across servers (vLLM:
-//! `uuid4().hex`); vLLM names a response so whatever `X-Request-Id` says.
+//! `uuid4().hex`), or the body's `request_id` where it has one; `X-Request-Id` does not name a
+//! response.
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -87,7 +88,12 @@ fn prepare(
         .saturating_sub(draft.prompts.first().map_or(0, |p| p.tokens));
     let max_output_tokens = draft.max_tokens.map_or(room, |m| m.min(room));
     let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let id = format!("resp_{}", srv.hex_id(number));
+    // The body's `request_id` names the response (`ResponsesRequest.request_id`, whose
+    // default is `resp_` and a UUID's hex).
+    let id = draft
+        .request_id
+        .clone()
+        .unwrap_or_else(|| format!("resp_{}", srv.hex_id(number)));
     let response = ResponseObject::created(id, created, draft.model.clone(), &draft.body, max_output_tokens);
     let ask = draft.fit(srv.max_model_len)?;
     Ok((ask, response, store && srv.responses.enabled()))

@@ -175,29 +175,39 @@ fn a_two_megabyte_prompt_gets_400_at_once_and_the_server_serves_right_after() {
     assert_eq!(e["param"], "input_tokens");
     assert_eq!(e["code"], 400);
     let message = e["message"].as_str().unwrap();
-    assert!(
-        message.starts_with("This model's maximum context length is 131072 tokens. However, your request has "),
-        "{message}"
-    );
-    assert!(
-        message.ends_with("Please reduce the length of the input messages. (parameter=input_tokens, value=524294)"),
-        "{message}"
+    assert_eq!(
+        message,
+        "You passed 524294 input tokens and requested 8 output tokens. However, the model's context length is \
+         only 131072 tokens, resulting in a maximum input length of 131064 tokens. Please reduce the length of \
+         the input prompt. (parameter=input_tokens, value=524294)"
     );
     let small = chat(f.base, serde_json::json!({"max_tokens": 4}));
     assert_eq!(small.status, 200, "{}", small.body);
 }
 
 #[test]
-fn prompt_plus_max_tokens_over_the_context_is_refused_with_param_max_tokens() {
+fn prompt_plus_max_tokens_over_the_context_is_refused_as_vllms_renderer_refuses_it() {
     let f = fleet(1);
+    // The prompt (4 tokens) past the room max_tokens leaves: param input_tokens.
     let a = completion(f.base, serde_json::json!({"max_tokens": 131_070}));
     assert_eq!(a.status, 400);
     let e = &a.json()["error"];
-    assert_eq!(e["param"], "max_tokens");
+    assert_eq!(e["param"], "input_tokens");
     assert_eq!(
         e["message"],
-        "'max_tokens' or 'max_completion_tokens' is too large: 131070. This model's maximum context length is \
-         131072 tokens and your request has 4 input tokens (131070 > 131072 - 4). (parameter=max_tokens, value=131070)"
+        "You passed 4 input tokens and requested 131070 output tokens. However, the model's context length is \
+         only 131072 tokens, resulting in a maximum input length of 2 tokens. Please reduce the length of the \
+         input prompt. (parameter=input_tokens, value=4)"
+    );
+    // max_tokens alone past the context: named by the field it came in.
+    let a = chat(f.base, serde_json::json!({"max_completion_tokens": 200_000}));
+    assert_eq!(a.status, 400);
+    let e = &a.json()["error"];
+    assert_eq!(e["param"], "max_completion_tokens");
+    assert_eq!(
+        e["message"],
+        "max_completion_tokens=200000cannot be greater than max_model_len=max_total_tokens=131072. Please request \
+         fewer output tokens. (parameter=max_completion_tokens, value=200000)"
     );
 }
 
@@ -421,6 +431,16 @@ fn an_unknown_model_is_404_with_param_model_and_no_model_means_the_served_one() 
     let b = chat(f.base, serde_json::json!({"-model": null, "max_tokens": 1}));
     assert_eq!(b.status, 200, "{}", b.body);
     assert_eq!(b.json()["model"], MODEL);
+    // An empty name is no name (vLLM's `_is_model_supported`).
+    for path in ["/v1/chat/completions", "/v1/completions", "/tokenize"] {
+        let body = serde_json::json!({"model": "", "messages": [{"role": "user", "content": "hi"}], "prompt": "hi", "max_tokens": 1});
+        let a = post(f.base, path, &body);
+        assert_eq!(a.status, 200, "{path}: {}", a.body);
+    }
+    assert_eq!(
+        chat(f.base, serde_json::json!({"model": "", "max_tokens": 1})).json()["model"],
+        MODEL
+    );
 }
 
 #[test]
@@ -455,6 +475,14 @@ fn ids_are_unique_across_servers_and_requests_and_shaped_like_vllms() {
     );
     assert_eq!(a.json()["id"], "chatcmpl-5e1f0c7a-envoy", "{}", a.body);
     let body = serde_json::json!({"model": MODEL, "prompt": "hi", "max_tokens": 1});
+    let a = send_with(f.base, "POST", "/v1/completions", given, body.to_string().as_bytes());
+    assert_eq!(a.json()["id"], "cmpl-5e1f0c7a-envoy", "{}", a.body);
+    // Without the header, the body's request_id; the header wins over it.
+    let a = chat(f.base, serde_json::json!({"max_tokens": 1, "request_id": "trace-7"}));
+    assert_eq!(a.json()["id"], "chatcmpl-trace-7", "{}", a.body);
+    let a = completion(f.base, serde_json::json!({"max_tokens": 1, "request_id": "trace-8"}));
+    assert_eq!(a.json()["id"], "cmpl-trace-8", "{}", a.body);
+    let body = serde_json::json!({"model": MODEL, "prompt": "hi", "max_tokens": 1, "request_id": "trace-9"});
     let a = send_with(f.base, "POST", "/v1/completions", given, body.to_string().as_bytes());
     assert_eq!(a.json()["id"], "cmpl-5e1f0c7a-envoy", "{}", a.body);
 }
@@ -1146,6 +1174,13 @@ fn with_the_store_on_a_follow_up_hits_the_stored_conversation_and_it_can_be_read
     let got = send(f.base, "GET", &format!("/v1/responses/{id}"), b"");
     assert_eq!((got.status, got.body.as_str()), (200, first.body.as_str()));
     assert!(got.head.contains("x-served-by: "), "{}", got.head);
+    // A body's request_id names the response, and the stored response is found by it.
+    let named = respond(
+        f.base,
+        serde_json::json!({"input": "hi", "max_output_tokens": 1, "request_id": "resp_mine"}),
+    );
+    assert_eq!(named.json()["id"], "resp_mine", "{}", named.body);
+    assert_eq!(send(f.base, "GET", "/v1/responses/resp_mine", b"").status, 200);
     let cancel = send(f.base, "POST", &format!("/v1/responses/{id}/cancel"), b"");
     assert_eq!(cancel.status, 400);
     assert_eq!(

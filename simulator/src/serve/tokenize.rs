@@ -121,7 +121,7 @@ pub fn detokenize_body(body: &[u8], served: &[String]) -> Result<Value, ApiError
 fn check_model(json: &Value, served: &[String]) -> Result<(), ApiError> {
     match json.get("model") {
         None | Some(Value::Null) => Ok(()),
-        Some(Value::String(m)) if served.contains(m) => Ok(()),
+        Some(Value::String(m)) if m.is_empty() || served.contains(m) => Ok(()),
         Some(Value::String(m)) => Err(ApiError::unknown_model(m)),
         Some(_) => Err(ApiError::schema("model: Input should be a valid string")),
     }

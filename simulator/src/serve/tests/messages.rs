@@ -224,7 +224,7 @@ fn what_pydantic_refuses_is_a_bad_request_and_what_vllms_code_refuses_comes_in_a
             json!({"max_tokens": 200_000}),
             400,
             "BadRequestError",
-            "is too large: 200000",
+            "max_tokens=200000cannot be greater than max_model_len",
         ),
         (json!({"messages": []}), 400, "BadRequestError", ""),
     ] {
