@@ -1,11 +1,13 @@
 //! Holding at the gateway (`overload.hold`), one queue per Envoy process: while every
-//! server is full, an HTTP context leaves its request paused and puts a ticket for it on
-//! the process's board, a `kvroute_core::hold::HoldQueue` kept in shared data
+//! server of its model is full, an HTTP context leaves its request paused and puts a ticket
+//! for it on the process's board, a `kvroute_core::hold::HoldQueue` kept in shared data
 //! (`BOARD_KEY`, encoded by `Board::encode`, compare-and-swap). The board orders the tickets of every worker
-//! VM fairly (priority bands, tenants); the worker whose ticket is at its head routes that
-//! request at its tick when a server has room (with the metrics and placements the tick
-//! just applied), takes the ticket off and resumes the stream. Past `max_wait_ms` a request
-//! is answered 429 with `Retry-After`.
+//! VM fairly (priority bands, tenants); each model's first ticket in that order is its head,
+//! and the worker whose ticket is a head routes that request at its tick when a server has
+//! room (with the metrics and placements the tick just applied), takes the ticket off and
+//! resumes the stream. A model's requests wait only behind requests of the same model:
+//! another model's servers may have room while this one's are full. Past `max_wait_ms` a
+//! request is answered 429 with `Retry-After`.
 //!
 //! Why one board and not one queue per worker: with a queue per worker, an arrival at a
 //! worker that holds nothing is routed past requests the other workers hold, and every
@@ -51,7 +53,7 @@ pub use board::Ticket;
 
 /// The process's board of held requests (the version changes with its layout, so builds
 /// side by side in one process during a reload keep separate boards).
-const BOARD_KEY: &str = "kvroute.hold.board.v1";
+const BOARD_KEY: &str = "kvroute.hold.board.v2";
 /// The counter that names worker VMs on the board.
 const IDS_KEY: &str = "kvroute.hold.ids";
 /// Another worker's ticket this long past its wait bound is dropped by whoever sees it:
@@ -67,6 +69,8 @@ const TICK_MISSING_MS: u64 = 250;
 const CAS_TRIES: usize = 32;
 /// Requests one tick releases at most (the next tick goes on).
 const MAX_RELEASES_PER_TICK: usize = 64;
+/// Models whose head one look at the board tries at most (the next tick goes on).
+const MAX_HEADS_PER_LOOK: usize = 16;
 /// A worker that holds nothing reads the board this often, to know whether an arrival must
 /// wait behind the others' held requests.
 const IDLE_READ_MS: u64 = 10;
@@ -155,6 +159,8 @@ pub struct Holds {
     mine: RefCell<Mines>,
     /// The board's length when this worker last read or wrote it.
     board_len: Cell<usize>,
+    /// The models of the board's tickets when this worker last read or wrote it.
+    board_groups: RefCell<Vec<u64>>,
     read_at: Cell<Millis>,
     /// When this worker's tick last ran (or the worker started).
     ticked_at: Cell<Millis>,
@@ -179,6 +185,7 @@ impl Holds {
             next_seq: Cell::new(0),
             mine: RefCell::new(Mines::default()),
             board_len: Cell::new(0),
+            board_groups: RefCell::new(Vec::new()),
             read_at: Cell::new(Millis(0)),
             ticked_at: Cell::new(host::now()),
             max_requests: hold.max_requests,
@@ -225,7 +232,7 @@ impl Holds {
         board.queue.set_newest_first(self.newest_first_after_ms);
         board.queue.set_now(now);
         self.read_at.set(now);
-        self.board_len.set(board.queue.len());
+        self.seen(&board);
         Some((board, cas))
     }
 
@@ -234,7 +241,7 @@ impl Holds {
     fn take_off(&self, me: u64, seq: u64, now: Millis) {
         for _ in 0..CAS_TRIES {
             let Some((mut board, cas)) = self.read(now) else { return };
-            if board.queue.take(|t| *t == Ticket { vm: me, seq }).is_none() {
+            if board.queue.take(|t| t.vm == me && t.seq == seq).is_none() {
                 return;
             }
             match self.write(&board, cas) {
@@ -246,9 +253,27 @@ impl Holds {
 
     fn write(&self, board: &Board, cas: Option<u32>) -> Result<(), Status> {
         host::set_shared_data_cas(BOARD_KEY, &board.encode(), cas)?;
-        self.board_len.set(board.queue.len());
+        self.seen(board);
         Ok(())
     }
+
+    /// Remembers what the board holds, as this worker last read or wrote it.
+    fn seen(&self, board: &Board) {
+        self.board_len.set(board.queue.len());
+        if let Ok(mut groups) = self.board_groups.try_borrow_mut() {
+            *groups = board.groups();
+        }
+    }
+}
+
+/// A request's model on the board: a digest of the name it asks for (which servers may
+/// serve it).
+pub fn group_of(req: &RouteRequest) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in req.model.bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    h
 }
 
 /// A tenant's flow on the board: a fixed-size digest of its key (a header value can be
@@ -270,10 +295,16 @@ pub fn answer_429(retry_after_s: u64) -> bool {
 }
 
 impl Shared {
-    /// Whether this Envoy process holds requests now (as this worker last saw the board):
-    /// an arrival then waits its turn behind them.
-    pub fn holding(&self) -> bool {
-        self.holds.board_len.get() > 0 || !self.holds.is_empty()
+    /// Whether this Envoy process holds requests of `req`'s model now (as this worker last
+    /// saw the board, and its own): an arrival then waits its turn behind them.
+    pub fn holding(&self, req: &RouteRequest) -> bool {
+        let group = group_of(req);
+        let holds = &self.holds;
+        holds.board_groups.try_borrow().map_or(true, |g| g.contains(&group))
+            || holds
+                .mine
+                .try_borrow()
+                .map_or(true, |m| m.0.iter().any(|(_, m)| group_of(&m.waiting.req) == group))
     }
 
     /// Puts a request on the process's board. A lower-priority request it displaced is
@@ -288,6 +319,7 @@ impl Shared {
         let ticket = Ticket {
             vm: me,
             seq: holds.next_seq.get(),
+            group: group_of(&waiting.req),
         };
         let flow = flow_of(tenant);
         for _ in 0..CAS_TRIES {

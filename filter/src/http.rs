@@ -196,7 +196,7 @@ impl Http {
         }
         // Behind requests already held here, a new one waits its turn; a continuation
         // whose home is known goes there at once (no other server can answer it).
-        let decision = if shared.holding() && !home_known {
+        let decision = if shared.holding(&req) && !home_known {
             None
         } else {
             Some(router.route(&req, now))

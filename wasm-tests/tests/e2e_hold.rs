@@ -375,3 +375,50 @@ fn with_newest_first_the_last_held_request_leaves_first_once_the_oldest_waited()
     assert_eq!(envoy.stat("wasmcustom.kvroute.hold.released"), 3);
     assert_eq!(server.inference_requests(), 4);
 }
+
+/// Held requests of one model do not hold back another model's, whose servers have room:
+/// the board keeps one order, and each model's first request in it is that model's head.
+#[test]
+fn a_request_for_another_model_with_room_is_not_held_behind_a_full_models() {
+    let busy = FakeVllm::start(Load::idle()).unwrap();
+    let other = FakeVllm::start_serving(Load::idle(), "other-model").unwrap();
+    let hold = r#""overload": {"hold": {"max_wait_ms": 2000, "wait_limit_ms": 1}},"#;
+    let envoy = Envoy::start_workers("envoy.yaml", &[busy.port, other.port], 2, move |text| {
+        text.replace("\"policy\": \"cost\",", &format!("\"policy\": \"cost\", {hold}"))
+    })
+    .unwrap();
+    until("no scrapes", &envoy, || busy.scrapes() >= 2 && other.scrapes() >= 2);
+    thread::sleep(Duration::from_millis(300));
+    busy.set_delay_ms(3_000);
+    let first = send(&envoy, vec![]);
+    reached(&busy, &envoy, 1);
+    let second = send(&envoy, vec![]);
+    held(&envoy, 1);
+    let t0 = Instant::now();
+    let prompt = "A question for the other model, whose server is idle. ".repeat(40);
+    let body =
+        format!(r#"{{"model":"other-model","max_tokens":8,"messages":[{{"role":"user","content":"{prompt}"}}]}}"#);
+    let r = kvroute_wasm_tests::http_client::request(
+        envoy.port,
+        "POST",
+        "/v1/chat/completions",
+        &[("content-type", "application/json")],
+        body.as_bytes(),
+    )
+    .unwrap();
+    let took = t0.elapsed();
+    assert_eq!(r.status, 200, "{}", envoy.log_text());
+    assert_eq!(r.header("x-served-by"), Some(other.address().as_str()));
+    assert!(
+        took < Duration::from_millis(1000),
+        "waited behind the other model's held request: {took:?}"
+    );
+    assert_eq!(
+        envoy.stat("wasmcustom.kvroute.hold.held"),
+        1,
+        "only the full model's request was held"
+    );
+    let (s2, _, _) = second.join().unwrap();
+    assert_eq!(s2, 429, "the full model's held request still waits its bound");
+    assert_eq!(first.join().unwrap().0, 200);
+}

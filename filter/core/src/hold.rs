@@ -167,11 +167,24 @@ impl<T> HoldQueue<T> {
     /// The flow whose head goes out next: the smallest start tag, ties to the higher
     /// priority, then the tenant's name (deterministic).
     fn next_key(&self) -> Option<(i64, String)> {
+        self.next_where(|_| true).map(|(k, _)| k.clone())
+    }
+
+    /// Among the requests `keep` picks, the one that goes out next and its flow: each flow
+    /// offers the request it would send (`index_out`) when `keep` picks it, else its first
+    /// one `keep` picks, at the flow's next slot (`take_at`); the smallest slot wins, as in
+    /// `next_key`.
+    fn next_where(&self, keep: impl Fn(&T) -> bool) -> Option<(&(i64, String), &Held<T>)> {
         self.flows
             .iter()
-            .filter_map(|(k, f)| f.queue.front().map(|h| (h.start, k)))
-            .min_by(|(a, ka), (b, kb)| a.total_cmp(b).then(kb.0.cmp(&ka.0)).then(ka.1.cmp(&kb.1)))
-            .map(|(_, k)| k.clone())
+            .filter_map(|(k, f)| {
+                let slot = f.queue.front()?.start;
+                let out = f.queue.get(self.index_out(f)).filter(|h| keep(&h.item));
+                let held = out.or_else(|| f.queue.iter().find(|h| keep(&h.item)))?;
+                Some((slot, k, held))
+            })
+            .min_by(|(a, ka, _), (b, kb, _)| a.total_cmp(b).then(kb.0.cmp(&ka.0)).then(ka.1.cmp(&kb.1)))
+            .map(|(_, k, h)| (k, h))
     }
 
     /// The request that goes out next, without taking it.
@@ -179,6 +192,13 @@ impl<T> HoldQueue<T> {
         let key = self.next_key()?;
         let flow = self.flows.get(&key)?;
         flow.queue.get(self.index_out(flow))
+    }
+
+    /// The request that would go out next if the queue held only those `keep` picks (the
+    /// head of one model's requests, where requests of several wait in one queue), without
+    /// taking it; `take` takes it in that place.
+    pub fn peek_where(&self, keep: impl Fn(&T) -> bool) -> Option<&Held<T>> {
+        self.next_where(keep).map(|(_, h)| h)
     }
 
     /// Takes the request that goes out next.

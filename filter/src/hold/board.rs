@@ -6,11 +6,14 @@ use kvroute_core::Millis;
 
 use super::{SILENT_MS, STALE_GRACE_MS};
 
-/// A held request on the board: the worker VM that holds its stream, and its number there.
+/// A held request on the board: the worker VM that holds its stream, its number there, and
+/// its model (`group_of`): each model's first ticket in the board's order is that model's
+/// head.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Ticket {
     pub vm: u64,
     pub seq: u64,
+    pub group: u64,
 }
 
 /// What the process's workers share: the held requests in fair order, and when each worker
@@ -22,12 +25,13 @@ pub(super) struct Board {
 }
 
 impl Board {
-    /// The queue (`HoldQueue::encode`, a ticket as its two numbers), then the heartbeats.
+    /// The queue (`HoldQueue::encode`, a ticket as its three numbers), then the heartbeats.
     pub(super) fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(64 + 40 * self.queue.len());
         self.queue.encode(&mut out, |t, out| {
             out.extend(t.vm.to_le_bytes());
             out.extend(t.seq.to_le_bytes());
+            out.extend(t.group.to_le_bytes());
         });
         out.extend((self.beats.len() as u32).to_le_bytes());
         for (vm, at) in &self.beats {
@@ -43,6 +47,7 @@ impl Board {
             Some(Ticket {
                 vm: u64::from_le_bytes(take(b)?),
                 seq: u64::from_le_bytes(take(b)?),
+                group: u64::from_le_bytes(take(b)?),
             })
         })?;
         let n = u32::from_le_bytes(take(b)?);
@@ -50,6 +55,14 @@ impl Board {
             .map(|_| Some((u64::from_le_bytes(take(b)?), u64::from_le_bytes(take(b)?))))
             .collect::<Option<Vec<_>>>()?;
         b.is_empty().then_some(Board { queue, beats })
+    }
+
+    /// The models of the tickets on the board, each once.
+    pub(super) fn groups(&self) -> Vec<u64> {
+        let mut groups: Vec<u64> = self.queue.iter().map(|h| h.item.group).collect();
+        groups.sort_unstable();
+        groups.dedup();
+        groups
     }
 
     pub(super) fn beat_of(&self, vm: u64) -> Option<u64> {

@@ -4,7 +4,7 @@
 use kvroute_core::{Millis, Outcome, Router};
 use proxy_wasm::types::Status;
 
-use super::{Board, Mines, Numbers, BEAT_MS, CAS_TRIES, IDLE_READ_MS, MAX_RELEASES_PER_TICK};
+use super::{Board, Mines, Numbers, BEAT_MS, CAS_TRIES, IDLE_READ_MS, MAX_HEADS_PER_LOOK, MAX_RELEASES_PER_TICK};
 use crate::worker::Shared;
 
 impl Shared {
@@ -69,9 +69,12 @@ impl Shared {
         }
     }
 
-    /// The head of the board, when it is this worker's and the router finds a server with
-    /// room for it: its number and the decision. (This worker's tickets without a live
-    /// request behind them left the board in `tidy`.)
+    /// A model's head on the board (its first ticket in the board's order), when it is this
+    /// worker's and the router finds a server with room for it: its number and the
+    /// decision. Heads are tried in the board's order; a model whose head is another
+    /// worker's (which routes it at its own tick) or finds no room is passed over, with every
+    /// ticket of it behind that head. (This worker's tickets without a live request behind
+    /// them left the board in `tidy`.)
     fn route_head(
         &self,
         router: &mut Router,
@@ -80,11 +83,24 @@ impl Shared {
         mine: &Mines,
         now: Millis,
     ) -> Option<(u64, kvroute_core::Decision)> {
-        let head = board.queue.peek().map(|h| h.item).filter(|t| t.vm == me)?;
-        let m = mine.get(&head.seq)?;
-        self.peers.pull_now(router, &self.stats, now);
-        let decision = router.route(&m.waiting.req, now);
-        (decision.outcome != Outcome::Hold).then_some((head.seq, decision))
+        let mut passed: Vec<u64> = Vec::new();
+        let mut pulled = false;
+        for _ in 0..MAX_HEADS_PER_LOOK {
+            let head = board.queue.peek_where(|t| !passed.contains(&t.group))?.item;
+            passed.push(head.group);
+            let Some(m) = mine.get(&head.seq).filter(|_| head.vm == me) else {
+                continue;
+            };
+            if !pulled {
+                self.peers.pull_now(router, &self.stats, now);
+                pulled = true;
+            }
+            let decision = router.route(&m.waiting.req, now);
+            if decision.outcome != Outcome::Hold {
+                return Some((head.seq, decision));
+            }
+        }
+        None
     }
 
     /// Once per tick, after the board was read (and written): answers this worker's held

@@ -244,3 +244,25 @@ fn tenants_and_priorities_that_come_and_go_leave_a_bounded_board() {
         1
     );
 }
+
+#[test]
+fn the_head_of_a_subset_is_its_first_request_in_the_queues_order() {
+    // Items: (model, n). Tenant "a" holds two requests of model 0 then one of model 1;
+    // tenant "b" one of model 1, later.
+    let mut q = HoldQueue::new(16, 4.0);
+    q.push((0, 1), 0, "a", Millis(0));
+    q.push((0, 2), 0, "a", Millis(0));
+    q.push((1, 3), 0, "a", Millis(0));
+    q.push((1, 4), 0, "b", Millis(1));
+    let all = |_: &(u8, u8)| true;
+    assert_eq!(q.peek_where(all).map(|h| h.item), q.peek().map(|h| h.item));
+    // Model 1's head: tenant a's slot comes first (its front's start tag), and within the
+    // flow model 1's first request.
+    let model_1 = |i: &(u8, u8)| i.0 == 1;
+    assert_eq!(q.peek_where(model_1).map(|h| h.item), Some((1, 3)));
+    assert_eq!(q.peek_where(|i| i.0 == 2), None);
+    // Taken in that place, the flow's order is kept for the rest.
+    assert_eq!(q.take(|i| *i == (1, 3)).map(|h| h.item), Some((1, 3)));
+    assert_eq!(q.peek_where(model_1).map(|h| h.item), Some((1, 4)));
+    assert_eq!(drain(&mut q, 10), vec![(1, 4), (0, 1), (0, 2)]);
+}
