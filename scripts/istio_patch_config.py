@@ -49,8 +49,18 @@ assert replicas_patch["match"]["cluster"]["service"] == PEERS.split("|")[3] and 
 assert PEERS in open("envoy/istio/replicas-gateway.yaml").read(), "the configuration line to add names another cluster"
 sidecar = patches("envoy/istio/envoyfilter-sidecar.yaml")
 # The sidecar's patches carry the same values (only their match differs): checking the
-# gateway's checks both.
-assert sidecar.keys() == gw.keys() and all(sidecar[k]["patch"] == gw[k]["patch"] for k in gw), "sidecar and gateway patches differ"
+# gateway's checks both. But for the header removal: the gateway also removes kvroute's
+# hints (a client's, README "Threat model"), the sidecar keeps its application's.
+HINTS = ["x-kvroute-tenant", "x-kvroute-priority", "x-kvroute-ttft-objective-ms"]
+MUTATION = ("HTTP_FILTER", "INSERT_FIRST")
+
+
+def removed(patch):
+    return [m["remove"] for m in patch["patch"]["value"]["typed_config"]["mutations"]["request_mutations"]]
+
+
+assert removed(gw[MUTATION]) == removed(sidecar[MUTATION]) + HINTS, (removed(gw[MUTATION]), removed(sidecar[MUTATION]))
+assert sidecar.keys() == gw.keys() and all(sidecar[k]["patch"] == gw[k]["patch"] for k in gw if k != MUTATION), "sidecar and gateway patches differ"
 # kvroute's filter: an ECDS configuration (EXTENSION_CONFIG) and the HTTP filter that names it,
 # inserted before the router.
 ecds = gw[("EXTENSION_CONFIG", "ADD")]["patch"]["value"]
