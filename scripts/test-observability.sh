@@ -126,7 +126,7 @@ if [ -n "${SCREENSHOTS:-}" ]; then
       --screenshot="$SCREENSHOTS/$name.png" "$url" || echo "screenshot $name failed (see $OUT/chromium-$name.err)"
   }
   shot decisions-by-outcome 'sum by (outcome) (rate(kvroute:requests_total[30s]))'
-  shot cached-tokens-reported 'sum(rate(kvroute_tokens_reported_cached[30s])) / sum(rate(kvroute_tokens_prompt[30s]))'
+  shot cached-tokens-reported 'sum(rate(kvroute_tokens_reported_cached[30s])) / sum(rate(kvroute_tokens_prompt_reported[30s]))'
   shot server-share 'sum by (server) (rate(kvroute:endpoint_chosen_total[30s])) / ignoring (server) group_left sum(rate(kvroute:endpoint_chosen_total[30s]))'
   shot kv-cache-usage 'max by (instance) (vllm:kv_cache_usage_perc)'
   shot ttft-p95 'histogram_quantile(0.95, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket[30s])))'

@@ -80,8 +80,8 @@ const IDLE_READ_MS: u64 = 10;
 pub struct Release {
     /// Its stream ended while it waited: nothing may be done to it.
     pub gone: bool,
-    /// Routed by the tick: the router's request id and the chosen server.
-    pub routed: Option<(u64, String)>,
+    /// Routed by the tick.
+    pub routed: Option<crate::worker::Routed>,
     /// Answered 429 by the tick.
     pub rejected: bool,
     /// The decision's label once it left the queue.

@@ -37,6 +37,8 @@ enum Phase {
     Buffering(ApiKind),
     Routed {
         request_id: u64,
+        /// The prompt's tokens and those predicted cached (`Routed`).
+        tokens: (u64, u64),
     },
     /// Another gateway replica forwarding its placements (`share.replicas.path`).
     PeerBatch,
@@ -226,13 +228,16 @@ impl Http {
         let Some(decision) = decision else {
             return Action::Continue;
         };
-        let Some((request_id, best)) = shared.apply_decision(&mut router, &req, &decision, now) else {
+        let Some(routed) = shared.apply_decision(&mut router, &req, &decision, now) else {
             self.reason = "host_error";
             return Action::Continue;
         };
-        self.chosen = Some(best);
+        self.chosen = Some(routed.best);
         self.read_forced_usage(shared);
-        self.phase = Phase::Routed { request_id };
+        self.phase = Phase::Routed {
+            request_id: routed.request_id,
+            tokens: (routed.prompt_tokens, routed.predicted_cached),
+        };
         Action::Continue
     }
 }
@@ -289,7 +294,7 @@ impl Http {
     /// The routed request's prefill is done (see `Router::on_first_token`); when a retry
     /// moved it to another server, its time is not learned from.
     fn first_token(&self) {
-        if let (Phase::Routed { request_id }, Some(shared)) = (&self.phase, &self.shared) {
+        if let (Phase::Routed { request_id, .. }, Some(shared)) = (&self.phase, &self.shared) {
             if let Ok(mut router) = shared.router.try_borrow_mut() {
                 // Only tiers learn from first tokens: without them, no host call here.
                 let moved = router.config().tiers().on()
@@ -581,9 +586,9 @@ impl HttpContext for Http {
     fn on_log(&mut self) {
         self.adopt_release();
         let Some(shared) = self.shared.clone() else { return };
-        let routed = match self.phase {
-            Phase::Routed { request_id } => Some(request_id),
-            _ => None,
+        let (routed, tokens) = match self.phase {
+            Phase::Routed { request_id, tokens } => (Some(request_id), tokens),
+            _ => (None, (0, 0)),
         };
         if routed.is_none() && self.capture.is_none() {
             return;
@@ -609,6 +614,13 @@ impl HttpContext for Http {
         }
         if let Some(c) = cached {
             shared.stats.reported_cached_tokens.add(c);
+        }
+        // The requests whose answer carried usage, where vLLM reports its cached tokens (it
+        // leaves the details out when nothing was cached): the reported share's own
+        // denominator, so that streams which did not ask for usage do not read as misses.
+        if usage.reported {
+            shared.stats.prompt_tokens_reported.add(tokens.0);
+            shared.stats.predicted_cached_tokens_reported.add(tokens.1);
         }
         if !self.responded {
             shared.stats.client_left.inc();

@@ -57,6 +57,10 @@ pub struct RequestStats {
     pub client_header_removed: Metric,
     pub prompt_tokens: Metric,
     pub predicted_cached_tokens: Metric,
+    /// The prompt tokens, and the part predicted cached, of the routed requests whose
+    /// answer carried usage (`usage_reported`): those `reported_cached_tokens` counts.
+    pub prompt_tokens_reported: Metric,
+    pub predicted_cached_tokens_reported: Metric,
     pub reported_cached_tokens: Metric,
     pub estimated_hit_permille: Metric,
     pub snapshot_age_ms: Metric,
@@ -144,6 +148,8 @@ impl RequestStats {
             client_header_removed: c("client_destination_header_removed"),
             prompt_tokens: c("tokens.prompt"),
             predicted_cached_tokens: c("tokens.predicted_cached"),
+            prompt_tokens_reported: c("tokens.prompt_reported"),
+            predicted_cached_tokens_reported: c("tokens.predicted_cached_reported"),
             reported_cached_tokens: c("tokens.reported_cached"),
             estimated_hit_permille: g("estimated_prefix_hit_permille"),
             snapshot_age_ms: g("snapshot_age_ms"),

@@ -61,6 +61,17 @@ pub struct Shared {
     looked_at: Cell<Millis>,
 }
 
+/// A request the gateway routed: the router's id for it, the server chosen first, and its
+/// prompt tokens and the part of them the index predicted cached (counted again, with
+/// vLLM's report, once its answer says what was cached).
+#[derive(Clone, Debug)]
+pub struct Routed {
+    pub request_id: u64,
+    pub best: String,
+    pub prompt_tokens: u64,
+    pub predicted_cached: u64,
+}
+
 /// The request path looks for a new fleet state itself when the tick has not for this long
 /// (a VM Envoy reloaded after a crash gets no tick).
 const TICK_MISSING_MS: u64 = 250;
@@ -100,15 +111,15 @@ impl Shared {
     }
 
     /// Sets the destination header of the current (or effective) stream for a routed
-    /// decision and records it: the router's request id and the chosen server, or `None`
-    /// when the header could not be set (Envoy then balances the request).
+    /// decision and records it, or `None` when the header could not be set (Envoy then
+    /// balances the request).
     pub fn apply_decision(
         &self,
         router: &mut Router,
         req: &RouteRequest,
         decision: &Decision,
         now: Millis,
-    ) -> Option<(u64, String)> {
+    ) -> Option<Routed> {
         self.count_outcome(&decision.outcome);
         // ORIGINAL_DST reads one address; override_host walks the whole list on retries.
         let value = match router.config().cluster_shape() {
@@ -128,8 +139,14 @@ impl Shared {
         let best = decision.best().map(|e| e.to_string()).unwrap_or_default();
         self.stats.chosen(&best);
         let predicted = u64::from(decision.matched_blocks) * (router.config().hashing().block_bytes as u64 / 4);
-        self.count_tokens(req.prompt_tokens.0, predicted.min(req.prompt_tokens.0));
-        Some((request_id, best))
+        let predicted_cached = predicted.min(req.prompt_tokens.0);
+        self.count_tokens(req.prompt_tokens.0, predicted_cached);
+        Some(Routed {
+            request_id,
+            best,
+            prompt_tokens: req.prompt_tokens.0,
+            predicted_cached,
+        })
     }
 
     /// Before routing: applies a new fleet state if the tick has stopped doing it.

@@ -34,7 +34,8 @@ fn stream_body(n: usize) -> String {
 }
 
 /// Sends `n` streams that do not ask for usage; returns kvroute's stats after them:
-/// (`usage_reported`, `usage_missing`, `tokens.reported_cached`).
+/// (`usage_reported`, `usage_missing`, `tokens.reported_cached`), after checking that the
+/// prompt tokens and predictions counted with reports are those of the reporting requests.
 fn streams_through_envoy(options: Options, n: usize) -> (u64, u64, u64) {
     let (_rt, ports) = fleet(options);
     let envoy = Envoy::start_workers("envoy.yaml", &ports, 1, |t| t).unwrap();
@@ -45,6 +46,13 @@ fn streams_through_envoy(options: Options, n: usize) -> (u64, u64, u64) {
         assert!(r.body.ends_with("data: [DONE]\n\n"), "{}", r.body);
     }
     let stat = |name: &str| envoy.stat(&format!("wasmcustom.kvroute.{name}"));
+    let all = (stat("tokens.prompt"), stat("tokens.predicted_cached"));
+    let reported = (stat("tokens.prompt_reported"), stat("tokens.predicted_cached_reported"));
+    assert!(all.0 > 0 && all.1 > 0, "{all:?}");
+    match stat("responses.usage_missing") {
+        0 => assert_eq!(reported, all, "every answer reported"),
+        _ => assert_eq!(reported, (0, 0), "no answer reported"),
+    }
     (
         stat("responses.usage_reported"),
         stat("responses.usage_missing"),

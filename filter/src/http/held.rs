@@ -51,10 +51,11 @@ impl Http {
             r.gone = true;
             return;
         }
-        if let Some((request_id, chosen)) = &r.routed {
-            self.chosen = Some(chosen.clone());
+        if let Some(routed) = &r.routed {
+            self.chosen = Some(routed.best.clone());
             self.phase = Phase::Routed {
-                request_id: *request_id,
+                request_id: routed.request_id,
+                tokens: (routed.prompt_tokens, routed.predicted_cached),
             };
             if let Some(shared) = self.shared.clone() {
                 self.read_forced_usage(&shared);
