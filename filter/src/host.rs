@@ -1,5 +1,12 @@
 //! Host calls wrapped in functions that return `Result`, so no SDK convenience can unwrap
 //! on our behalf. Every caller treats an error as "fail open": let Envoy balance.
+//!
+//! The SDK's own wrappers (proxy-wasm 0.2) panic on most statuses they do not expect, which
+//! traps the VM: Envoy then fails the worker's streams open, but cuts the ones in flight.
+//! The calls a request's path makes on a stream that may have changed under it (setting or
+//! removing the destination header, resuming a paused request, a local reply, a filter
+//! state, the tick period) go to the host's functions directly (`raw`), so any status other
+//! than success comes back as an error for the caller's fallback.
 
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -35,7 +42,16 @@ pub fn request_headers() -> HostResult<Vec<(String, Vec<u8>)>> {
 }
 
 pub fn set_request_header(name: &str, value: Option<&str>) -> HostResult<()> {
-    hostcalls::set_map_value(MapType::HttpRequestHeaders, name, value)
+    let map = MapType::HttpRequestHeaders as u32;
+    // SAFETY: the pointers and lengths are those of live `&str`s, which the host only reads
+    // during the call.
+    let code = unsafe {
+        match value {
+            Some(v) => raw::proxy_replace_header_map_value(map, name.as_ptr(), name.len(), v.as_ptr(), v.len()),
+            None => raw::proxy_remove_header_map_value(map, name.as_ptr(), name.len()),
+        }
+    };
+    raw::result(code)
 }
 
 pub fn response_header(name: &str) -> HostResult<Option<Vec<u8>>> {
@@ -80,11 +96,28 @@ pub fn property_string(path: &[&str]) -> Option<String> {
 
 /// Sets the stream's filter state `wasm.<name>` (bytes), readable by access logs.
 pub fn set_property(name: &str, value: &[u8]) -> HostResult<()> {
-    hostcalls::set_property(vec![name], Some(value))
+    // A path of one part is the part's bytes (the SDK's encoding joins parts with NUL).
+    // SAFETY: live slices, read by the host during the call.
+    raw::result(unsafe { raw::proxy_set_property(name.as_ptr(), name.len(), value.as_ptr(), value.len()) })
 }
 
 pub fn send_local_response(status: u32, headers: Vec<(&str, &str)>, body: &[u8]) -> HostResult<()> {
-    hostcalls::send_http_response(status, headers, Some(body))
+    let headers = raw::pairs(&headers);
+    // SAFETY: live buffers, read by the host during the call; no details string (null, 0),
+    // no gRPC status (-1), as the SDK sends them.
+    let code = unsafe {
+        raw::proxy_send_local_response(
+            status,
+            std::ptr::null(),
+            0,
+            body.as_ptr(),
+            body.len(),
+            headers.as_ptr(),
+            headers.len(),
+            -1,
+        )
+    };
+    raw::result(code)
 }
 
 pub fn dispatch_get(cluster: &str, authority: &str, path: &str, route_to: &str, timeout_ms: u64) -> HostResult<u32> {
@@ -132,7 +165,9 @@ pub fn dispatch_post(
 }
 
 pub fn set_tick_period_ms(ms: u64) -> HostResult<()> {
-    hostcalls::set_tick_period(Duration::from_millis(ms))
+    let ms = u32::try_from(ms).unwrap_or(u32::MAX);
+    // SAFETY: no memory is shared.
+    raw::result(unsafe { raw::proxy_set_tick_period_milliseconds(ms) })
 }
 
 pub fn shared_data(key: &str) -> HostResult<Option<Vec<u8>>> {
@@ -195,5 +230,76 @@ pub fn set_effective_context(context_id: u32) -> HostResult<()> {
 
 /// Resumes the effective stream's paused request.
 pub fn resume_http_request() -> HostResult<()> {
-    hostcalls::resume_http_request()
+    // SAFETY: no memory is shared. Stream type 0 is the HTTP request.
+    raw::result(unsafe { raw::proxy_continue_stream(0) })
+}
+
+/// The host's functions behind the SDK's panicking wrappers (the proxy-wasm ABI 0.2.1, as
+/// the SDK declares them), with statuses as plain numbers: a status this build does not
+/// know is an error, not an invalid enum value.
+mod raw {
+    use proxy_wasm::types::Status;
+
+    extern "C" {
+        pub fn proxy_replace_header_map_value(
+            map_type: u32,
+            key_data: *const u8,
+            key_size: usize,
+            value_data: *const u8,
+            value_size: usize,
+        ) -> u32;
+        pub fn proxy_remove_header_map_value(map_type: u32, key_data: *const u8, key_size: usize) -> u32;
+        pub fn proxy_continue_stream(stream_type: u32) -> u32;
+        #[allow(clippy::too_many_arguments)]
+        pub fn proxy_send_local_response(
+            status_code: u32,
+            status_code_details_data: *const u8,
+            status_code_details_size: usize,
+            body_data: *const u8,
+            body_size: usize,
+            headers_data: *const u8,
+            headers_size: usize,
+            grpc_status: i32,
+        ) -> u32;
+        pub fn proxy_set_property(
+            path_data: *const u8,
+            path_size: usize,
+            value_data: *const u8,
+            value_size: usize,
+        ) -> u32;
+        pub fn proxy_set_tick_period_milliseconds(period: u32) -> u32;
+    }
+
+    /// A host status as a result.
+    pub fn result(code: u32) -> Result<(), Status> {
+        match code {
+            0 => Ok(()),
+            1 => Err(Status::NotFound),
+            2 => Err(Status::BadArgument),
+            3 => Err(Status::SerializationFailure),
+            4 => Err(Status::ParseFailure),
+            7 => Err(Status::Empty),
+            8 => Err(Status::CasMismatch),
+            _ => Err(Status::InternalFailure),
+        }
+    }
+
+    /// Header pairs in the ABI's encoding: their count, each name's and value's length, then
+    /// each name and value followed by a NUL (all numbers u32, little-endian).
+    pub fn pairs(map: &[(&str, &str)]) -> Vec<u8> {
+        let size = 4 + map.iter().map(|(n, v)| n.len() + v.len() + 10).sum::<usize>();
+        let mut out = Vec::with_capacity(size);
+        out.extend((map.len() as u32).to_le_bytes());
+        for (name, value) in map {
+            out.extend((name.len() as u32).to_le_bytes());
+            out.extend((value.len() as u32).to_le_bytes());
+        }
+        for (name, value) in map {
+            out.extend_from_slice(name.as_bytes());
+            out.push(0);
+            out.extend_from_slice(value.as_bytes());
+            out.push(0);
+        }
+        out
+    }
 }
