@@ -323,7 +323,8 @@ class ThroughTheGateway(unittest.TestCase):
                                                 messages=[{"role": "user", "content": "x " * (OVER_CONTEXT_BYTES // 2)}])
         self.assertLess(time.monotonic() - begun, 5.0, "vLLM rejects before any work")
         self.assertEqual(caught.exception.status_code, 400)
-        self.assertIn("maximum context length", caught.exception.message)
+        self.assertIn("the model's context length is only", caught.exception.message)
+        self.assertEqual(caught.exception.param, "input_tokens")
         # Every server still answers a small request (typed client, straight to the server).
         for port in STACK.servers:
             direct = client(f"http://127.0.0.1:{port}/v1").chat.completions.create(
