@@ -1,17 +1,30 @@
-//! Cache-aware baselines, each from its published algorithm, plus the oracle.
+//! Cache-aware baselines, each from its source's default algorithm and settings, plus the
+//! oracle.
 //!
-//! - `gie-weighted`: the Gateway API Inference Extension's default scheduling profile:
-//!   queue scorer (min-max normalised waiting requests), KV-cache scorer (1 − usage), prefix
-//!   scorer (matched / total 64-character blocks, at most 256, from an LRU index of 31,250
-//!   blocks per server recorded at routing time), weights 2 / 2 / 3, highest score wins
-//!   (ties at random). Metrics come from the scrapes, as stale as the interval makes them.
-//! - `sglang-cache-aware`: SGLang's router: if the fleet is imbalanced (max − min
-//!   outstanding > 64 and max > 1.5 × min) the least loaded server; otherwise the server whose
-//!   approximate radix tree matches the most of the prompt if that is over half of it, else
-//!   the server with the smallest tree. The tree is approximated by 16-token text blocks.
-//! - `dynamo-kv`: NVIDIA Dynamo's KV router: cost = (prompt blocks − overlap blocks) +
-//!   active blocks, lowest wins. Dynamo learns overlap and active blocks from the engines'
-//!   KV events; here it reads the real caches, the best case for it.
+//! - `gie-weighted`: the Gateway API Inference Extension's (and llm-d's) default endpoint
+//!   picker profile (`pkg/epp/config/loader/defaults.go`): queue scorer (min-max normalised
+//!   waiting requests), KV-cache scorer (1 − usage), prefix scorer (matched / total
+//!   64-character blocks, at most 256, from an LRU index per server recorded at routing
+//!   time, its size the server's KV blocks as the plugin's auto-tuning reads them from
+//!   `vllm:cache_config_info`, blocks added in prompt order), weights 2 / 2 / 3, highest
+//!   score wins (ties at random). Metrics are refreshed every 50 ms, its default
+//!   (`PolicyName::scrape_interval_ms`).
+//! - `sglang-cache-aware`: SGLang's model gateway (`smg` 1.13, the HTTP path, `cache_aware.rs`
+//!   `select_worker_with_text`, with the defaults and spill gate its `--help` gives): the
+//!   server whose approximate radix tree matches the most of the prompt if that is over 30%
+//!   of it (`--cache-threshold 0.3`) and its in-flight load is not past the spill gate
+//!   (`sglang_spills`), else the least loaded server (ties to the first). The tree is
+//!   approximated by 64-character blocks, `--max-tree-size` (2^26 characters) shared by the
+//!   servers, leaves evicted first. Not modelled: its worker-overload exclusion (a server
+//!   with 8 waiting requests or 80% KV usage left out while another is below), which needs
+//!   the servers' load polled; `make bench-live` runs the real `smg` instead.
+//! - `dynamo-kv`: NVIDIA Dynamo's KV router with its defaults (`lib/kv-router`, the default
+//!   selector: overlap credit 1, prefill load scale 1, temperature 0, prefill tokens and
+//!   active blocks tracked): cost = max(0, (active prefill tokens + prompt tokens) / block
+//!   − overlap blocks) + active blocks + the prompt's blocks not among them, lowest wins,
+//!   ties at random. The router charges each request where it sent it: its uncached prompt
+//!   tokens until its first token, its blocks until it finishes. Dynamo learns the overlap
+//!   from the engines' KV events; here it reads the real caches, the best case for it.
 //! - `oracle`: kvroute's own cost function with perfect information: each server's real
 //!   cached prefix, queues, KV usage and speed.
 
@@ -21,6 +34,8 @@ use kvroute_core::policy::{
 };
 use kvroute_core::speed::{Speed, StepTime};
 use kvroute_core::{Config, EndpointId, Millis, Tokens, VllmMetrics};
+
+use std::collections::HashMap;
 
 use super::{argmin_random, chunk_hashes, members, ApproxIndex, Incoming, Outstanding, Policy, Rng};
 use crate::engine::{Engine, Finished};
@@ -34,9 +49,11 @@ pub struct GieWeighted {
 }
 
 impl GieWeighted {
-    pub fn new(servers: usize, seed: u64) -> GieWeighted {
+    /// `capacity_blocks`: each server's KV blocks of 16 tokens, one 64-character block of
+    /// the index each.
+    pub fn new(servers: usize, capacity_blocks: u64, seed: u64) -> GieWeighted {
         GieWeighted {
-            index: ApproxIndex::new(servers, 31_250),
+            index: ApproxIndex::new(servers, capacity_blocks as usize, false),
             waiting: vec![0.0; servers],
             kv: vec![0.0; servers],
             rng: Rng::new(seed),
@@ -78,18 +95,35 @@ impl Policy for GieWeighted {
     }
 }
 
+/// `smg`'s `--cache-threshold` default: the share of the prompt the best tree must match.
+const SGLANG_CACHE_THRESHOLD: f64 = 0.3;
+/// `smg`'s `--max-tree-size` default: characters in one model's tree, all servers together.
+const SGLANG_TREE_CHARS: usize = 1 << 26;
+/// `smg`'s spill gate (`--balance-abs-threshold` 64, `--balance-rel-threshold` 1.5).
+const SGLANG_SPILL_ABS: f64 = 64.0;
+const SGLANG_SPILL_REL: f64 = 1.5;
+
 pub struct SglangCacheAware {
     index: ApproxIndex,
     outstanding: Outstanding,
 }
 
 impl SglangCacheAware {
-    pub fn new(servers: usize, capacity_blocks: u64) -> SglangCacheAware {
+    pub fn new(servers: usize) -> SglangCacheAware {
         SglangCacheAware {
-            index: ApproxIndex::new(servers, capacity_blocks as usize),
+            index: ApproxIndex::new(servers, SGLANG_TREE_CHARS / 64 / servers.max(1), true),
             outstanding: Outstanding::new(servers),
         }
     }
+}
+
+/// Whether `smg` 1.13 skips the matched server for the least loaded one (its `--help`): its
+/// in-flight load exceeds the pool's mean by the absolute threshold, capped at the count's
+/// natural swing at that mean (two standard deviations of a Poisson count, at least 4),
+/// and by the relative threshold.
+pub(super) fn sglang_spills(load: u64, mean: f64) -> bool {
+    let margin = SGLANG_SPILL_ABS.min((2.0 * mean.sqrt()).max(4.0));
+    load as f64 > mean + margin && load as f64 > SGLANG_SPILL_REL * mean
 }
 
 impl Policy for SglangCacheAware {
@@ -97,11 +131,10 @@ impl Policy for SglangCacheAware {
         let load = self.outstanding.get();
         let pool = members(req.pool);
         let min = pool.iter().map(|s| load[*s]).min().unwrap_or(0);
-        let max = pool.iter().map(|s| load[*s]).max().unwrap_or(0);
+        let mean = pool.iter().map(|s| load[*s] as f64).sum::<f64>() / pool.len().max(1) as f64;
         let blocks = chunk_hashes(req.canonical, 64);
-        let s = if max - min > 64 && max as f64 > 1.5 * min as f64 {
-            pool.iter().copied().find(|s| load[*s] == min).unwrap_or(0)
-        } else {
+        let least_loaded = pool.iter().copied().find(|s| load[*s] == min).unwrap_or(0);
+        let s = {
             let matches: Vec<usize> = (0..load.len()).map(|s| self.index.matched(s, &blocks)).collect();
             let best = pool
                 .iter()
@@ -113,13 +146,10 @@ impl Policy for SglangCacheAware {
             } else {
                 matches[best] as f64 / blocks.len() as f64
             };
-            if ratio > 0.5 {
+            if ratio > SGLANG_CACHE_THRESHOLD && !sglang_spills(load[best], mean) {
                 best
             } else {
-                pool.iter()
-                    .copied()
-                    .min_by_key(|s| (self.index.size(*s), *s))
-                    .unwrap_or(0)
+                least_loaded
             }
         };
         self.index.insert(s, &blocks);
@@ -131,23 +161,85 @@ impl Policy for SglangCacheAware {
     }
 }
 
-pub struct DynamoKv;
+/// A request Dynamo's router sent and has not seen finish.
+struct DynamoActive {
+    server: usize,
+    /// Its uncached prompt tokens, charged to the server until its first token (0 after).
+    prefill: u64,
+    blocks: Vec<u64>,
+}
+
+pub struct DynamoKv {
+    /// Per server: the uncached prompt tokens of its requests still without a first token.
+    prefill_tokens: Vec<u64>,
+    /// Per server: the blocks of its active requests, each once, with how many hold it.
+    active: Vec<HashMap<u64, u32>>,
+    requests: HashMap<u64, DynamoActive>,
+    rng: Rng,
+}
+
+impl DynamoKv {
+    pub fn new(servers: usize, seed: u64) -> DynamoKv {
+        DynamoKv {
+            prefill_tokens: vec![0; servers],
+            active: vec![HashMap::new(); servers],
+            requests: HashMap::new(),
+            rng: Rng::new(seed),
+        }
+    }
+}
 
 impl Policy for DynamoKv {
     fn pick(&mut self, req: &Incoming, servers: &[Engine], _: f64) -> usize {
-        let total = req.prompt_tokens.div_ceil(BLOCK_TOKENS) as f64;
-        let costs: Vec<f64> = servers
+        let block = BLOCK_TOKENS as f64;
+        let overlaps: Vec<u64> = servers
             .iter()
-            .map(|e| {
-                let overlap = e.kv().cached_prefix(req.engine_blocks) as f64;
-                let active = e.kv().usage() * (e.kv().num_blocks() - 1) as f64;
-                (total - overlap) + active
+            .map(|e| e.kv().cached_prefix(req.engine_blocks) as u64)
+            .collect();
+        let costs: Vec<f64> = (0..servers.len())
+            .map(|s| {
+                let raw_prefill = (self.prefill_tokens[s] + req.prompt_tokens) as f64 / block;
+                let prefill = (raw_prefill - overlaps[s] as f64).max(0.0);
+                let active = &self.active[s];
+                let new = req.engine_blocks.iter().filter(|b| !active.contains_key(b)).count();
+                prefill + (active.len() + new) as f64
             })
             .collect();
-        members(req.pool)
-            .into_iter()
-            .min_by(|a, b| costs[*a].total_cmp(&costs[*b]))
-            .unwrap_or(0)
+        let s = argmin_random(&costs, req.pool, &mut self.rng);
+        let cached = (overlaps[s] * BLOCK_TOKENS).min(req.prompt_tokens);
+        let prefill = req.prompt_tokens - cached;
+        self.prefill_tokens[s] += prefill;
+        for b in req.engine_blocks {
+            *self.active[s].entry(*b).or_insert(0) += 1;
+        }
+        self.requests.insert(
+            req.id,
+            DynamoActive {
+                server: s,
+                prefill,
+                blocks: req.engine_blocks.to_vec(),
+            },
+        );
+        s
+    }
+    fn on_first_token(&mut self, _: usize, id: u64, _: f64) {
+        if let Some(r) = self.requests.get_mut(&id) {
+            self.prefill_tokens[r.server] = self.prefill_tokens[r.server].saturating_sub(r.prefill);
+            r.prefill = 0;
+        }
+    }
+    fn on_finished(&mut self, _: usize, f: &Finished, _: f64) {
+        let Some(r) = self.requests.remove(&f.id) else { return };
+        self.prefill_tokens[r.server] = self.prefill_tokens[r.server].saturating_sub(r.prefill);
+        let active = &mut self.active[r.server];
+        for b in &r.blocks {
+            if let Some(n) = active.get_mut(b) {
+                *n -= 1;
+                if *n == 0 {
+                    active.remove(b);
+                }
+            }
+        }
     }
 }
 

@@ -102,6 +102,17 @@ impl fmt::Display for PolicyName {
 }
 
 impl PolicyName {
+    /// How often this policy's router reads the servers' metrics: `configured` (the
+    /// replay's `--scrape-interval-ms`, kvroute's default 200 ms), but the Gateway API
+    /// Inference Extension's endpoint picker refreshes every 50 ms by default
+    /// (`pkg/epp/server/options.go`), and it is judged at its own default.
+    pub fn scrape_interval_ms(self, configured: f64) -> f64 {
+        match self {
+            PolicyName::GieWeighted => GIE_REFRESH_MS,
+            _ => configured,
+        }
+    }
+
     pub fn all() -> Vec<PolicyName> {
         use PolicyName::*;
         vec![
@@ -132,14 +143,17 @@ impl PolicyName {
             PolicyName::Random => Box::new(Random::new(seed)),
             PolicyName::LeastRequest => Box::new(LeastRequest::new(servers, seed)),
             PolicyName::PowerOfTwo => Box::new(PowerOfTwo::new(servers, seed)),
-            PolicyName::GieWeighted => Box::new(GieWeighted::new(servers, seed)),
-            PolicyName::SglangCacheAware => Box::new(SglangCacheAware::new(servers, capacity_blocks)),
-            PolicyName::DynamoKv => Box::new(DynamoKv),
+            PolicyName::GieWeighted => Box::new(GieWeighted::new(servers, capacity_blocks, seed)),
+            PolicyName::SglangCacheAware => Box::new(SglangCacheAware::new(servers)),
+            PolicyName::DynamoKv => Box::new(DynamoKv::new(servers, seed)),
             PolicyName::Kvroute => Box::new(Kvroute::new(servers, config, budget_split)),
             PolicyName::Oracle => Box::new(Oracle::new(servers, config)),
         }
     }
 }
+
+/// The endpoint picker's default metrics refresh (`gie-weighted`).
+const GIE_REFRESH_MS: f64 = 50.0;
 
 /// A seeded generator for policies that break ties or sample (SplitMix64).
 #[derive(Clone, Debug)]
@@ -203,14 +217,19 @@ pub struct ApproxIndex {
     )>,
     capacity: usize,
     tick: u64,
+    /// A prompt's blocks are recorded last to first, so its head is the most recently used
+    /// and goes last (a radix tree evicts leaves first: SGLang's); otherwise first to last,
+    /// so its head goes first (GIE's prefix plugin adds them to its LRU in prompt order).
+    keep_head: bool,
 }
 
 impl ApproxIndex {
-    pub fn new(servers: usize, capacity: usize) -> ApproxIndex {
+    pub fn new(servers: usize, capacity: usize, keep_head: bool) -> ApproxIndex {
         ApproxIndex {
             servers: vec![Default::default(); servers],
             capacity: capacity.max(1),
             tick: 0,
+            keep_head,
         }
     }
 
@@ -219,13 +238,14 @@ impl ApproxIndex {
         blocks.iter().take_while(|b| self.servers[s].0.contains_key(b)).count()
     }
 
-    pub fn size(&self, s: usize) -> usize {
-        self.servers[s].0.len()
-    }
-
     pub fn insert(&mut self, s: usize, blocks: &[u64]) {
         let (map, lru) = &mut self.servers[s];
-        for b in blocks.iter().rev() {
+        let order: Box<dyn Iterator<Item = &u64>> = if self.keep_head {
+            Box::new(blocks.iter().rev())
+        } else {
+            Box::new(blocks.iter())
+        };
+        for b in order {
             self.tick += 1;
             if let Some(old) = map.insert(*b, self.tick) {
                 lru.remove(&old);
@@ -253,3 +273,6 @@ pub fn chunk_hashes(text: &[u8], chunk: usize) -> Vec<u64> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests;

@@ -17,6 +17,9 @@ use crate::workload::SimRequest;
 pub(super) struct Driver<'a> {
     setup: &'a ReplaySetup,
     policy: PolicyName,
+    /// How often each gateway scrapes: the setup's interval, or the policy's own default
+    /// refresh (`PolicyName::scrape_interval_ms`).
+    scrape_ms: f64,
     requests: &'a [SimRequest],
     progress: &'a dyn Fn(u64),
     stop: &'a mut dyn FnMut(&Record) -> bool,
@@ -75,6 +78,7 @@ impl<'a> Driver<'a> {
         Driver {
             setup,
             policy,
+            scrape_ms: policy.scrape_interval_ms(setup.scrape_interval_ms),
             requests,
             progress,
             stop,
@@ -129,8 +133,7 @@ impl<'a> Driver<'a> {
             self.q.push(slow.at_ms, Kind::Slow);
         }
         for g in 0..topo.gateways.max(1) {
-            self.q
-                .push(topo.scrape_phase_ms(g, setup.scrape_interval_ms), Kind::Scrape(g));
+            self.q.push(topo.scrape_phase_ms(g, self.scrape_ms), Kind::Scrape(g));
         }
     }
 
@@ -206,7 +209,7 @@ impl<'a> Driver<'a> {
             }
         }
         if self.done + self.gate.rejected.len() < self.requests.len() {
-            self.q.push(now + self.setup.scrape_interval_ms, Kind::Scrape(g));
+            self.q.push(now + self.scrape_ms, Kind::Scrape(g));
         }
     }
 
