@@ -2,12 +2,13 @@
 //! server of its model is full, an HTTP context leaves its request paused and puts a ticket
 //! for it on the process's board, a `kvroute_core::hold::HoldQueue` kept in shared data
 //! (`BOARD_KEY`, encoded by `Board::encode`, compare-and-swap). The board orders the tickets of every worker
-//! VM fairly (priority bands, tenants); each model's first ticket in that order is its head,
-//! and the worker whose ticket is a head routes that request at its tick when a server has
-//! room (with the metrics and placements the tick just applied), takes the ticket off and
-//! resumes the stream. A model's requests wait only behind requests of the same model:
-//! another model's servers may have room while this one's are full. Past `max_wait_ms` a
-//! request is answered 429 with `Retry-After`.
+//! VM fairly (priority bands, tenants); a ticket names the servers its request may use
+//! (`Router::serving_mask`: those listing its model), and one is a head when no earlier
+//! ticket may use any of the same servers. The worker whose ticket is a head routes that
+//! request at its tick when a server has room (with the metrics and placements the tick
+//! just applied), takes the ticket off and resumes the stream. So a request waits only
+//! behind requests that compete for its servers: another model's servers may have room while
+//! this one's are full. Past `max_wait_ms` a request is answered 429 with `Retry-After`.
 //!
 //! Why one board and not one queue per worker: with a queue per worker, an arrival at a
 //! worker that holds nothing is routed past requests the other workers hold, and every
@@ -69,8 +70,9 @@ const TICK_MISSING_MS: u64 = 250;
 const CAS_TRIES: usize = 32;
 /// Requests one tick releases at most (the next tick goes on).
 const MAX_RELEASES_PER_TICK: usize = 64;
-/// Models whose head one look at the board tries at most (the next tick goes on).
-const MAX_HEADS_PER_LOOK: usize = 16;
+/// Heads one look at the board tries at most: each covers at least one server the earlier
+/// ones did not, so 64 server bits are through after 64.
+const MAX_HEADS_PER_LOOK: usize = 64;
 /// A worker that holds nothing reads the board this often, to know whether an arrival must
 /// wait behind the others' held requests.
 const IDLE_READ_MS: u64 = 10;
@@ -101,6 +103,8 @@ pub struct Waiting {
 struct Mine {
     waiting: Waiting,
     since: Millis,
+    /// The servers it may use (its ticket's).
+    servers: u64,
 }
 
 /// The requests this worker holds, in the order of their numbers (a ticket's number only
@@ -159,8 +163,8 @@ pub struct Holds {
     mine: RefCell<Mines>,
     /// The board's length when this worker last read or wrote it.
     board_len: Cell<usize>,
-    /// The models of the board's tickets when this worker last read or wrote it.
-    board_groups: RefCell<Vec<u64>>,
+    /// The servers the board's tickets may use, when this worker last read or wrote it.
+    board_servers: Cell<u64>,
     read_at: Cell<Millis>,
     /// When this worker's tick last ran (or the worker started).
     ticked_at: Cell<Millis>,
@@ -185,7 +189,7 @@ impl Holds {
             next_seq: Cell::new(0),
             mine: RefCell::new(Mines::default()),
             board_len: Cell::new(0),
-            board_groups: RefCell::new(Vec::new()),
+            board_servers: Cell::new(0),
             read_at: Cell::new(Millis(0)),
             ticked_at: Cell::new(host::now()),
             max_requests: hold.max_requests,
@@ -260,20 +264,8 @@ impl Holds {
     /// Remembers what the board holds, as this worker last read or wrote it.
     fn seen(&self, board: &Board) {
         self.board_len.set(board.queue.len());
-        if let Ok(mut groups) = self.board_groups.try_borrow_mut() {
-            *groups = board.groups();
-        }
+        self.board_servers.set(board.servers());
     }
-}
-
-/// A request's model on the board: a digest of the name it asks for (which servers may
-/// serve it).
-pub fn group_of(req: &RouteRequest) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in req.model.bytes() {
-        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-    }
-    h
 }
 
 /// A tenant's flow on the board: a fixed-size digest of its key (a header value can be
@@ -295,21 +287,21 @@ pub fn answer_429(retry_after_s: u64) -> bool {
 }
 
 impl Shared {
-    /// Whether this Envoy process holds requests of `req`'s model now (as this worker last
-    /// saw the board, and its own): an arrival then waits its turn behind them.
-    pub fn holding(&self, req: &RouteRequest) -> bool {
-        let group = group_of(req);
+    /// Whether this Envoy process holds requests that may use any of `servers` now (as this
+    /// worker last saw the board, and its own): an arrival that may use them waits its turn
+    /// behind those.
+    pub fn holding(&self, servers: u64) -> bool {
         let holds = &self.holds;
-        holds.board_groups.try_borrow().map_or(true, |g| g.contains(&group))
+        holds.board_servers.get() & servers != 0
             || holds
                 .mine
                 .try_borrow()
-                .map_or(true, |m| m.0.iter().any(|(_, m)| group_of(&m.waiting.req) == group))
+                .map_or(true, |m| m.0.iter().any(|(_, m)| m.servers & servers != 0))
     }
 
     /// Puts a request on the process's board. A lower-priority request it displaced is
     /// answered 429 by its owner at its next tick.
-    pub fn hold(&self, waiting: Waiting, priority: i64, tenant: &str, now: Millis) -> Held {
+    pub fn hold(&self, waiting: Waiting, servers: u64, priority: i64, tenant: &str, now: Millis) -> Held {
         let holds = &self.holds;
         let ticking = now.since(holds.ticked_at.get()) <= TICK_MISSING_MS;
         let (Some(me), true, Ok(mut mine)) = (holds.me, ticking, holds.mine.try_borrow_mut()) else {
@@ -319,7 +311,7 @@ impl Shared {
         let ticket = Ticket {
             vm: me,
             seq: holds.next_seq.get(),
-            group: group_of(&waiting.req),
+            servers,
         };
         let flow = flow_of(tenant);
         for _ in 0..CAS_TRIES {
@@ -341,7 +333,14 @@ impl Shared {
             }
             holds.next_seq.set(ticket.seq.wrapping_add(1));
             let slot = Rc::clone(&waiting.slot);
-            mine.insert(ticket.seq, Mine { waiting, since: now });
+            mine.insert(
+                ticket.seq,
+                Mine {
+                    waiting,
+                    since: now,
+                    servers,
+                },
+            );
             self.stats.hold_held.inc();
             return Held::Waiting(slot);
         }

@@ -196,9 +196,11 @@ impl Http {
             }
             shared.stats.home_unknown.inc();
         }
-        // Behind requests already held here, a new one waits its turn; a continuation
-        // whose home is known goes there at once (no other server can answer it).
-        let decision = if shared.holding(&req) && !home_known {
+        // Behind requests already held here that may use its servers, a new one waits its
+        // turn; a continuation whose home is known goes there at once (no other server can
+        // answer it).
+        let servers = router.serving_mask(&req);
+        let decision = if shared.holding(servers) && !home_known {
             None
         } else {
             Some(router.route(&req, now))
@@ -218,7 +220,7 @@ impl Http {
                 }
                 return Action::Continue;
             }
-            Outcome::Hold => return self.hold(shared, req, now, router.config().overload().retry_after_s),
+            Outcome::Hold => return self.hold(shared, req, servers, now, router.config().overload().retry_after_s),
             Outcome::Fallback(_) => {
                 shared.count_outcome(&outcome);
                 return Action::Continue;

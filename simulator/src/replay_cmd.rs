@@ -37,6 +37,8 @@ pub struct ReplayArgs {
     #[arg(long)]
     router_config: Option<PathBuf>,
     #[arg(long, default_value_t = 200.0)]
+    /// How often routers read the servers' metrics (gie-weighted always every 50 ms, the
+    /// endpoint picker's default refresh).
     scrape_interval_ms: f64,
     /// One server slows down mid-run: `SERVER:FACTOR@SECONDS`, e.g. `0:3@60` (server 0's
     /// steps take 3× as long from 60 s on).

@@ -179,8 +179,13 @@ impl<T> HoldQueue<T> {
             .iter()
             .filter_map(|(k, f)| {
                 let slot = f.queue.front()?.start;
-                let out = f.queue.get(self.index_out(f)).filter(|h| keep(&h.item));
-                let held = out.or_else(|| f.queue.iter().find(|h| keep(&h.item)))?;
+                let at = self.index_out(f);
+                let out = f.queue.get(at).filter(|h| keep(&h.item));
+                // A flow serving its newest first keeps that order among those picked.
+                let held = out.or_else(|| match at {
+                    0 => f.queue.iter().find(|h| keep(&h.item)),
+                    _ => f.queue.iter().rfind(|h| keep(&h.item)),
+                })?;
                 Some((slot, k, held))
             })
             .min_by(|(a, ka, _), (b, kb, _)| a.total_cmp(b).then(kb.0.cmp(&ka.0)).then(ka.1.cmp(&kb.1)))

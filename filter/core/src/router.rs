@@ -261,6 +261,27 @@ impl Router {
     /// A continuation of a stored response goes to the server that stored it, whatever its
     /// load or health: every other server would answer 404. Unknown homes (forgotten, or
     /// stored before this router started) are routed like any request.
+    /// The endpoints that may serve `req`, as bits (an endpoint's slot modulo 64): those that
+    /// list its model, or every endpoint when none does (an empty name, a name no server
+    /// lists, an adapter not loaded yet) or when some endpoint does not say what it serves.
+    /// Held requests wait behind those that may use the same servers (the filter's hold
+    /// board); no endpoint known: every bit.
+    pub fn serving_mask(&self, req: &RouteRequest) -> u64 {
+        let rows = self.table.rows();
+        let bit = |e: &crate::endpoint::Endpoint| 1u64 << (usize::from(e.slot) % 64);
+        let all = rows.iter().map(bit).fold(0, |a, b| a | b);
+        let listing = rows
+            .iter()
+            .filter(|e| e.lists_model(&req.model))
+            .map(bit)
+            .fold(0, |a, b| a | b);
+        match all {
+            0 => u64::MAX,
+            _ if req.model.is_empty() || listing == 0 || rows.iter().any(|e| !e.knows_models()) => all,
+            _ => listing,
+        }
+    }
+
     pub fn route(&self, req: &RouteRequest, now: Millis) -> Decision {
         if let Some(home) = req.continues.and_then(|r| self.home_of(r)) {
             return Decision {

@@ -7,13 +7,13 @@ use kvroute_core::Millis;
 use super::{SILENT_MS, STALE_GRACE_MS};
 
 /// A held request on the board: the worker VM that holds its stream, its number there, and
-/// its model (`group_of`): each model's first ticket in the board's order is that model's
-/// head.
+/// the servers it may use (`Router::serving_mask`): a ticket waits behind the earlier ones
+/// that may use any of the same servers, and only behind those.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Ticket {
     pub vm: u64,
     pub seq: u64,
-    pub group: u64,
+    pub servers: u64,
 }
 
 /// What the process's workers share: the held requests in fair order, and when each worker
@@ -31,7 +31,7 @@ impl Board {
         self.queue.encode(&mut out, |t, out| {
             out.extend(t.vm.to_le_bytes());
             out.extend(t.seq.to_le_bytes());
-            out.extend(t.group.to_le_bytes());
+            out.extend(t.servers.to_le_bytes());
         });
         out.extend((self.beats.len() as u32).to_le_bytes());
         for (vm, at) in &self.beats {
@@ -47,7 +47,7 @@ impl Board {
             Some(Ticket {
                 vm: u64::from_le_bytes(take(b)?),
                 seq: u64::from_le_bytes(take(b)?),
-                group: u64::from_le_bytes(take(b)?),
+                servers: u64::from_le_bytes(take(b)?),
             })
         })?;
         let n = u32::from_le_bytes(take(b)?);
@@ -57,12 +57,9 @@ impl Board {
         b.is_empty().then_some(Board { queue, beats })
     }
 
-    /// The models of the tickets on the board, each once.
-    pub(super) fn groups(&self) -> Vec<u64> {
-        let mut groups: Vec<u64> = self.queue.iter().map(|h| h.item.group).collect();
-        groups.sort_unstable();
-        groups.dedup();
-        groups
+    /// Every server some ticket on the board may use.
+    pub(super) fn servers(&self) -> u64 {
+        self.queue.iter().fold(0, |all, h| all | h.item.servers)
     }
 
     pub(super) fn beat_of(&self, vm: u64) -> Option<u64> {

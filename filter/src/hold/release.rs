@@ -69,12 +69,12 @@ impl Shared {
         }
     }
 
-    /// A model's head on the board (its first ticket in the board's order), when it is this
+    /// A head of the board (a ticket no earlier one shares a server with), when it is this
     /// worker's and the router finds a server with room for it: its number and the
-    /// decision. Heads are tried in the board's order; a model whose head is another
-    /// worker's (which routes it at its own tick) or finds no room is passed over, with every
-    /// ticket of it behind that head. (This worker's tickets without a live request behind
-    /// them left the board in `tidy`.)
+    /// decision. Heads are tried in the board's order; one that is another worker's (which
+    /// routes it at its own tick) or finds no room is passed over, and so is every later
+    /// ticket that may use any of its servers. (This worker's tickets without a live request
+    /// behind them left the board in `tidy`.)
     fn route_head(
         &self,
         router: &mut Router,
@@ -83,11 +83,12 @@ impl Shared {
         mine: &Mines,
         now: Millis,
     ) -> Option<(u64, kvroute_core::Decision)> {
-        let mut passed: Vec<u64> = Vec::new();
+        let mut passed: u64 = 0;
         let mut pulled = false;
         for _ in 0..MAX_HEADS_PER_LOOK {
-            let head = board.queue.peek_where(|t| !passed.contains(&t.group))?.item;
-            passed.push(head.group);
+            let head = board.queue.peek_where(|t| t.servers & passed == 0)?.item;
+            // A ticket that names no server waits behind everything, and everything behind it.
+            passed |= if head.servers == 0 { u64::MAX } else { head.servers };
             let Some(m) = mine.get(&head.seq).filter(|_| head.vm == me) else {
                 continue;
             };

@@ -11,13 +11,20 @@ use crate::worker::Shared;
 impl Http {
     /// Leaves the request paused on the process's hold queue; 429 when the queue is full,
     /// Envoy's balancing when it cannot be used.
-    pub(super) fn hold(&mut self, shared: &Shared, req: RouteRequest, now: Millis, retry_after_s: u64) -> Action {
+    pub(super) fn hold(
+        &mut self,
+        shared: &Shared,
+        req: RouteRequest,
+        servers: u64,
+        now: Millis,
+        retry_after_s: u64,
+    ) -> Action {
         let waiting = Waiting {
             context_id: self.context_id,
             req,
             slot: Slot::default(),
         };
-        match shared.hold(waiting, self.priority, &self.tenant, now) {
+        match shared.hold(waiting, servers, self.priority, &self.tenant, now) {
             Held::Waiting(slot) => {
                 self.release = Some(slot);
                 Action::Pause

@@ -222,13 +222,11 @@ pub fn served_model(obj: &serde_json::Map<String, Value>, served: &[String]) -> 
 
 impl Draft {
     /// The output each prompt may have, once every prompt is known to fit the context with
-    /// the requested output (vLLM's renderer, `TokenizeParams`) and to leave room for one
-    /// token. A Responses request's `max_output_tokens` is cut to the room left, as
-    /// `ResponsesRequest.to_sampling_params` does, so it asks for no room of its own; a
-    /// completion's `max_tokens` is 16 where the request sets none.
+    /// the requested output (vLLM's renderer, `TokenizeParams`, `max_output_tokens` for the
+    /// Responses API, whose default truncation is disabled) and to leave room for one token;
+    /// a completion's `max_tokens` is 16 where the request sets none.
     pub fn fit(self, max_model_len: u64) -> Result<Ask, ApiError> {
         let asked = match (self.kind, self.max_tokens) {
-            (ApiKind::Responses, _) => 0,
             (ApiKind::Completions, None) => COMPLETION_DEFAULT_MAX_TOKENS,
             (_, m) => m.unwrap_or(0),
         };

@@ -209,6 +209,17 @@ fn prompt_plus_max_tokens_over_the_context_is_refused_as_vllms_renderer_refuses_
         "max_completion_tokens=200000cannot be greater than max_model_len=max_total_tokens=131072. Please request \
          fewer output tokens. (parameter=max_completion_tokens, value=200000)"
     );
+    // The Responses API too (its truncation is disabled by default): its field named.
+    let a = respond(f.base, serde_json::json!({"input": "hi", "max_output_tokens": 200_000}));
+    assert_eq!(a.status, 400, "{}", a.body);
+    assert_eq!(a.json()["error"]["param"], "max_output_tokens");
+    let a = respond(f.base, serde_json::json!({"input": "hi", "max_output_tokens": 131_070}));
+    assert_eq!(
+        (a.status, &a.json()["error"]["param"]),
+        (400, &"input_tokens".into()),
+        "{}",
+        a.body
+    );
 }
 
 #[test]

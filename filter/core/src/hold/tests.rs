@@ -266,3 +266,19 @@ fn the_head_of_a_subset_is_its_first_request_in_the_queues_order() {
     assert_eq!(q.peek_where(model_1).map(|h| h.item), Some((1, 4)));
     assert_eq!(drain(&mut q, 10), vec![(1, 4), (0, 1), (0, 2)]);
 }
+
+#[test]
+fn a_flow_serving_its_newest_first_does_so_within_a_subset_too() {
+    let mut q = HoldQueue::new(16, 4.0);
+    q.set_newest_first(100);
+    q.push((1, 1), 0, "a", Millis(0));
+    q.push((1, 2), 0, "a", Millis(0));
+    q.push((0, 3), 0, "a", Millis(0));
+    q.set_now(Millis(500));
+    assert_eq!(q.peek().map(|h| h.item), Some((0, 3)));
+    assert_eq!(
+        q.peek_where(|i| i.0 == 1).map(|h| h.item),
+        Some((1, 2)),
+        "the newest of the subset"
+    );
+}

@@ -2504,3 +2504,33 @@ fn a_continuation_records_no_prefix_its_body_does_not_carry() {
     let parsed = crate::request::parse(crate::request::ApiKind::Responses, fresh).unwrap();
     assert_eq!(r.request(&parsed, "", false).continues, None);
 }
+
+#[test]
+fn a_requests_servers_are_those_listing_its_model_or_all_of_them() {
+    let mut other = load(0, 0, 0.0);
+    other.models = vec!["other".into()];
+    let r = router(PolicyKind::Cost, &[other, load(0, 0, 0.0), load(0, 0, 0.0)]);
+    let slot = |i: usize| {
+        r.endpoints()
+            .iter()
+            .find(|e| e.id == ep(i))
+            .map(|e| 1u64 << (usize::from(e.slot) % 64))
+            .unwrap()
+    };
+    let m = r.serving_mask(&req(1, 4));
+    assert_eq!(m, slot(1) | slot(2));
+    let mut o = req(1, 4);
+    o.model = "other".into();
+    assert_eq!(r.serving_mask(&o), slot(0));
+    assert_eq!(m & r.serving_mask(&o), 0, "two models on their own servers share none");
+    // An adapter no server lists yet, or no name at all: any server may serve it.
+    for name in ["sql-lora", ""] {
+        let mut any = req(1, 4);
+        any.model = name.into();
+        assert_eq!(r.serving_mask(&any), slot(0) | slot(1) | slot(2), "{name:?}");
+    }
+    assert_eq!(
+        Router::new(config_with(PolicyKind::Cost, 0)).serving_mask(&req(1, 4)),
+        u64::MAX
+    );
+}
