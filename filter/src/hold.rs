@@ -287,16 +287,18 @@ pub fn answer_429(retry_after_s: u64) -> bool {
 }
 
 impl Shared {
-    /// Whether this Envoy process holds requests that may use any of `servers` now (as this
-    /// worker last saw the board, and its own): an arrival that may use them waits its turn
-    /// behind those.
-    pub fn holding(&self, servers: u64) -> bool {
+    /// Whether this Envoy process holds requests that may use any of the arrival's `servers`
+    /// now (as this worker last saw the board, and its own): it then waits its turn behind
+    /// those. `servers` is worked out only when something is held.
+    pub fn holding(&self, servers: impl FnOnce() -> u64) -> bool {
         let holds = &self.holds;
-        holds.board_servers.get() & servers != 0
-            || holds
-                .mine
-                .try_borrow()
-                .map_or(true, |m| m.0.iter().any(|(_, m)| m.servers & servers != 0))
+        let Ok(mine) = holds.mine.try_borrow() else { return true };
+        let on_board = holds.board_servers.get();
+        if on_board == 0 && mine.0.is_empty() {
+            return false;
+        }
+        let servers = servers();
+        on_board & servers != 0 || mine.0.iter().any(|(_, m)| m.servers & servers != 0)
     }
 
     /// Puts a request on the process's board. A lower-priority request it displaced is

@@ -199,8 +199,7 @@ impl Http {
         // Behind requests already held here that may use its servers, a new one waits its
         // turn; a continuation whose home is known goes there at once (no other server can
         // answer it).
-        let servers = router.serving_mask(&req);
-        let decision = if shared.holding(servers) && !home_known {
+        let decision = if !home_known && shared.holding(|| router.serving_mask(&req)) {
             None
         } else {
             Some(router.route(&req, now))
@@ -220,7 +219,10 @@ impl Http {
                 }
                 return Action::Continue;
             }
-            Outcome::Hold => return self.hold(shared, req, servers, now, router.config().overload().retry_after_s),
+            Outcome::Hold => {
+                let servers = router.serving_mask(&req);
+                return self.hold(shared, req, servers, now, router.config().overload().retry_after_s);
+            }
             Outcome::Fallback(_) => {
                 shared.count_outcome(&outcome);
                 return Action::Continue;

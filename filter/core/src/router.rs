@@ -256,11 +256,6 @@ impl Router {
         (self.config.hashing().block_bytes as u64 / BYTES_PER_TOKEN).max(1)
     }
 
-    /// Picks endpoints for `req`. Pure: the same state, request and `now` give the same decision.
-    ///
-    /// A continuation of a stored response goes to the server that stored it, whatever its
-    /// load or health: every other server would answer 404. Unknown homes (forgotten, or
-    /// stored before this router started) are routed like any request.
     /// The endpoints that may serve `req`, as bits (an endpoint's slot modulo 64): those that
     /// list its model, or every endpoint when none does (an empty name, a name no server
     /// lists, an adapter not loaded yet) or when some endpoint does not say what it serves.
@@ -282,6 +277,11 @@ impl Router {
         }
     }
 
+    /// Picks endpoints for `req`. Pure: the same state, request and `now` give the same decision.
+    ///
+    /// A continuation of a stored response goes to the server that stored it, whatever its
+    /// load or health: every other server would answer 404. Unknown homes (forgotten, or
+    /// stored before this router started) are routed like any request.
     pub fn route(&self, req: &RouteRequest, now: Millis) -> Decision {
         if let Some(home) = req.continues.and_then(|r| self.home_of(r)) {
             return Decision {

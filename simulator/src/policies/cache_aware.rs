@@ -134,23 +134,21 @@ impl Policy for SglangCacheAware {
         let mean = pool.iter().map(|s| load[*s] as f64).sum::<f64>() / pool.len().max(1) as f64;
         let blocks = chunk_hashes(req.canonical, 64);
         let least_loaded = pool.iter().copied().find(|s| load[*s] == min).unwrap_or(0);
-        let s = {
-            let matches: Vec<usize> = (0..load.len()).map(|s| self.index.matched(s, &blocks)).collect();
-            let best = pool
-                .iter()
-                .copied()
-                .max_by_key(|s| (matches[*s], std::cmp::Reverse(*s)))
-                .unwrap_or(0);
-            let ratio = if blocks.is_empty() {
-                0.0
-            } else {
-                matches[best] as f64 / blocks.len() as f64
-            };
-            if ratio > SGLANG_CACHE_THRESHOLD && !sglang_spills(load[best], mean) {
-                best
-            } else {
-                least_loaded
-            }
+        let matches: Vec<usize> = (0..load.len()).map(|s| self.index.matched(s, &blocks)).collect();
+        let best = pool
+            .iter()
+            .copied()
+            .max_by_key(|s| (matches[*s], std::cmp::Reverse(*s)))
+            .unwrap_or(0);
+        let ratio = if blocks.is_empty() {
+            0.0
+        } else {
+            matches[best] as f64 / blocks.len() as f64
+        };
+        let s = if ratio > SGLANG_CACHE_THRESHOLD && !sglang_spills(load[best], mean) {
+            best
+        } else {
+            least_loaded
         };
         self.index.insert(s, &blocks);
         self.outstanding.sent(s);
