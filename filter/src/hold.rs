@@ -166,7 +166,8 @@ pub struct Holds {
     /// The servers the board's tickets may use, when this worker last read or wrote it.
     board_servers: Cell<u64>,
     read_at: Cell<Millis>,
-    /// When this worker's tick last ran (or the worker started).
+    /// When this worker's tick last ran (never, until it has: a VM whose tick does not run
+    /// holds nothing, since nothing would release it).
     ticked_at: Cell<Millis>,
     max_requests: usize,
     priority_weight: f64,
@@ -191,7 +192,7 @@ impl Holds {
             board_len: Cell::new(0),
             board_servers: Cell::new(0),
             read_at: Cell::new(Millis(0)),
-            ticked_at: Cell::new(host::now()),
+            ticked_at: Cell::new(Millis(0)),
             max_requests: hold.max_requests,
             priority_weight: hold.priority_weight,
             newest_first_after_ms: hold.newest_first_after_ms,
