@@ -187,7 +187,7 @@ fmt:
 	$(CARGO) fmt --all
 
 ## bench: criterion benches of the routing hot path, then the routing-quality matrix
-## (5 workloads x 50/80/110/130% load x 9 policies, 8 simulated H100s, whole run and steady
+## (6 workloads x 50/80/110/130% load x 9 policies, 8 simulated H100s, whole run and steady
 ## state; target/matrix.{md,json}; then each cell's verdict replica by replica). REPLICAS per
 ## cell (3; 9 decides margins of a few percent: about an hour on a 2-core machine)
 bench: REPLICAS ?= 3

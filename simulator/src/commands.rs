@@ -31,11 +31,12 @@ pub struct MatrixArgs {
         default_value = "round-robin,random,least-request,power-of-two,gie-weighted,sglang-cache-aware,dynamo-kv,kvroute,oracle"
     )]
     policy: Vec<PolicyName>,
-    /// Workloads to include (shared-prefix, multi-turn, rag, mooncake, azure).
+    /// Workloads to include (shared-prefix, multi-turn, long-chat, rag, mooncake, azure;
+    /// long-chat is multi-turn chat whose histories outgrow one server's cache).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "shared-prefix,multi-turn,rag,mooncake,azure"
+        default_value = "shared-prefix,multi-turn,long-chat,rag,mooncake,azure"
     )]
     workloads: Vec<String>,
     /// Azure: prefix overlay groups.
@@ -96,6 +97,7 @@ pub fn matrix_cmd(a: &MatrixArgs) -> anyhow::Result<()> {
                 workload::generate(Generator::SharedPrefix, &GenParams::defaults(Generator::SharedPrefix))
             }
             "multi-turn" => workload::generate(Generator::MultiTurn, &GenParams::defaults(Generator::MultiTurn)),
+            "long-chat" => workload::generate(Generator::MultiTurn, &GenParams::long_chat()),
             "rag" => workload::generate(Generator::Rag, &GenParams::defaults(Generator::Rag)),
             "mooncake" => workload::parse_mooncake(
                 &std::fs::read_to_string(a.traces.join("mooncake_synthetic.jsonl")).context("mooncake trace")?,

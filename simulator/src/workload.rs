@@ -71,6 +71,24 @@ pub struct GenParams {
 }
 
 impl GenParams {
+    /// The matrix's `long-chat`: multi-turn chat whose histories outgrow one server's KV
+    /// cache, where a router that spreads a conversation's turns recomputes its history.
+    /// 1,024 conversations × 8 turns, each with its own 1,000-token system prompt (an
+    /// agent's instructions and tools), 200-token user turns and 200-token replies, 100
+    /// requests a second as generated (10 s of thinking between turns before the matrix
+    /// re-times it to a load).
+    pub fn long_chat() -> GenParams {
+        GenParams {
+            rate: 100.0,
+            groups: 1024,
+            prompts_per_group: 8,
+            system_tokens: 1000,
+            question_tokens: 200,
+            output_tokens: 200,
+            ..GenParams::defaults(Generator::MultiTurn)
+        }
+    }
+
     pub fn defaults(g: Generator) -> GenParams {
         match g {
             // 64 groups × 16 prompts, 2048-token system prompt, 128-token question, 256 out.

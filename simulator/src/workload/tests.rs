@@ -81,6 +81,24 @@ fn multi_turn_prompts_extend_their_history() {
 }
 
 #[test]
+fn long_chat_histories_outgrow_one_servers_cache() {
+    let reqs = generate(Generator::MultiTurn, &GenParams::long_chat());
+    assert_eq!(reqs.len(), 1024 * 8);
+    // The last turn carries the system prompt, 8 user turns and 7 replies.
+    let longest = reqs.iter().map(SimRequest::input_tokens).max().unwrap();
+    assert_eq!(longest, 1000 + 8 * 200 + 7 * 200);
+    // Every conversation's last prompt together: 1,024 × 4,000 tokens, far past one
+    // Llama-3.1-8B H100's 468k-token KV cache (the README's working-set figure).
+    let mut last_of: std::collections::HashMap<_, u64> = std::collections::HashMap::new();
+    for r in &reqs {
+        let e = last_of.entry(r.segments[0].seed).or_default();
+        *e = (*e).max(r.input_tokens());
+    }
+    assert_eq!(last_of.len(), 1024);
+    assert!(last_of.values().sum::<u64>() > 8 * 468_000);
+}
+
+#[test]
 fn generators_are_deterministic_per_seed() {
     let p = GenParams::defaults(Generator::Rag);
     assert_eq!(generate(Generator::Rag, &p), generate(Generator::Rag, &p));
