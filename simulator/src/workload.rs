@@ -74,9 +74,9 @@ impl GenParams {
     /// The matrix's `long-chat`: multi-turn chat whose histories outgrow one server's KV
     /// cache, where a router that spreads a conversation's turns recomputes its history.
     /// 1,024 conversations × 8 turns, each with its own 1,000-token system prompt (an
-    /// agent's instructions and tools), 200-token user turns and 200-token replies, 100
-    /// requests a second as generated (10 s of thinking between turns before the matrix
-    /// re-times it to a load).
+    /// agent's instructions and tools), 200-token user turns and 200-token replies;
+    /// conversations start at `rate` / 8 a second, turns 14 s apart (10 s of thinking, 4 s
+    /// for the reply) before the matrix re-times the whole to a load.
     pub fn long_chat() -> GenParams {
         GenParams {
             rate: 100.0,

@@ -1,4 +1,7 @@
+use std::collections::HashMap;
+
 use super::*;
+use crate::profile::{Gpu, Model, Profile, BLOCK_TOKENS};
 
 #[test]
 fn mooncake_lines_expand_to_512_token_blocks_with_a_partial_last_one() {
@@ -84,18 +87,34 @@ fn multi_turn_prompts_extend_their_history() {
 fn long_chat_histories_outgrow_one_servers_cache() {
     let reqs = generate(Generator::MultiTurn, &GenParams::long_chat());
     assert_eq!(reqs.len(), 1024 * 8);
-    // The last turn carries the system prompt, 8 user turns and 7 replies.
+    // The last turn carries the system prompt, 8 user turns and the 7 replies before it.
     let longest = reqs.iter().map(SimRequest::input_tokens).max().unwrap();
     assert_eq!(longest, 1000 + 8 * 200 + 7 * 200);
-    // Every conversation's last prompt together: 1,024 × 4,000 tokens, far past one
-    // Llama-3.1-8B H100's 468k-token KV cache (the README's working-set figure).
-    let mut last_of: std::collections::HashMap<_, u64> = std::collections::HashMap::new();
+    // The history open at each arrival: per conversation (its own system prompt), the
+    // prompt of its latest turn so far, until its last turn. At the peak it is several
+    // times one server's KV cache and less than eight servers' (simulator/README.md).
+    let mut last_turn: HashMap<u64, f64> = HashMap::new();
     for r in &reqs {
-        let e = last_of.entry(r.segments[0].seed).or_default();
-        *e = (*e).max(r.input_tokens());
+        let e = last_turn.entry(r.segments[0].seed).or_insert(0.0);
+        *e = e.max(r.arrival_ms);
     }
-    assert_eq!(last_of.len(), 1024);
-    assert!(last_of.values().sum::<u64>() > 8 * 468_000);
+    assert_eq!(last_turn.len(), 1024);
+    let mut open: HashMap<u64, u64> = HashMap::new();
+    let mut peak = 0;
+    for r in &reqs {
+        let conversation = r.segments[0].seed;
+        open.insert(conversation, r.input_tokens());
+        open.retain(|c, _| last_turn[c] >= r.arrival_ms);
+        peak = peak.max(open.values().sum::<u64>());
+    }
+    let cache = Profile::new(Gpu::H100_80g, Model::Llama31_8b, 1)
+        .unwrap()
+        .num_gpu_blocks
+        * BLOCK_TOKENS;
+    assert!(
+        peak > 5 * cache && peak < 8 * cache,
+        "peak {peak} tokens against {cache}"
+    );
 }
 
 #[test]
