@@ -107,7 +107,9 @@ pub fn matrix_cmd(a: &MatrixArgs) -> anyhow::Result<()> {
                 a.prefix_overlay,
                 0,
             )?,
-            other => anyhow::bail!("unknown workload {other:?}"),
+            other => {
+                anyhow::bail!("unknown workload {other:?} (shared-prefix, multi-turn, long-chat, rag, mooncake, azure)")
+            }
         };
         let started = Instant::now();
         let (cap, cells) = kvroute_sim::matrix::cells(
