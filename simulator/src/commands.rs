@@ -89,6 +89,10 @@ pub fn matrix_cmd(a: &MatrixArgs) -> anyhow::Result<()> {
         router_config,
         topology: a.topology.topology()?,
     };
+    const WORKLOADS: [&str; 6] = ["shared-prefix", "multi-turn", "long-chat", "rag", "mooncake", "azure"];
+    if let Some(w) = a.workloads.iter().find(|w| !WORKLOADS.contains(&w.as_str())) {
+        anyhow::bail!("unknown workload {w:?} ({})", WORKLOADS.join(", "));
+    }
     let mut all = Vec::new();
     let mut capacities = Vec::new();
     for w in &a.workloads {
@@ -107,9 +111,7 @@ pub fn matrix_cmd(a: &MatrixArgs) -> anyhow::Result<()> {
                 a.prefix_overlay,
                 0,
             )?,
-            other => {
-                anyhow::bail!("unknown workload {other:?} (shared-prefix, multi-turn, long-chat, rag, mooncake, azure)")
-            }
+            other => unreachable!("{other:?} passed the check above"),
         };
         let started = Instant::now();
         let (cap, cells) = kvroute_sim::matrix::cells(

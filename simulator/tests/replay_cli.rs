@@ -1,5 +1,6 @@
-//! `kvroute-sim replay --price` as a user runs it: the cost lines under the latency table,
-//! the same figures in the JSON, and an error that names the GPU left unpriced.
+//! `kvroute-sim replay --price` and `matrix` as a user runs them: the cost lines under the
+//! latency table, the same figures in the JSON, an error that names the GPU left unpriced,
+//! and a matrix refused up front for a workload it does not know.
 
 #![allow(clippy::unwrap_used)] // test helpers
 
@@ -128,4 +129,26 @@ fn records_list_every_completed_request_of_each_run_and_of_each_replica() {
     // Without --json there is nowhere to write them.
     let out = replay(&["--records"]);
     assert!(!out.status.success());
+}
+
+#[test]
+fn a_matrix_with_an_unknown_workload_is_refused_before_any_replay() {
+    let out = Command::new(env!("CARGO_BIN_EXE_kvroute-sim"))
+        .args([
+            "matrix",
+            "--workloads",
+            "shared-prefix,chat",
+            "--loads",
+            "50",
+            "--replicas",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("unknown workload \"chat\""), "{stderr}");
+    assert!(stderr.contains("long-chat"), "the valid names are listed: {stderr}");
+    // Refused before shared-prefix ran: its capacity line never printed.
+    assert!(!stderr.contains("capacity"), "{stderr}");
 }
