@@ -32,8 +32,9 @@
 //! the board, as are tickets `STALE_GRACE_MS` past their wait bound, so a dead worker holds
 //! back the requests behind it for `SILENT_MS` at most. A worker whose own tick stopped or
 //! has not run yet (Envoy reloads a crashed VM without one) holds nothing new, since no one
-//! could release it. When shared data cannot be used, a request that would be held is left to Envoy's
-//! balancing (`hold.unavailable`), and a held request past its bound is still answered.
+//! could release it. When shared data cannot be used, a request that would be held is left
+//! to Envoy's balancing (`hold.unavailable`), and a held request past its bound is still
+//! answered.
 //! Roots with different `overload.hold` settings in one process share the board: the
 //! reader's bounds apply.
 
