@@ -167,9 +167,6 @@ pub struct Holds {
     /// The servers the board's tickets may use, when this worker last read or wrote it.
     board_servers: Cell<u64>,
     read_at: Cell<Millis>,
-    /// When this worker's tick last ran (never, until it has: a VM whose tick does not run
-    /// holds nothing, since nothing would release it).
-    ticked_at: Cell<Millis>,
     max_requests: usize,
     priority_weight: f64,
     newest_first_after_ms: u64,
@@ -193,7 +190,6 @@ impl Holds {
             board_len: Cell::new(0),
             board_servers: Cell::new(0),
             read_at: Cell::new(Millis(0)),
-            ticked_at: Cell::new(Millis(0)),
             max_requests: hold.max_requests,
             priority_weight: hold.priority_weight,
             newest_first_after_ms: hold.newest_first_after_ms,
@@ -307,7 +303,9 @@ impl Shared {
     /// answered 429 by its owner at its next tick.
     pub fn hold(&self, waiting: Waiting, servers: u64, priority: i64, tenant: &str, now: Millis) -> Held {
         let holds = &self.holds;
-        let ticking = now.since(holds.ticked_at.get()) <= TICK_MISSING_MS;
+        // `ticked_at` is 0 until the first tick: a worker whose tick has not run, or never
+        // runs, holds nothing, since nothing would release it.
+        let ticking = now.since(self.ticked_at.get()) <= TICK_MISSING_MS;
         let (Some(me), true, Ok(mut mine)) = (holds.me, ticking, holds.mine.try_borrow_mut()) else {
             self.stats.hold_unavailable.inc();
             return Held::Unavailable;

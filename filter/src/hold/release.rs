@@ -14,7 +14,6 @@ impl Shared {
     pub fn release_held(&self, router: &mut Router, now: Millis) {
         let holds = &self.holds;
         let Some(me) = holds.me else { return };
-        holds.ticked_at.set(now);
         let Ok(mut mine) = holds.mine.try_borrow_mut() else {
             return;
         };
