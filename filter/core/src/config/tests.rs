@@ -145,6 +145,9 @@ fn out_of_range_numbers_are_rejected() {
         (r#"{"cost": {"holder_min_share": -0.1}}"#, "cost.holder_min_share"),
         (r#"{"cost": {"served_tokens_kept": 1.5}}"#, "cost.served_tokens_kept"),
         (r#"{"cost": {"cold_balance": -1}}"#, "cost.cold_balance"),
+        (r#"{"cost": {"storage_tolerance": 20}}"#, "cost.storage_tolerance"),
+        (r#"{"cost": {"storage_fill": 1.5}}"#, "cost.storage_fill"),
+        (r#"{"cost": {"storage_lost_share": -0.1}}"#, "cost.storage_lost_share"),
         (r#"{"cost": {"cold_balance": 100}}"#, "cost.cold_balance"),
         (r#"{"cost": {"pending_weight": -0.5}}"#, "cost.pending_weight"),
         (

@@ -225,10 +225,18 @@ pub(super) fn validate_scoring(raw: &RawConfig) -> Result<(), ConfigError> {
         ("cost.holder_tolerance", c.holder_tolerance),
         ("cost.holder_min_share", c.holder_min_share),
         ("cost.served_tokens_kept", c.served_tokens_kept),
+        ("cost.storage_fill", c.storage_fill),
+        ("cost.storage_lost_share", c.storage_lost_share),
     ] {
         if !(0.0..=1.0).contains(&v) {
             return Err(reject(field, format!("({v}) must be in [0, 1]")));
         }
+    }
+    if !(0.0..=16.0).contains(&c.storage_tolerance) {
+        return Err(reject(
+            "cost.storage_tolerance",
+            format!("({}) must be in [0, 16]", c.storage_tolerance),
+        ));
     }
     if !(0.0..=64.0).contains(&c.cold_balance) {
         return Err(reject(

@@ -81,3 +81,37 @@ fn a_zero_capacity_endpoint_records_nothing() {
     idx.record(0, &[b(1)]);
     assert_eq!(idx.entries(), 0);
 }
+
+#[test]
+fn the_lost_share_counts_evicted_blocks_sent_again() {
+    let mut idx = PrefixIndex::new(1 << 20);
+    idx.set_capacity(0, 100);
+    idx.set_capacity(1, 100);
+    assert_eq!(idx.lost_share(0), None);
+    // 150 blocks cycled through a cache of 100: every block sent again was evicted.
+    let cycle: Vec<BlockHash> = (0..150).map(b).collect();
+    for _ in 0..4 {
+        for block in &cycle {
+            idx.record(0, &[*block]);
+        }
+    }
+    let lost = idx.lost_share(0).unwrap();
+    assert!(lost > 0.9, "{lost}");
+    // New blocks only: evictions that never come back.
+    for n in 0..1000 {
+        idx.record(1, &[b(10_000 + n)]);
+    }
+    assert_eq!(idx.lost_share(1), Some(0.0));
+    assert!((idx.fill(1) - 1.0).abs() < 1e-9 && idx.fill(2) == 0.0);
+}
+
+#[test]
+fn the_lost_share_is_unknown_until_an_eighth_of_the_cache_was_evicted() {
+    let mut idx = PrefixIndex::new(1 << 20);
+    idx.set_capacity(0, 80);
+    idx.record(0, &(0..89).map(b).collect::<Vec<_>>());
+    assert_eq!(idx.lost_share(0), None, "9 of 80 evicted");
+    idx.record(0, &[b(500)]);
+    assert_eq!(idx.lost_share(0), Some(0.0), "10 of 80 evicted");
+    assert!((idx.fill(0) - 1.0).abs() < 1e-9);
+}

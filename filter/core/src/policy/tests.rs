@@ -18,6 +18,7 @@ fn idle_cands<'a>(table: &'a EndpointTable, idle: &'a VllmMetrics, uncached: u64
             metrics: idle,
             matched_blocks: 0,
             uncached: Tokens(uncached),
+            lost_share: None,
         })
         .collect()
 }
@@ -61,6 +62,7 @@ fn cands_of<'a, const N: usize>(
             metrics,
             matched_blocks: 0,
             uncached: Tokens(uncached),
+            lost_share: None,
         })
         .collect()
 }

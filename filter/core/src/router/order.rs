@@ -72,15 +72,75 @@ impl Router {
                 .total_cmp(&terms[*b].cost)
                 .then(cands[*b].matched_blocks.cmp(&cands[*a].matched_blocks))
         });
-        if let Some(first) = req.blocks.first() {
+        let roomy = self.prefer_room_owner(req, &mut order, cands, terms, ctx);
+        if let Some(first) = req.blocks.first().filter(|_| !roomy) {
             self.prefer_rendezvous_owner(*first, &mut order, cands, terms, ctx);
         }
-        let holder_first = self.prefer_prefix_holder(req.blocks.len(), &mut order, cands, terms);
+        let holder_first = self.prefer_prefix_holder(req.blocks.len(), &mut order, cands, terms, ctx);
         let before_tiers = order[0];
         let tier = self.choose_tier(req, &mut order, cands, terms, ctx);
         // Tiers may put another server first.
         let holder_first = holder_first && order[0] == before_tiers;
         (order, tier, holder_first)
+    }
+
+    /// Whether the cache of the best-scored server (`order[0]`) binds on a fleet of unlike
+    /// GPUs: its part of the prefix index is at least `cost.storage_fill` full, and either
+    /// it has not evicted enough to tell whether its evictions come back, or at least
+    /// `cost.storage_lost_share` of them do (`PrefixIndex::lost_share`). The faster GPUs
+    /// draw most of the work by cost, into caches no larger than the slower ones': where
+    /// the prompts come back (conversations), the fast caches overflow and least recently
+    /// used eviction then keeps almost nothing (replay, long-chat on 4 H100 + 4 A100 at
+    /// 80%: the H100s' hit rate fell from 0.69 to 0.00–0.02 within 30 s, 85% of requests on
+    /// them). The fill is the early sign; where evictions do not come back (the Mooncake
+    /// trace: 0.00–0.20 there, mostly under 0.1), speed decides again.
+    fn storage_binds(&self, order: &[usize], cands: &[Candidate], ctx: &ScoreContext) -> bool {
+        let c = self.config.cost();
+        let Some(best) = order.first().map(|i| &cands[*i]) else {
+            return false;
+        };
+        ctx.unlike
+            && c.storage_tolerance > 0.0
+            && self.config.policy() == PolicyKind::Cost
+            && self.index.fill(best.endpoint.slot) >= c.storage_fill
+            && best.lost_share.is_none_or(|l| l >= c.storage_lost_share)
+    }
+
+    /// Where the caches bind (`storage_binds`), a cold prompt (no candidate holds any of it)
+    /// goes to the owner drawn by weighted rendezvous among the candidates that cost at most
+    /// `1 + cost.storage_tolerance` times the best, each weighing (room + 0.01)^4 ×
+    /// (1 − lost share), room the unused share of its part of the prefix index. The power
+    /// sends most new prefixes to the emptier caches, so the fast ones stop filling first
+    /// (at 1 the H100s still overflowed: long-chat at 80% 153 → 165 ms; at 4, 92 ms).
+    /// Returns whether it moved one.
+    fn prefer_room_owner(
+        &self,
+        req: &RouteRequest,
+        order: &mut [usize],
+        cands: &[Candidate],
+        terms: &[policy::Terms],
+        ctx: &ScoreContext,
+    ) -> bool {
+        let Some(first) = req.blocks.first() else {
+            return false;
+        };
+        if cands.iter().any(|c| c.matched_blocks > 0) || !self.storage_binds(order, cands, ctx) {
+            return false;
+        }
+        let near = near_best(order, terms, self.config.cost().storage_tolerance);
+        let draw = |pos: &usize| {
+            let c = &cands[order[*pos]];
+            let room = (1.0 - self.index.fill(c.endpoint.slot)).max(0.0);
+            let weight = (room + 0.01).powi(4) * (1.0 - c.lost_share.unwrap_or(0.0)).max(0.01);
+            policy::weighted_rendezvous(*first, &c.endpoint.id, weight)
+        };
+        match (0..near).max_by(|a, b| draw(a).total_cmp(&draw(b))) {
+            Some(pos) if pos > 0 => {
+                order[..=pos].rotate_right(1);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// For a prefix no endpoint holds, moves the rendezvous owner of its first block to the
@@ -171,14 +231,22 @@ impl Router {
         order: &mut [usize],
         cands: &[Candidate],
         terms: &[policy::Terms],
+        ctx: &ScoreContext,
     ) -> bool {
         let c = self.config.cost();
+        // Where the caches bind, a conversation placed by room stays there: at
+        // `holder_tolerance` its next turn went back to a faster GPU's cache.
+        let tolerance = if self.storage_binds(order, cands, ctx) {
+            c.holder_tolerance.max(c.storage_tolerance)
+        } else {
+            c.holder_tolerance
+        };
         if self.config.policy() != PolicyKind::Cost || c.holder_tolerance <= 0.0 || order.is_empty() {
             return false;
         }
         let need = c.holder_min_share * blocks as f64;
         let first = cands[order[0]].matched_blocks;
-        let near = near_best(order, terms, c.holder_tolerance);
+        let near = near_best(order, terms, tolerance);
         // The most blocks, then the lower cost (`order` is sorted by cost).
         let holder = (0..near).max_by_key(|pos| (cands[order[*pos]].matched_blocks, std::cmp::Reverse(*pos)));
         if let Some(pos) = holder {

@@ -2534,3 +2534,49 @@ fn a_requests_servers_are_those_listing_its_model_or_all_of_them() {
         u64::MAX
     );
 }
+
+#[test]
+fn where_the_fast_gpus_caches_fill_first_a_cold_prompt_goes_where_there_is_room() {
+    // Two A100s (0, 1) and two H100s (2, 3; speed weight 3.4), all idle, each with room
+    // for 2,500 of the index's blocks. The H100s hold 1,000 each (40%), the A100s none.
+    let route_cold = |cost: &str| {
+        let raw: RawConfig = serde_json::from_str(&format!(
+            r#"{{"cost": {{"speed_weights": {{"{}": 1, "{}": 1, "{}": 3.4, "{}": 3.4}}{cost}}}}}"#,
+            ep(0),
+            ep(1),
+            ep(2),
+            ep(3)
+        ))
+        .unwrap();
+        let raw = RawConfig {
+            endpoints: (0..4).map(|i| ep(i).as_str().into()).collect(),
+            policy: PolicyKind::Cost,
+            ..raw
+        };
+        let mut r = Router::new(Config::try_from(raw).unwrap());
+        for i in 0..4 {
+            r.on_metrics(&ep(i), load(0, 0, 0.0), T0);
+        }
+        for n in 0..100u64 {
+            let server = 2 + (n % 2) as usize;
+            let slot = r.endpoints().iter().find(|e| e.id == ep(server)).unwrap().slot;
+            r.index.record(slot, &req(100 + n, 20).blocks);
+        }
+        assert_eq!((r.index().held(2), r.index().held(3)), (1000, 1000));
+        (0..40u64)
+            .filter(|p| {
+                let d = r.route(&req(1000 + p, 8), T0.plus(2));
+                [ep(0), ep(1)].contains(d.best().unwrap())
+            })
+            .count()
+    };
+    let to_a100s = route_cold("");
+    assert!(to_a100s >= 30, "{to_a100s} of 40");
+    assert_eq!(
+        route_cold(r#", "storage_tolerance": 0"#),
+        0,
+        "the cost alone: the H100s"
+    );
+    // Below `storage_fill` the caches do not bind yet.
+    assert_eq!(route_cold(r#", "storage_fill": 0.5"#), 0);
+}
