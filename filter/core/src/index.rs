@@ -69,7 +69,8 @@ struct SlotLru {
 /// its cache was too small to keep. A cache that evicts only prefixes no one asks for
 /// again reads near 0 (replay, Mooncake trace on 4 H100 + 4 A100 at 80%: the H100s read
 /// 0.00–0.20, mostly under 0.1); one whose conversations outgrow it reads a third and more
-/// (long-chat there: 0.25–0.43 once the H100s overflowed). 32 bits of a block's hash are
+/// (long-chat there: 0.25–0.43 once the H100s overflowed; both read with a list as long as
+/// the cache). 32 bits of a block's hash are
 /// enough to tell a few thousand evicted blocks apart, and keep a listed block at about
 /// 26 bytes (`ENTRY_BYTES` counts 16 for each entry of the index).
 #[derive(Clone, Debug, Default)]
