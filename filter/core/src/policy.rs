@@ -48,9 +48,6 @@ pub struct Candidate<'a> {
     pub metrics: &'a VllmMetrics,
     pub matched_blocks: u32,
     pub uncached: Tokens,
-    /// The share of the server's recent evictions sent to it again, once known
-    /// (`PrefixIndex::lost_share`).
-    pub lost_share: Option<f64>,
 }
 
 impl Candidate<'_> {

@@ -325,7 +325,6 @@ impl Policy for Oracle {
                 metrics,
                 matched_blocks: (hit / BLOCK_TOKENS) as u32,
                 uncached: Tokens(req.prompt_tokens - hit),
-                lost_share: None,
             })
             .collect();
         let ctx = ScoreContext {

@@ -18,7 +18,6 @@ fn idle_cands<'a>(table: &'a EndpointTable, idle: &'a VllmMetrics, uncached: u64
             metrics: idle,
             matched_blocks: 0,
             uncached: Tokens(uncached),
-            lost_share: None,
         })
         .collect()
 }
@@ -62,7 +61,6 @@ fn cands_of<'a, const N: usize>(
             metrics,
             matched_blocks: 0,
             uncached: Tokens(uncached),
-            lost_share: None,
         })
         .collect()
 }

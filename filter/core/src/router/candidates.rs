@@ -45,7 +45,6 @@ impl Router {
                         metrics,
                         matched_blocks: m,
                         uncached,
-                        lost_share: self.index.lost_share(e.slot),
                     },
                 ));
             }

@@ -72,11 +72,14 @@ impl Router {
                 .total_cmp(&terms[*b].cost)
                 .then(cands[*b].matched_blocks.cmp(&cands[*a].matched_blocks))
         });
-        let roomy = self.prefer_room_owner(req, &mut order, cands, terms, ctx);
+        // Both rules below act on cold prompts only, the holder rule only where some
+        // candidate holds part of the prompt: neither moves the best before the other reads it.
+        let binds = self.storage_binds(&order, cands, ctx);
+        let roomy = binds && self.prefer_room_owner(req, &mut order, cands, terms);
         if let Some(first) = req.blocks.first().filter(|_| !roomy) {
             self.prefer_rendezvous_owner(*first, &mut order, cands, terms, ctx);
         }
-        let holder_first = self.prefer_prefix_holder(req.blocks.len(), &mut order, cands, terms, ctx);
+        let holder_first = self.prefer_prefix_holder(req.blocks.len(), &mut order, cands, terms, binds);
         let before_tiers = order[0];
         let tier = self.choose_tier(req, &mut order, cands, terms, ctx);
         // Tiers may put another server first.
@@ -103,10 +106,13 @@ impl Router {
             && c.storage_tolerance > 0.0
             && self.config.policy() == PolicyKind::Cost
             && self.index.fill(best.endpoint.slot) >= c.storage_fill
-            && best.lost_share.is_none_or(|l| l >= c.storage_lost_share)
+            && self
+                .index
+                .lost_share(best.endpoint.slot)
+                .is_none_or(|l| l >= c.storage_lost_share)
     }
 
-    /// Where the caches bind (`storage_binds`), a cold prompt (no candidate holds any of it)
+    /// Where the caches bind (`storage_binds`, checked by the caller), a cold prompt (no candidate holds any of it)
     /// goes to the owner drawn by weighted rendezvous among the candidates that cost at most
     /// `1 + cost.storage_tolerance` times the best, each weighing (room + 0.01)^4 ×
     /// (1 − lost share), room the unused share of its part of the prefix index. The power
@@ -120,19 +126,19 @@ impl Router {
         order: &mut [usize],
         cands: &[Candidate],
         terms: &[policy::Terms],
-        ctx: &ScoreContext,
     ) -> bool {
         let Some(first) = req.blocks.first() else {
             return false;
         };
-        if cands.iter().any(|c| c.matched_blocks > 0) || !self.storage_binds(order, cands, ctx) {
+        if cands.iter().any(|c| c.matched_blocks > 0) {
             return false;
         }
         let near = near_best(order, terms, self.config.cost().storage_tolerance);
         let draw = |pos: &usize| {
             let c = &cands[order[*pos]];
             let room = (1.0 - self.index.fill(c.endpoint.slot)).max(0.0);
-            let weight = (room + 0.01).powi(4) * (1.0 - c.lost_share.unwrap_or(0.0)).max(0.01);
+            let lost = self.index.lost_share(c.endpoint.slot).unwrap_or(0.0);
+            let weight = (room + 0.01).powi(4) * (1.0 - lost).max(0.01);
             policy::weighted_rendezvous(*first, &c.endpoint.id, weight)
         };
         match (0..near).max_by(|a, b| draw(a).total_cmp(&draw(b))) {
@@ -232,14 +238,14 @@ impl Router {
         order: &mut [usize],
         cands: &[Candidate],
         terms: &[policy::Terms],
-        ctx: &ScoreContext,
+        storage_binds: bool,
     ) -> bool {
         let c = self.config.cost();
         // Where the caches bind, a conversation placed by room stays there: at
         // `holder_tolerance` its later turns went back to a faster GPU's cache (replay,
         // long-chat on 4 H100 + 4 A100: TTFT p95 95 / 133 / 598 / 296 ms at 50–130%,
         // against 90 / 91 / 94 / 97 widened; the Mooncake trace 0–4% better unwidened).
-        let tolerance = if self.storage_binds(order, cands, ctx) {
+        let tolerance = if storage_binds {
             c.holder_tolerance.max(c.storage_tolerance)
         } else {
             c.holder_tolerance
