@@ -62,6 +62,39 @@ struct SlotLru {
     retention: Option<usize>,
     /// The blocks it evicted last, and how many of them were sent to it again.
     ghosts: Ghosts,
+    /// Touches so far: each touch of a block takes the next number, its place in the LRU.
+    seq: u64,
+    /// How deep in the LRU the reuse reaches.
+    depth: Depth,
+}
+
+/// How far back in a server's cache its reuse reaches: for each request that finds part of
+/// its prompt held, where the last held block of that part sat between the most recently
+/// used end (0) and the oldest content (1), counted in touches (those since its last
+/// touch over those the whole content spans). Near 1, what least-recently-used eviction
+/// will take first is still asked for (conversations that all go on); well below it, the
+/// oldest content is done with (replay, long-chat's 1,024 conversations on 4 H100 + 4 A100
+/// at 80% read 0.88–0.96 on the H100s as they filled; the same conversations started at
+/// under half the pace fell from 0.89 to 0.7 and below once the first had ended). Averaged over the last 32 requests with a hit;
+/// none before 8.
+#[derive(Clone, Copy, Debug, Default)]
+struct Depth {
+    mean: f64,
+    samples: u32,
+}
+
+impl Depth {
+    const SPAN: u32 = 32;
+    const FIRST: u32 = 8;
+
+    fn add(&mut self, share: f64) {
+        self.samples = (self.samples + 1).min(Self::SPAN);
+        self.mean += (share - self.mean) / f64::from(self.samples);
+    }
+
+    fn get(self) -> Option<f64> {
+        (self.samples >= Self::FIRST).then_some(self.mean)
+    }
 }
 
 /// Fingerprints of a server's most recently evicted blocks (as many as half the entries it
@@ -134,6 +167,22 @@ impl SlotLru {
     fn limit(&self) -> usize {
         self.retention.map_or(self.capacity, |r| r.min(self.capacity))
     }
+
+    /// Samples how deep the last block of `blocks`' held leading run sat, before a touch.
+    fn sample_depth(&mut self, blocks: &[BlockHash]) {
+        let Some(was) = blocks.iter().map_while(|b| self.ticks.get(b)).last().copied() else {
+            return;
+        };
+        while let Some((block, tick)) = self.queue.front() {
+            if self.ticks.get(block) == Some(tick) {
+                break;
+            }
+            self.queue.pop_front();
+        }
+        let Some(&(_, oldest)) = self.queue.front() else { return };
+        let span = (self.seq + 1 - oldest) as f64;
+        self.depth.add((self.seq - was) as f64 / span);
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -141,7 +190,6 @@ pub struct PrefixIndex {
     holders: BlockMap<Vec<Slot>>,
     slots: Vec<SlotLru>,
     budget_entries: usize,
-    tick: u64,
 }
 
 impl PrefixIndex {
@@ -150,7 +198,6 @@ impl PrefixIndex {
             holders: BlockMap::default(),
             slots: Vec::new(),
             budget_entries: (max_memory_bytes / ENTRY_BYTES).max(1),
-            tick: 0,
         }
     }
 
@@ -174,6 +221,13 @@ impl PrefixIndex {
     pub fn lost_share(&self, slot: Slot) -> Option<f64> {
         let s = self.slots.get(usize::from(slot))?;
         s.ghosts.lost_share(s.limit())
+    }
+
+    /// How far back in `slot`'s part of the index its recent hits reached, 0 the most
+    /// recently used end, 1 its oldest content (`Depth`). None until 8 requests found part
+    /// of their prompt there.
+    pub fn reuse_depth(&self, slot: Slot) -> Option<f64> {
+        self.slots.get(usize::from(slot))?.depth.get()
     }
 
     /// How full `slot`'s share of the index is (entries held ÷ entries it may hold).
@@ -281,10 +335,11 @@ impl PrefixIndex {
         if self.slots.get(i).is_none_or(|s| s.limit() == 0) {
             return;
         }
+        self.slots[i].sample_depth(blocks);
         for block in blocks.iter().rev() {
-            self.tick += 1;
-            let tick = self.tick;
             let lru = &mut self.slots[i];
+            lru.seq += 1;
+            let tick = lru.seq;
             if lru.ticks.insert(*block, tick).is_none() {
                 lru.ghosts.sent_again(*block);
                 self.holders.entry(*block).or_default().push(slot);

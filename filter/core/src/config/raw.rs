@@ -219,14 +219,16 @@ pub struct RawCost {
     pub holder_min_share: f64,
     /// On a fleet of unlike GPUs, while the best-scored server's KV cache binds
     /// (`Router::storage_binds`: its part of the prefix index is at least `storage_fill`
-    /// full, and it has not yet evicted enough to tell, or at least `storage_lost_share` of
-    /// what it evicts is sent to it again), a cold prompt's owner is drawn by the room left
+    /// full, and at least `storage_lost_share` of what it evicts is sent to it again, or,
+    /// before it has evicted enough to tell, its hits reach back at least `storage_depth`
+    /// of the way to its oldest content), a cold prompt's owner is drawn by the room left
     /// in each candidate's cache among those costing at most this many times more than the
     /// best (`Router::prefer_room_owner`), and the holder of most of a prompt may cost this
     /// much more (instead of `holder_tolerance`). 0 turns it off.
     pub storage_tolerance: f64,
     pub storage_fill: f64,
     pub storage_lost_share: f64,
+    pub storage_depth: f64,
     pub default_prompt_tokens: u64,
     pub work_weight: f64,
     /// Added to a server's cost when the request's LoRA adapter is not loaded there.

@@ -227,6 +227,7 @@ pub(super) fn validate_scoring(raw: &RawConfig) -> Result<(), ConfigError> {
         ("cost.served_tokens_kept", c.served_tokens_kept),
         ("cost.storage_fill", c.storage_fill),
         ("cost.storage_lost_share", c.storage_lost_share),
+        ("cost.storage_depth", c.storage_depth),
     ] {
         if !(0.0..=1.0).contains(&v) {
             return Err(reject(field, format!("({v}) must be in [0, 1]")));

@@ -115,3 +115,38 @@ fn the_lost_share_is_unknown_until_an_eighth_of_the_cache_was_evicted() {
     assert_eq!(idx.lost_share(0), Some(0.0), "10 of 80 evicted");
     assert!((idx.fill(0) - 1.0).abs() < 1e-9);
 }
+
+#[test]
+fn reuse_depth_tells_reuse_of_the_oldest_content_from_reuse_of_the_newest() {
+    let mut idx = PrefixIndex::new(1 << 20);
+    idx.set_capacity(0, 1000);
+    idx.set_capacity(1, 1000);
+    // 40 conversations of 5 blocks each, on both servers.
+    let prompt = |c: u64| -> Vec<BlockHash> { (0..5).map(|k| b(c * 100 + k)).collect() };
+    for c in 0..40 {
+        idx.record(0, &prompt(c));
+        idx.record(1, &prompt(c));
+    }
+    assert_eq!(idx.reuse_depth(0), None, "no prompt came back yet");
+    // Server 0: every conversation comes back in turn, the oldest first.
+    for c in 0..7 {
+        idx.record(0, &prompt(c));
+    }
+    assert_eq!(idx.reuse_depth(0), None, "7 samples are too few");
+    for c in 7..40 {
+        idx.record(0, &prompt(c));
+    }
+    let cyclic = idx.reuse_depth(0).unwrap();
+    assert!(cyclic > 0.95, "{cyclic}");
+    // Server 1: only the newest conversation comes back; the rest is done.
+    for _ in 0..40 {
+        idx.record(1, &prompt(39));
+    }
+    let recent = idx.reuse_depth(1).unwrap();
+    assert!(recent < 0.1, "{recent}");
+    // A prompt longer than what is held samples where its held part ends.
+    let mut longer = prompt(0);
+    longer.push(b(99_999));
+    idx.record(1, &longer);
+    assert!(idx.reuse_depth(1).unwrap() > recent);
+}

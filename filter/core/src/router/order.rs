@@ -89,14 +89,19 @@ impl Router {
 
     /// Whether the cache of the best-scored server (`order[0]`) binds on a fleet of unlike
     /// GPUs: its part of the prefix index is at least `cost.storage_fill` full, and either
-    /// it has not evicted enough to tell whether its evictions come back, or at least
-    /// `cost.storage_lost_share` of them do (`PrefixIndex::lost_share`). The faster GPUs
+    /// at least `cost.storage_lost_share` of its evictions come back
+    /// (`PrefixIndex::lost_share`), or, before it evicted enough to tell, its hits reach
+    /// back to the oldest of its content (`PrefixIndex::reuse_depth` at least
+    /// `cost.storage_depth`: what it will evict first is still asked for). The faster GPUs
     /// draw most of the work by cost, into caches no larger than the slower ones': where
     /// the prompts come back (conversations), the fast caches overflow and least recently
     /// used eviction then keeps almost nothing (replay, long-chat on 4 H100 + 4 A100 at
     /// 80%: the H100s' hit rate fell from 0.69 to 0.00–0.02 within 30 s, 85% of requests on
-    /// them). The fill is the early sign; where evictions do not come back (the Mooncake
-    /// trace: 0.00–0.20 there, mostly under 0.1), speed decides again.
+    /// them). The depth of the hits is the early sign: where the histories stop coming
+    /// back before the cache fills (the same workload with conversations starting at under
+    /// half the pace, or the Mooncake trace), it stays below 0.9 and speed decides; with the
+    /// fill alone the rule also bound there, TTFT p95 49–52 → 92 ms and the Mooncake trace
+    /// +4 to +11% (BENCHMARKS, "Where the fast GPUs' caches bind").
     fn storage_binds(&self, order: &[usize], cands: &[Candidate], ctx: &ScoreContext) -> bool {
         let c = self.config.cost();
         let Some(best) = order.first().map(|i| &cands[*i]) else {
@@ -106,10 +111,13 @@ impl Router {
             && c.storage_tolerance > 0.0
             && self.config.policy() == PolicyKind::Cost
             && self.index.fill(best.endpoint.slot) >= c.storage_fill
-            && self
-                .index
-                .lost_share(best.endpoint.slot)
-                .is_none_or(|l| l >= c.storage_lost_share)
+            && match self.index.lost_share(best.endpoint.slot) {
+                Some(lost) => lost >= c.storage_lost_share,
+                None => self
+                    .index
+                    .reuse_depth(best.endpoint.slot)
+                    .is_some_and(|d| d >= c.storage_depth),
+            }
     }
 
     /// Where the caches bind (`storage_binds`, checked by the caller), a cold prompt (no candidate holds any of it)

@@ -2539,7 +2539,10 @@ fn a_requests_servers_are_those_listing_its_model_or_all_of_them() {
 fn where_the_fast_gpus_caches_fill_first_a_cold_prompt_goes_where_there_is_room() {
     // Two A100s (0, 1) and two H100s (2, 3; speed weight 3.4), all idle, each with room
     // for 2,500 of the index's blocks. The H100s hold 1,000 each (40%), the A100s none.
-    let route_cold = |cost: &str| {
+    // `again` prompts are then sent once more: the first ones, whose hits reach back to
+    // the oldest of the H100s' content (conversations still going on), or the last ones,
+    // the newest (prompts that stopped coming back).
+    let route_cold = |cost: &str, again: &[u64]| {
         let raw: RawConfig = serde_json::from_str(&format!(
             r#"{{"cost": {{"speed_weights": {{"{}": 1, "{}": 1, "{}": 3.4, "{}": 3.4}}{cost}}}}}"#,
             ep(0),
@@ -2562,6 +2565,11 @@ fn where_the_fast_gpus_caches_fill_first_a_cold_prompt_goes_where_there_is_room(
             let slot = r.endpoints().iter().find(|e| e.id == ep(server)).unwrap().slot;
             r.index.record(slot, &req(100 + n, 20).blocks);
         }
+        for n in again {
+            let server = 2 + (n % 2) as usize;
+            let slot = r.endpoints().iter().find(|e| e.id == ep(server)).unwrap().slot;
+            r.index.record(slot, &req(100 + n, 20).blocks);
+        }
         assert_eq!((r.index().held(2), r.index().held(3)), (1000, 1000));
         (0..40u64)
             .filter(|p| {
@@ -2570,13 +2578,20 @@ fn where_the_fast_gpus_caches_fill_first_a_cold_prompt_goes_where_there_is_room(
             })
             .count()
     };
-    let to_a100s = route_cold("");
+    let oldest: Vec<u64> = (0..20).collect();
+    let to_a100s = route_cold("", &oldest);
     assert!(to_a100s >= 30, "{to_a100s} of 40");
     assert_eq!(
-        route_cold(r#", "storage_tolerance": 0"#),
+        route_cold(r#", "storage_tolerance": 0"#, &oldest),
         0,
         "the cost alone: the H100s"
     );
     // Below `storage_fill` the caches do not bind yet.
-    assert_eq!(route_cold(r#", "storage_fill": 0.5"#), 0);
+    assert_eq!(route_cold(r#", "storage_fill": 0.5"#, &oldest), 0);
+    // Hits from the newest content only: what the H100s will evict first is not coming
+    // back, so their caches do not bind.
+    let newest: Vec<u64> = (80..100).collect();
+    assert_eq!(route_cold("", &newest), 0);
+    // Nor before enough prompts came back to tell.
+    assert_eq!(route_cold("", &oldest[..6]), 0);
 }
