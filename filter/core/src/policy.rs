@@ -468,7 +468,12 @@ pub(crate) fn server_rate(config: &Config, c: &Candidate, ctx: &ScoreContext) ->
     };
     match own {
         Some((own, within)) if (own / typical).max(typical / own) > within => own,
-        _ => typical,
+        Some(_) => typical,
+        // Nothing known of it yet (a server that just joined): scored as the fastest
+        // class until its first tokens place its pace. At the typical rate, a new H100
+        // beside 4 A100s and 3 H100s read as an A100, drew no prompt and so never showed
+        // its speed (replay, long-chat at 80%: none in the 100 s after it joined).
+        None => ctx.rates.fastest().unwrap_or(typical),
     }
 }
 

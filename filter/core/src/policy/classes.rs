@@ -46,6 +46,11 @@ impl RateClasses {
         self.typical
     }
 
+    /// The fastest class's rate.
+    pub fn fastest(&self) -> Option<f64> {
+        self.rates.last().map(|(_, class)| *class)
+    }
+
     /// The class rate of `rate`, one of the learned rates the classes were built from (a
     /// rate that is none of them is its own class).
     pub fn class_of(&self, rate: f64) -> f64 {

@@ -591,3 +591,29 @@ fn with_the_admission_wait_the_prediction_still_grows_with_the_queue() {
         }
     }
 }
+
+#[test]
+fn a_server_nothing_is_known_of_is_scored_as_the_fastest_class() {
+    let config = Config::from_json(b"{}").unwrap();
+    // Four A100s (11.5k tokens/s) and three H100s (39k) have learned their rates; the last
+    // server just joined: no learned rate, no first token yet, no weight.
+    let mut table = table_of(8);
+    for row in 0..7 {
+        let rate = if row < 4 { 11_500.0 } else { 39_000.0 };
+        table.rows_mut()[row].speed = crate::speed::Speed::exact(rate, Millis(0));
+    }
+    let idle = VllmMetrics::default();
+    let cands = idle_cands(&table, &idle, 1000);
+    let rates = rate_classes(&config, &cands, Millis(0));
+    let typical = rates.typical().unwrap();
+    assert!(
+        (typical - 11_500.0).abs() < 1e-6,
+        "the fleet's median is an A100: {typical}"
+    );
+    let ctx = ctx_at_zero(rates, typical_pace(&config, &cands, Millis(0)));
+    let ms: Vec<f64> = cands.iter().map(|c| predicted_ttft(&config, c, &ctx).ttft_ms).collect();
+    // Scored at the typical rate it read as an A100, drew no prompt beside the idle H100s
+    // and never showed what it is.
+    assert!((ms[7] - ms[4]).abs() < 1e-9, "{ms:?}");
+    assert!(ms[0] > 3.0 * ms[7], "{ms:?}");
+}

@@ -2541,8 +2541,9 @@ fn where_the_fast_gpus_caches_fill_first_a_cold_prompt_goes_where_there_is_room(
     // for 2,500 of the index's blocks. The H100s hold 1,000 each (40%), the A100s none.
     // `again` prompts are then sent once more: the first ones, whose hits reach back to
     // the oldest of the H100s' content (conversations still going on), or the last ones,
-    // the newest (prompts that stopped coming back).
-    let route_cold = |cost: &str, again: &[u64]| {
+    // the newest (prompts that stopped coming back). With `done`, A100 0's part of the
+    // index is full of prompts that stopped coming back (its last one sent ten times).
+    let route_cold_to = |cost: &str, again: &[u64], done: bool| {
         let raw: RawConfig = serde_json::from_str(&format!(
             r#"{{"cost": {{"speed_weights": {{"{}": 1, "{}": 1, "{}": 3.4, "{}": 3.4}}{cost}}}}}"#,
             ep(0),
@@ -2570,14 +2571,22 @@ fn where_the_fast_gpus_caches_fill_first_a_cold_prompt_goes_where_there_is_room(
             let slot = r.endpoints().iter().find(|e| e.id == ep(server)).unwrap().slot;
             r.index.record(slot, &req(100 + n, 20).blocks);
         }
+        if done {
+            let slot = r.endpoints().iter().find(|e| e.id == ep(0)).unwrap().slot;
+            for n in (500..625u64).chain([624; 10]) {
+                r.index.record(slot, &req(n, 20).blocks);
+            }
+            assert!((r.index().fill(slot) - 1.0).abs() < 1e-9);
+        }
         assert_eq!((r.index().held(2), r.index().held(3)), (1000, 1000));
-        (0..40u64)
-            .filter(|p| {
-                let d = r.route(&req(1000 + p, 8), T0.plus(2));
-                [ep(0), ep(1)].contains(d.best().unwrap())
-            })
-            .count()
+        let to: Vec<EndpointId> = (0..40u64)
+            .map(|p| r.route(&req(1000 + p, 8), T0.plus(2)).best().unwrap().clone())
+            .collect();
+        (0..2)
+            .map(|i| to.iter().filter(|e| **e == ep(i)).count())
+            .collect::<Vec<_>>()
     };
+    let route_cold = |cost: &str, again: &[u64]| route_cold_to(cost, again, false).iter().sum::<usize>();
     let oldest: Vec<u64> = (0..20).collect();
     let to_a100s = route_cold("", &oldest);
     assert!(to_a100s >= 30, "{to_a100s} of 40");
@@ -2594,4 +2603,8 @@ fn where_the_fast_gpus_caches_fill_first_a_cold_prompt_goes_where_there_is_room(
     assert_eq!(route_cold("", &newest), 0);
     // Nor before enough prompts came back to tell.
     assert_eq!(route_cold("", &oldest[..6]), 0);
+    // A cache full of prompts that stopped coming back has room: least recently used
+    // eviction takes them first.
+    let to = route_cold_to("", &oldest, true);
+    assert!(to[0] >= 10 && to[0] + to[1] >= 30, "{to:?} of 40");
 }
