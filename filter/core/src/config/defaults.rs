@@ -165,14 +165,14 @@ impl Default for RawCost {
             holder_min_share: 0.7,
             // Replay, long-chat on 4 H100 + 4 A100: TTFT p95 115 / 153 / 223 / 456 ms at
             // 50–130% load → 90 / 91 / 94 / 97; tolerance 2: 98 / 120 / 199 / 529. The
-            // Mooncake trace there: +4 to +11% (BENCHMARKS, "Where the fast GPUs' caches
-            // bind").
+            // Mooncake trace there: +4 to +11% with the fill alone as the early sign, +2.4% at
+            // 50% since `storage_depth` (BENCHMARKS, "Where the fast GPUs' caches bind").
             storage_tolerance: 3.0,
             storage_fill: 0.15,
             storage_lost_share: 0.3,
             // The same workload with conversations starting at under half the pace (their
-            // histories fit the H100s): 92 → 49–52 ms with the matrix's cells unchanged;
-            // the Mooncake trace's +4 to +11% gone but at 50% (+1.8%).
+            // histories fit the H100s): 92 → 48–52 ms, the matrix's long-chat unchanged, the
+            // Mooncake trace's +4 to +11% gone but at 50% (+2.4% against no rule).
             storage_depth: 0.9,
             default_prompt_tokens: 512,
             work_weight: 1.0,

@@ -97,11 +97,12 @@ impl Router {
     /// the prompts come back (conversations), the fast caches overflow and least recently
     /// used eviction then keeps almost nothing (replay, long-chat on 4 H100 + 4 A100 at
     /// 80%: the H100s' hit rate fell from 0.69 to 0.00–0.02 within 30 s, 85% of requests on
-    /// them). The depth of the hits is the early sign: where the histories stop coming
-    /// back before the cache fills (the same workload with conversations starting at under
-    /// half the pace, or the Mooncake trace), it stays below 0.9 and speed decides; with the
-    /// fill alone the rule also bound there, TTFT p95 49–52 → 92 ms and the Mooncake trace
-    /// +4 to +11% (BENCHMARKS, "Where the fast GPUs' caches bind").
+    /// them). The depth of the hits is the early sign: where histories stop coming back
+    /// before the cache fills (the same workload with conversations starting at under half
+    /// the pace, or the Mooncake trace), it falls below 0.9 and speed decides again. With
+    /// the fill alone the rule bound there for as long as conversations opened (TTFT p95
+    /// 92 ms against 48–52 with the depth and 34 with no rule) and cost the Mooncake trace
+    /// 4–11% (BENCHMARKS, "When the fast caches will not overflow").
     fn storage_binds(&self, order: &[usize], cands: &[Candidate], ctx: &ScoreContext) -> bool {
         let c = self.config.cost();
         let Some(best) = order.first().map(|i| &cands[*i]) else {
