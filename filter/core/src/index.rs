@@ -75,8 +75,8 @@ struct SlotLru {
 /// will take first is still asked for (conversations that all go on); well below it, the
 /// oldest content is done with (replay, long-chat's 1,024 conversations on 4 H100 + 4 A100
 /// at 80% read 0.88–0.96 on the H100s as they filled; the same conversations started at
-/// under half the pace fell from 0.89 to 0.7 and below once the first had ended). Averaged over the last 32 requests with a hit;
-/// none before 8.
+/// under half the pace fell from 0.89 to 0.7 and below once the first had ended).
+/// Averaged over the last 32 requests with a hit; none before 8.
 #[derive(Clone, Copy, Debug, Default)]
 struct Depth {
     mean: f64,

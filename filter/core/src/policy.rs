@@ -472,7 +472,8 @@ pub(crate) fn server_rate(config: &Config, c: &Candidate, ctx: &ScoreContext) ->
         // Nothing known of it yet (a server that just joined): scored as the fastest
         // class until its first tokens place its pace. At the typical rate, a new H100
         // beside 4 A100s and 3 H100s read as an A100, drew no prompt and so never showed
-        // its speed (replay, long-chat at 80%: none in the 100 s after it joined).
+        // its speed (replay, long-chat's conversations opened at under half its pace, 80%
+        // load: nothing for the rest of the run after joining at 150 s).
         None => ctx.rates.fastest().unwrap_or(typical),
     }
 }
