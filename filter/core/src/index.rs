@@ -168,20 +168,15 @@ impl SlotLru {
         self.retention.map_or(self.capacity, |r| r.min(self.capacity))
     }
 
-    /// Samples how deep the last block of `blocks`' held leading run sat, before a touch.
-    fn sample_depth(&mut self, blocks: &[BlockHash]) {
-        let Some(was) = blocks.iter().map_while(|b| self.ticks.get(b)).last().copied() else {
-            return;
-        };
+    /// The tick of the least recently used entry, dropping the stale pairs before it.
+    fn oldest(&mut self) -> Option<u64> {
         while let Some((block, tick)) = self.queue.front() {
             if self.ticks.get(block) == Some(tick) {
-                break;
+                return Some(*tick);
             }
             self.queue.pop_front();
         }
-        let Some(&(_, oldest)) = self.queue.front() else { return };
-        let span = (self.seq + 1 - oldest) as f64;
-        self.depth.add((self.seq - was) as f64 / span);
+        None
     }
 }
 
@@ -335,16 +330,29 @@ impl PrefixIndex {
         if self.slots.get(i).is_none_or(|s| s.limit() == 0) {
             return;
         }
-        self.slots[i].sample_depth(blocks);
+        let (before, oldest) = (self.slots[i].seq, self.slots[i].oldest());
+        // The tick the last block of the prompt's held leading run had (`Depth`): read
+        // last to first, a block that was not held starts the run again.
+        let (mut was, mut after_gap) = (None, true);
         for block in blocks.iter().rev() {
             let lru = &mut self.slots[i];
             lru.seq += 1;
             let tick = lru.seq;
-            if lru.ticks.insert(*block, tick).is_none() {
-                lru.ghosts.sent_again(*block);
-                self.holders.entry(*block).or_default().push(slot);
+            match lru.ticks.insert(*block, tick) {
+                None => {
+                    lru.ghosts.sent_again(*block);
+                    self.holders.entry(*block).or_default().push(slot);
+                    (was, after_gap) = (None, true);
+                }
+                Some(old) if after_gap => (was, after_gap) = (Some(old), false),
+                Some(_) => {}
             }
             lru.queue.push_back((*block, tick));
+        }
+        if let (Some(was), Some(oldest)) = (was, oldest) {
+            self.slots[i]
+                .depth
+                .add((before - was) as f64 / (before + 1 - oldest) as f64);
         }
         self.evict_to_capacity(i);
     }

@@ -148,6 +148,7 @@ fn out_of_range_numbers_are_rejected() {
         (r#"{"cost": {"storage_tolerance": 20}}"#, "cost.storage_tolerance"),
         (r#"{"cost": {"storage_fill": 1.5}}"#, "cost.storage_fill"),
         (r#"{"cost": {"storage_lost_share": -0.1}}"#, "cost.storage_lost_share"),
+        (r#"{"cost": {"storage_depth": 1.5}}"#, "cost.storage_depth"),
         (r#"{"cost": {"cold_balance": 100}}"#, "cost.cold_balance"),
         (r#"{"cost": {"pending_weight": -0.5}}"#, "cost.pending_weight"),
         (

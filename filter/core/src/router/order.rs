@@ -121,17 +121,17 @@ impl Router {
             }
     }
 
-    /// Where the caches bind (`storage_binds`, checked by the caller), a cold prompt (no candidate holds any of it)
-    /// goes to the owner drawn by weighted rendezvous among the candidates that cost at most
-    /// `1 + cost.storage_tolerance` times the best, each weighing (room + 0.01)^4 ×
-    /// (1 − lost share), room the share of its part of the prefix index that holds nothing
-    /// still asked for: 1 − fill × reuse depth (content older than its hits reach is
-    /// evicted first), so caches full of finished conversations count as having room
-    /// beside a server that just joined (replay: it still draws about half the new ones
-    /// at first). The power
-    /// sends most new prefixes to the emptier caches, so the fast ones stop filling first
-    /// (replay, long-chat at 80% with the fill test at 0.3: at power 1 the H100s still
-    /// overflowed, 165 ms against 153 without the rule; at 4, 94.5 ms).
+    /// Where the caches bind (`storage_binds`, checked by the caller), a cold prompt (no
+    /// candidate holds any of it) goes to the owner drawn by weighted rendezvous among the
+    /// candidates that cost at most `1 + cost.storage_tolerance` times the best, each
+    /// weighing (room + 0.01)^4 × (1 − lost share). Room is the share of its part of the
+    /// prefix index that holds nothing still asked for, 1 − fill × reuse depth (content
+    /// older than its hits reach is evicted first), so caches full of finished
+    /// conversations count as having room beside a server that just joined (replay: it
+    /// still draws about half the new ones at first). The power sends most new prefixes to
+    /// the emptier caches, so the fast ones stop filling first (replay, long-chat at 80%
+    /// with the fill test at 0.3: at power 1 the H100s still overflowed, 165 ms against 153
+    /// without the rule; at 4, 94.5 ms).
     /// Returns whether it moved one.
     fn prefer_room_owner(
         &self,
@@ -152,7 +152,7 @@ impl Router {
             let slot = c.endpoint.slot;
             let live = self.index.fill(slot) * self.index.reuse_depth(slot).unwrap_or(1.0);
             let room = (1.0 - live).max(0.0);
-            let lost = self.index.lost_share(c.endpoint.slot).unwrap_or(0.0);
+            let lost = self.index.lost_share(slot).unwrap_or(0.0);
             let weight = (room + 0.01).powi(4) * (1.0 - lost).max(0.01);
             policy::weighted_rendezvous(*first, &c.endpoint.id, weight)
         };
