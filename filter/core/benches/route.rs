@@ -2,13 +2,14 @@
 //!
 //! Each router has fresh metrics on every endpoint and an index warmed by 512 earlier
 //! requests of 64 prefix groups, and the measured prompt's group is already held by one
-//! endpoint, so the index walk is a real partial hit. Also: JSON parsing of the same bodies.
+//! endpoint, so the index walk is a real partial hit. Also: JSON parsing of the same bodies,
+//! and the prefix index's bookkeeping of a routed prompt (`index_record`).
 
 #![allow(clippy::expect_used)] // a bench whose setup fails should stop loudly
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use kvroute_core::request::{parse, ApiKind};
-use kvroute_core::{Config, EndpointId, Millis, RawConfig, Router, Tokens, VllmMetrics};
+use kvroute_core::{BlockHash, Config, EndpointId, Millis, RawConfig, Router, Tokens, VllmMetrics};
 use std::hint::black_box;
 
 const NOW: Millis = Millis(1_000);
@@ -248,6 +249,43 @@ fn bench_hold_board(c: &mut Criterion) {
     group.finish();
 }
 
+/// `PrefixIndex::record`, the index's part of a routed request's bookkeeping: a server with
+/// the KV size of the router benches (29,205 blocks), filled to capacity by earlier
+/// conversations, then a 512-block prompt (8k tokens) whose first 448 blocks it holds and
+/// whose last 64 are new each time (a conversation's next turn: touches, inserts, as many
+/// evictions), and the same prompt sent again whole (touches only).
+fn bench_index_record(c: &mut Criterion) {
+    use kvroute_core::index::PrefixIndex;
+    let mut group = c.benchmark_group("index_record");
+    let mut index = PrefixIndex::new(64 << 20);
+    index.set_capacity(0, 29_205);
+    let mut next = 1u64;
+    let mut fresh = |n: usize| -> Vec<BlockHash> {
+        (0..n)
+            .map(|_| {
+                next += 1;
+                BlockHash(next.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            })
+            .collect()
+    };
+    for _ in 0..64 {
+        index.record(0, &fresh(512));
+    }
+    let held = fresh(448);
+    index.record(0, &held);
+    group.bench_function("next_turn_512", |b| {
+        b.iter_batched(
+            || [held.clone(), fresh(64)].concat(),
+            |prompt| index.record(0, black_box(&prompt)),
+            criterion::BatchSize::SmallInput,
+        )
+    });
+    let whole = [held.clone(), fresh(64)].concat();
+    index.record(0, &whole);
+    group.bench_function("held_512", |b| b.iter(|| index.record(0, black_box(&whole))));
+    group.finish();
+}
+
 criterion_group!(
     benches,
     bench_route,
@@ -255,6 +293,7 @@ criterion_group!(
     bench_parse,
     bench_hostile,
     bench_capture,
-    bench_hold_board
+    bench_hold_board,
+    bench_index_record
 );
 criterion_main!(benches);
