@@ -20,7 +20,8 @@ use crate::types::BlockHash;
 /// A conservative estimate of the bytes one (endpoint, block) entry costs across the holder
 /// map, the endpoint's map and its LRU queue (including lazily deleted queue entries), and
 /// its share of the endpoint's list of evicted blocks (`Ghosts`, half as many, at about 26
-/// bytes each).
+/// bytes each). The conversations' roots (`Root`, one per prompt of `Root::MIN_BLOCKS` or
+/// more, about 40 bytes each) add at most 5 bytes an entry, within the estimate's margin.
 pub const ENTRY_BYTES: usize = 144;
 
 /// Block hashes are already uniform SHA-256 bits: hashing them again is wasted work, and
@@ -66,6 +67,29 @@ struct SlotLru {
     seq: u64,
     /// How deep in the LRU the reuse reaches.
     depth: Depth,
+    /// The prompts' first blocks held here (`Root`).
+    roots: BlockMap<Root>,
+    /// What its live conversations will hold, in entries (`PrefixIndex::projected_held`),
+    /// refreshed every `Root::REFRESH` records.
+    projected: Option<f64>,
+    records: u32,
+}
+
+/// A conversation's root in a server's part of the index: the first block of a prompt
+/// recorded there, when it was last touched (its place in the LRU) and the longest prompt
+/// recorded from it, in blocks. A root evicted is a conversation over (or cut short by the
+/// cache): its size is one sample of the size conversations end at (`PrefixIndex::ended`).
+#[derive(Clone, Copy, Debug)]
+struct Root {
+    last: u64,
+    blocks: u32,
+}
+
+impl Root {
+    /// Shorter prompts get no root: they grow nothing worth projecting, and the roots stay
+    /// under an eighth of the entries.
+    const MIN_BLOCKS: usize = 8;
+    const REFRESH: u32 = 16;
 }
 
 /// How far back in a server's cache its reuse reaches: for each request that finds part of
@@ -90,6 +114,27 @@ impl Depth {
     fn add(&mut self, share: f64) {
         self.samples = (self.samples + 1).min(Self::SPAN);
         self.mean += (share - self.mean) / f64::from(self.samples);
+    }
+
+    fn get(self) -> Option<f64> {
+        (self.samples >= Self::FIRST).then_some(self.mean)
+    }
+}
+
+/// The mean size, in blocks, of the last 64 roots evicted across the fleet; none before 8.
+#[derive(Clone, Copy, Debug, Default)]
+struct Ended {
+    mean: f64,
+    samples: u32,
+}
+
+impl Ended {
+    const SPAN: u32 = 64;
+    const FIRST: u32 = 8;
+
+    fn add(&mut self, blocks: u32) {
+        self.samples = (self.samples + 1).min(Self::SPAN);
+        self.mean += (f64::from(blocks) - self.mean) / f64::from(self.samples);
     }
 
     fn get(self) -> Option<f64> {
@@ -185,6 +230,7 @@ pub struct PrefixIndex {
     holders: BlockMap<Vec<Slot>>,
     slots: Vec<SlotLru>,
     budget_entries: usize,
+    ended: Ended,
 }
 
 impl PrefixIndex {
@@ -193,6 +239,7 @@ impl PrefixIndex {
             holders: BlockMap::default(),
             slots: Vec::new(),
             budget_entries: (max_memory_bytes / ENTRY_BYTES).max(1),
+            ended: Ended::default(),
         }
     }
 
@@ -223,6 +270,18 @@ impl PrefixIndex {
     /// of their prompt there.
     pub fn reuse_depth(&self, slot: Slot) -> Option<f64> {
         self.slots.get(usize::from(slot))?.depth.get()
+    }
+
+    /// What `slot`'s live conversations will hold once they have grown, in entries: each
+    /// root touched more recently than its hits reach (`reuse_depth`) counted at the larger
+    /// of its longest prompt and the size conversations end at across the fleet (`Ended`).
+    /// Where conversations go on, a server that took many of them lately holds little now
+    /// and much later: a server that joined a fleet while conversations opened drew 172 of
+    /// the 381 opened after it by the little it held, and their histories outgrew its cache
+    /// (BENCHMARKS, "The slower opening and a join, tried again"). None until 8 roots ended
+    /// somewhere and `slot`'s reuse depth is known; refreshed every 16 records.
+    pub fn projected_held(&self, slot: Slot) -> Option<f64> {
+        self.slots.get(usize::from(slot))?.projected
     }
 
     /// How full `slot`'s share of the index is (entries held ÷ entries it may hold).
@@ -319,6 +378,9 @@ impl PrefixIndex {
             .filter(|b| lru.ticks.remove(b).is_some())
             .copied()
             .collect();
+        for block in &gone {
+            lru.roots.remove(block);
+        }
         for block in gone {
             self.drop_holder(block, slot);
         }
@@ -354,7 +416,33 @@ impl PrefixIndex {
                 .depth
                 .add((before - was) as f64 / (before + 1 - oldest) as f64);
         }
+        if let Some(root) = blocks.first().filter(|_| blocks.len() >= Root::MIN_BLOCKS) {
+            let lru = &mut self.slots[i];
+            let seq = lru.seq;
+            let entry = lru.roots.entry(*root).or_insert(Root { last: seq, blocks: 0 });
+            entry.last = seq;
+            entry.blocks = entry.blocks.max(u32::try_from(blocks.len()).unwrap_or(u32::MAX));
+        }
         self.evict_to_capacity(i);
+        self.slots[i].records += 1;
+        if self.slots[i].records >= Root::REFRESH {
+            self.slots[i].records = 0;
+            self.project(i);
+        }
+    }
+
+    /// Refreshes `projected_held` for slot `i`.
+    fn project(&mut self, i: usize) {
+        let ended = self.ended.get();
+        let lru = &mut self.slots[i];
+        lru.projected = match (ended, lru.depth.get(), lru.oldest()) {
+            (Some(ended), Some(depth), Some(oldest)) => {
+                let horizon = lru.seq as f64 - depth * (lru.seq + 1 - oldest) as f64;
+                let live = lru.roots.values().filter(|r| r.last as f64 >= horizon);
+                Some(live.map(|r| f64::from(r.blocks).max(ended)).sum())
+            }
+            _ => None,
+        };
     }
 
     /// For each slot, how many leading blocks of `blocks` it holds, written to `out[slot]`
@@ -388,6 +476,10 @@ impl PrefixIndex {
             if self.slots[i].ticks.get(&block) == Some(&tick) {
                 let lru = &mut self.slots[i];
                 lru.ticks.remove(&block);
+                if let Some(root) = lru.roots.remove(&block) {
+                    self.ended.add(root.blocks);
+                }
+                let lru = &mut self.slots[i];
                 let size = lru.limit();
                 lru.ghosts.evicted(block, size);
                 self.drop_holder(block, i as Slot);

@@ -150,3 +150,40 @@ fn reuse_depth_tells_reuse_of_the_oldest_content_from_reuse_of_the_newest() {
     idx.record(1, &longer);
     assert!(idx.reuse_depth(1).unwrap() > recent);
 }
+
+#[test]
+fn projection_counts_live_conversations_at_the_size_conversations_end_at() {
+    let mut idx = PrefixIndex::new(1 << 20);
+    // Server 1: conversations of 40 blocks go through a cache of 200: their roots are
+    // evicted as they end, each a sample of the size conversations end at.
+    idx.set_capacity(1, 200);
+    let turn = |c: u64, blocks: u64| -> Vec<BlockHash> { (0..blocks).map(|k| b(c * 1000 + k)).collect() };
+    for c in 0..20 {
+        idx.record(1, &turn(c, 40));
+    }
+    // Server 0 joins: 10 conversations of 10 blocks, then three rounds of their next turn
+    // (12 blocks), each conversation in turn.
+    idx.set_capacity(0, 1000);
+    for c in 100..110 {
+        idx.record(0, &turn(c, 10));
+    }
+    assert_eq!(idx.projected_held(0), None, "no reuse depth yet");
+    for _ in 0..3 {
+        for c in 100..110 {
+            idx.record(0, &turn(c, 12));
+        }
+    }
+    let held = idx.held(0) as f64;
+    let projected = idx.projected_held(0).expect("8 roots ended, a depth, 16 records");
+    // Its live conversations of 12 blocks, each projected at the 40 that ended elsewhere
+    // (all ten, or nine where the oldest root lies past where the hits reach).
+    assert!(projected == 400.0 || projected == 360.0, "{projected}");
+    assert!(held <= 120.0 && projected > 2.5 * held, "{held}");
+    // Prompts under Root::MIN_BLOCKS get no root.
+    let mut short = PrefixIndex::new(1 << 20);
+    short.set_capacity(0, 50);
+    for c in 0..100 {
+        short.record(0, &turn(c, 7));
+    }
+    assert_eq!(short.ended.get(), None);
+}

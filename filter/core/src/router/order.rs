@@ -221,9 +221,20 @@ impl Router {
         if k <= 0.0 || !seen_all {
             return plain();
         }
+        // What a server holds, or what its live conversations will hold once grown where
+        // that is more: by what it holds now, a server that joined while conversations
+        // opened won every draw it was near the best for (replay, an H100 joining 3 H100 + 4
+        // A100 at 150 s: 172 of the 381 conversations opened after it, TTFT p95 after the
+        // last opened 44–68 ms; by the projection 131 and 42–45 ms; BENCHMARKS, "The slower
+        // opening and a join").
         let held: Vec<f64> = cands
             .iter()
-            .map(|c| self.index.held(c.endpoint.slot) as f64 / policy::server_rate(&self.config, c, ctx))
+            .map(|c| {
+                let slot = c.endpoint.slot;
+                let held = self.index.held(slot) as f64;
+                let held = self.index.projected_held(slot).map_or(held, |p| held.max(p));
+                held / policy::server_rate(&self.config, c, ctx)
+            })
             .collect();
         let mean = held.iter().sum::<f64>() / held.len().max(1) as f64;
         if !mean.is_normal() {
