@@ -101,40 +101,25 @@ impl Root {
 /// at 80% read 0.88–0.96 on the H100s as they filled; the same conversations started at
 /// under half the pace fell from 0.89 to 0.7 and below once the first had ended).
 /// Averaged over the last 32 requests with a hit; none before 8.
-#[derive(Clone, Copy, Debug, Default)]
-struct Depth {
-    mean: f64,
-    samples: u32,
-}
-
-impl Depth {
-    const SPAN: u32 = 32;
-    const FIRST: u32 = 8;
-
-    fn add(&mut self, share: f64) {
-        self.samples = (self.samples + 1).min(Self::SPAN);
-        self.mean += (share - self.mean) / f64::from(self.samples);
-    }
-
-    fn get(self) -> Option<f64> {
-        (self.samples >= Self::FIRST).then_some(self.mean)
-    }
-}
+type Depth = RecentMean<32>;
 
 /// The mean size, in blocks, of the last 64 roots evicted across the fleet; none before 8.
+type Ended = RecentMean<64>;
+
+/// The mean of the last `SPAN` samples or so (a running mean whose weight stops growing at
+/// `SPAN`); none before 8 samples.
 #[derive(Clone, Copy, Debug, Default)]
-struct Ended {
+struct RecentMean<const SPAN: u32> {
     mean: f64,
     samples: u32,
 }
 
-impl Ended {
-    const SPAN: u32 = 64;
+impl<const SPAN: u32> RecentMean<SPAN> {
     const FIRST: u32 = 8;
 
-    fn add(&mut self, blocks: u32) {
-        self.samples = (self.samples + 1).min(Self::SPAN);
-        self.mean += (f64::from(blocks) - self.mean) / f64::from(self.samples);
+    fn add(&mut self, sample: f64) {
+        self.samples = (self.samples + 1).min(SPAN);
+        self.mean += (sample - self.mean) / f64::from(self.samples);
     }
 
     fn get(self) -> Option<f64> {
@@ -477,7 +462,7 @@ impl PrefixIndex {
                 let lru = &mut self.slots[i];
                 lru.ticks.remove(&block);
                 if let Some(root) = lru.roots.remove(&block) {
-                    self.ended.add(root.blocks);
+                    self.ended.add(f64::from(root.blocks));
                 }
                 let lru = &mut self.slots[i];
                 let size = lru.limit();
