@@ -175,9 +175,8 @@ fn projection_counts_live_conversations_at_the_size_conversations_end_at() {
     }
     let held = idx.held(0) as f64;
     let projected = idx.projected_held(0).expect("8 roots ended, a depth, 16 records");
-    // Its live conversations of 12 blocks, each projected at the 40 that ended elsewhere
-    // (all ten, or nine where the oldest root lies past where the hits reach).
-    assert!(projected == 400.0 || projected == 360.0, "{projected}");
+    // Its ten live conversations of 12 blocks, each projected at the 40 that ended elsewhere.
+    assert!(projected == 400.0, "{projected}");
     assert!(held <= 120.0 && projected > 2.5 * held, "{held}");
     // Prompts under Root::MIN_BLOCKS get no root.
     let mut short = PrefixIndex::new(1 << 20);
