@@ -90,7 +90,8 @@ impl Router {
     /// Whether the cache of the best-scored server (`order[0]`) binds on a fleet of unlike
     /// GPUs: its part of the prefix index is at least `cost.storage_fill` full, and either
     /// at least `cost.storage_lost_share` of its evictions come back
-    /// (`PrefixIndex::lost_share`), or, before it evicted enough to tell, its hits reach
+    /// (`PrefixIndex::lost_share`; its class mates' where it has evicted too little to tell,
+    /// `class_lost_share`), or, before any of them evicted enough, its hits reach
     /// back to the oldest of its content (`PrefixIndex::reuse_depth` at least
     /// `cost.storage_depth`: what it will evict first is still asked for). The faster GPUs
     /// draw most of the work by cost, into caches no larger than the slower ones': where
@@ -112,13 +113,44 @@ impl Router {
             && c.storage_tolerance > 0.0
             && self.config.policy() == PolicyKind::Cost
             && self.index.fill(best.endpoint.slot) >= c.storage_fill
-            && match self.index.lost_share(best.endpoint.slot) {
+            && match self
+                .index
+                .lost_share(best.endpoint.slot)
+                .or_else(|| self.class_lost_share(best, cands, ctx))
+            {
                 Some(lost) => lost >= c.storage_lost_share,
                 None => self
                     .index
                     .reuse_depth(best.endpoint.slot)
                     .is_some_and(|d| d >= c.storage_depth),
             }
+    }
+
+    /// The mean lost share (`PrefixIndex::lost_share`) of the candidates scored within
+    /// `policy::UNLIKE` of `best`'s rate (its class: the other GPUs like it) that have
+    /// evicted enough to tell; none where none has. A server that joined a running fleet
+    /// has evicted nothing yet and all its content is young, so its hits reach back to its
+    /// oldest content (reuse depth 1) whatever the workload: judged alone its cache bound
+    /// as soon as it was an eighth full, and cold prompts went by room to the slower GPUs
+    /// while its class mates' caches had shown that what they evict is not asked for again
+    /// (replay, an H100 joining 3 H100 + 4 A100 at 150 s on conversations that end before
+    /// the caches overflow: TTFT p95 after the last conversation opened 37–45 ms, seeds
+    /// 0–8; borrowing the class's share, 33–41, better on every seed; BENCHMARKS, "A
+    /// server that joins borrows its class's evictions").
+    fn class_lost_share(&self, best: &Candidate, cands: &[Candidate], ctx: &ScoreContext) -> Option<f64> {
+        let rate = policy::server_rate(&self.config, best, ctx);
+        let (mut sum, mut known) = (0.0, 0u32);
+        for c in cands {
+            let r = policy::server_rate(&self.config, c, ctx);
+            if r * policy::UNLIKE <= rate || r >= rate * policy::UNLIKE {
+                continue;
+            }
+            if let Some(lost) = self.index.lost_share(c.endpoint.slot) {
+                sum += lost;
+                known += 1;
+            }
+        }
+        (known > 0).then(|| sum / f64::from(known))
     }
 
     /// Where the caches bind (`storage_binds`, checked by the caller), a cold prompt (no

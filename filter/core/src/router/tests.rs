@@ -2608,3 +2608,68 @@ fn where_the_fast_gpus_caches_fill_first_a_cold_prompt_goes_where_there_is_room(
     let to = route_cold_to("", &oldest, true);
     assert!(to[0] >= 10 && to[0] + to[1] >= 30, "{to:?} of 40");
 }
+
+#[test]
+fn a_fast_server_that_joined_reads_its_class_mates_evictions() {
+    // Two A100s (0, 1) and three H100s (2, 3, 4; speed weight 3.4), all idle, each with
+    // room for 2,500 of the index's blocks. H100 2 joined late: 25 prompts of 20 blocks
+    // (20% full), each sent twice, so its hits reach back to its oldest content. H100s 3
+    // and 4 ran long enough to evict: 150 prompts each, 3,000 blocks. With `returning`,
+    // their first 30 prompts (evicted) are sent to them again.
+    let route_cold = |returning: bool| {
+        let raw: RawConfig = serde_json::from_str(&format!(
+            r#"{{"cost": {{"speed_weights": {{"{}": 1, "{}": 1, "{}": 3.4, "{}": 3.4, "{}": 3.4}}}}}}"#,
+            ep(0),
+            ep(1),
+            ep(2),
+            ep(3),
+            ep(4)
+        ))
+        .unwrap();
+        let raw = RawConfig {
+            endpoints: (0..5).map(|i| ep(i).as_str().into()).collect(),
+            policy: PolicyKind::Cost,
+            ..raw
+        };
+        let mut r = Router::new(Config::try_from(raw).unwrap());
+        for i in 0..5 {
+            r.on_metrics(&ep(i), load(0, 0, 0.0), T0);
+        }
+        let slot = |r: &Router, i: usize| r.endpoints().iter().find(|e| e.id == ep(i)).unwrap().slot;
+        let joined = slot(&r, 2);
+        for n in (0..25u64).chain(0..25) {
+            r.index.record(joined, &req(100 + n, 20).blocks);
+        }
+        for server in [3, 4] {
+            let s = slot(&r, server);
+            for n in 0..150u64 {
+                r.index.record(s, &req(1000 * server as u64 + n, 20).blocks);
+            }
+            if returning {
+                for n in 0..30u64 {
+                    r.index.record(s, &req(1000 * server as u64 + n, 20).blocks);
+                }
+            }
+        }
+        assert_eq!(r.index().lost_share(joined), None);
+        assert!(r.index().reuse_depth(joined).is_some_and(|d| d > 0.99));
+        let mates: Vec<f64> = [3, 4]
+            .iter()
+            .map(|i| r.index().lost_share(slot(&r, *i)).unwrap())
+            .collect();
+        let to_a100s = (0..40u64)
+            .map(|p| r.route(&req(5000 + p, 8), T0.plus(2)).best().unwrap().clone())
+            .filter(|e| *e == ep(0) || *e == ep(1))
+            .count();
+        (to_a100s, mates)
+    };
+    // What H100s 3 and 4 evict is never asked for again: H100 2's cache does not bind
+    // either, and the cost sends the cold prompts to the H100s.
+    let (to_a100s, mates) = route_cold(false);
+    assert_eq!(mates, vec![0.0, 0.0]);
+    assert_eq!(to_a100s, 0);
+    // What they evict comes back: the caches bind, and most go where there is room.
+    let (to_a100s, mates) = route_cold(true);
+    assert!(mates.iter().all(|m| *m >= 0.3), "{mates:?}");
+    assert!(to_a100s >= 20, "{to_a100s} of 40");
+}
