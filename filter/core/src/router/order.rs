@@ -138,14 +138,16 @@ impl Router {
     /// 0–8; borrowing the class's share, 33–41, better on every seed; BENCHMARKS, "A
     /// server that joins borrows its class's evictions").
     fn class_lost_share(&self, best: &Candidate, cands: &[Candidate], ctx: &ScoreContext) -> Option<f64> {
-        let rate = policy::server_rate(&self.config, best, ctx);
+        // Rates are read only for servers with a share: none before the first evictions.
+        let mut rate = None;
         let (mut sum, mut known) = (0.0, 0u32);
         for c in cands {
-            let r = policy::server_rate(&self.config, c, ctx);
-            if r * policy::UNLIKE <= rate || r >= rate * policy::UNLIKE {
+            let Some(lost) = self.index.lost_share(c.endpoint.slot) else {
                 continue;
-            }
-            if let Some(lost) = self.index.lost_share(c.endpoint.slot) {
+            };
+            let best_rate = *rate.get_or_insert_with(|| policy::server_rate(&self.config, best, ctx));
+            let r = policy::server_rate(&self.config, c, ctx);
+            if r * policy::UNLIKE > best_rate && r < best_rate * policy::UNLIKE {
                 sum += lost;
                 known += 1;
             }
