@@ -405,6 +405,7 @@ mod homes;
 mod inflight;
 mod order;
 mod peers;
+mod storage;
 
 /// How long this router's oldest stream at `c` still without a first token has waited past
 /// the time its own prefill takes there (0 when none waits).

@@ -219,9 +219,10 @@ pub struct RawCost {
     pub holder_min_share: f64,
     /// On a fleet of unlike GPUs, while the best-scored server's KV cache binds
     /// (`Router::storage_binds`: its part of the prefix index is at least `storage_fill`
-    /// full, and at least `storage_lost_share` of what it evicts is sent to it again, or,
-    /// before it has evicted enough to tell, its hits reach back at least `storage_depth`
-    /// of the way to its oldest content), a cold prompt's owner is drawn by the room left
+    /// full, and at least `storage_lost_share` of what it evicts is sent to it again (its
+    /// class mates' share where it has evicted too little to tell), or, before any of them
+    /// has, its hits reach back at least `storage_depth` of the way to its oldest content),
+    /// a cold prompt's owner is drawn by the room left
     /// in each candidate's cache among those costing at most this many times more than the
     /// best (`Router::prefer_room_owner`), and the holder of most of a prompt may cost this
     /// much more (instead of `holder_tolerance`). 0 turns it off.

@@ -2614,9 +2614,9 @@ fn a_fast_server_that_joined_reads_its_class_mates_evictions() {
     // Two A100s (0, 1) and three H100s (2, 3, 4; speed weight 3.4), all idle, each with
     // room for 2,500 of the index's blocks. H100 2 joined late: 25 prompts of 20 blocks
     // (20% full), each sent twice, so its hits reach back to its oldest content. H100s 3
-    // and 4 ran long enough to evict: 150 prompts each, 3,000 blocks. With `returning`,
-    // their first 30 prompts (evicted) are sent to them again.
-    let route_cold = |returning: bool| {
+    // and 4 ran `prompts` prompts each: 150 (3,000 blocks) evict, 100 do not. With
+    // `returning`, their first 30 prompts (evicted, with 150) are sent to them again.
+    let route_cold = |prompts: u64, returning: bool| {
         let raw: RawConfig = serde_json::from_str(&format!(
             r#"{{"cost": {{"speed_weights": {{"{}": 1, "{}": 1, "{}": 3.4, "{}": 3.4, "{}": 3.4}}}}}}"#,
             ep(0),
@@ -2642,7 +2642,7 @@ fn a_fast_server_that_joined_reads_its_class_mates_evictions() {
         }
         for server in [3, 4] {
             let s = slot(&r, server);
-            for n in 0..150u64 {
+            for n in 0..prompts {
                 r.index.record(s, &req(1000 * server as u64 + n, 20).blocks);
             }
             if returning {
@@ -2653,10 +2653,7 @@ fn a_fast_server_that_joined_reads_its_class_mates_evictions() {
         }
         assert_eq!(r.index().lost_share(joined), None);
         assert!(r.index().reuse_depth(joined).is_some_and(|d| d > 0.99));
-        let mates: Vec<f64> = [3, 4]
-            .iter()
-            .map(|i| r.index().lost_share(slot(&r, *i)).unwrap())
-            .collect();
+        let mates: Vec<Option<f64>> = [3, 4].iter().map(|i| r.index().lost_share(slot(&r, *i))).collect();
         let to_a100s = (0..40u64)
             .map(|p| r.route(&req(5000 + p, 8), T0.plus(2)).best().unwrap().clone())
             .filter(|e| *e == ep(0) || *e == ep(1))
@@ -2665,11 +2662,15 @@ fn a_fast_server_that_joined_reads_its_class_mates_evictions() {
     };
     // What H100s 3 and 4 evict is never asked for again: H100 2's cache does not bind
     // either, and the cost sends the cold prompts to the H100s.
-    let (to_a100s, mates) = route_cold(false);
-    assert_eq!(mates, vec![0.0, 0.0]);
+    let (to_a100s, mates) = route_cold(150, false);
+    assert_eq!(mates, vec![Some(0.0), Some(0.0)]);
     assert_eq!(to_a100s, 0);
     // What they evict comes back: the caches bind, and most go where there is room.
-    let (to_a100s, mates) = route_cold(true);
-    assert!(mates.iter().all(|m| *m >= 0.3), "{mates:?}");
+    let (to_a100s, mates) = route_cold(150, true);
+    assert!(mates.iter().all(|m| m.is_some_and(|m| m >= 0.3)), "{mates:?}");
+    assert!(to_a100s >= 20, "{to_a100s} of 40");
+    // Neither has evicted: H100 2's own depth decides, and its cache binds.
+    let (to_a100s, mates) = route_cold(100, false);
+    assert_eq!(mates, vec![None, None]);
     assert!(to_a100s >= 20, "{to_a100s} of 40");
 }
