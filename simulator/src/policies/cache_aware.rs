@@ -15,9 +15,12 @@
 //!   of it (`--cache-threshold 0.3`) and its in-flight load is not past the spill gate
 //!   (`sglang_spills`), else the least loaded server (ties to the first). The tree is
 //!   approximated by 64-character blocks, `--max-tree-size` (2^26 characters) shared by the
-//!   servers, leaves evicted first. Not modelled: its worker-overload exclusion (a server
-//!   with 8 waiting requests or 80% KV usage left out while another is below), which needs
-//!   the servers' load polled; `make bench-live` runs the real `smg` instead.
+//!   servers, leaves evicted first. Its worker-overload protection, on by default in 1.13
+//!   (`--worker-overload-waiting-requests 8`, `--worker-overload-token-usage 0.8`): a server
+//!   whose last load poll read at least 8 waiting requests or at least 80% KV usage is left
+//!   out of the choice while another is under both, and where every server is over them the
+//!   least loaded goes; the load is polled every 10 s (`--load-monitor-interval`,
+//!   `PolicyName::scrape_interval_ms`) from vLLM's `/metrics`.
 //! - `dynamo-kv`: NVIDIA Dynamo's KV router with its defaults (`lib/kv-router`, the default
 //!   selector: overlap credit 1, prefill load scale 1, temperature 0, prefill tokens and
 //!   active blocks tracked): cost = max(0, (active prefill tokens + prompt tokens) / block
@@ -103,9 +106,15 @@ const SGLANG_TREE_CHARS: usize = 1 << 26;
 const SGLANG_SPILL_ABS: f64 = 64.0;
 const SGLANG_SPILL_REL: f64 = 1.5;
 
+/// `smg` 1.13's worker-overload thresholds (its `--help`: on by default), each inclusive.
+const SGLANG_OVERLOAD_WAITING: u64 = 8;
+const SGLANG_OVERLOAD_KV: f64 = 0.8;
+
 pub struct SglangCacheAware {
     index: ApproxIndex,
     outstanding: Outstanding,
+    /// Per server: whether its last load poll read it overloaded.
+    overloaded: Vec<bool>,
 }
 
 impl SglangCacheAware {
@@ -113,7 +122,19 @@ impl SglangCacheAware {
         SglangCacheAware {
             index: ApproxIndex::new(servers, SGLANG_TREE_CHARS / 64 / servers.max(1), true),
             outstanding: Outstanding::new(servers),
+            overloaded: vec![false; servers],
         }
+    }
+
+    /// The servers the choice is made among: those of `pool` not overloaded, or, where every
+    /// one is, the least loaded alone.
+    fn eligible(&self, pool: &[usize], load: &[u64]) -> Vec<usize> {
+        let under: Vec<usize> = pool.iter().copied().filter(|s| !self.overloaded[*s]).collect();
+        if !under.is_empty() {
+            return under;
+        }
+        let min = pool.iter().map(|s| load[*s]).min().unwrap_or(0);
+        pool.iter().copied().find(|s| load[*s] == min).into_iter().collect()
     }
 }
 
@@ -129,7 +150,7 @@ pub(super) fn sglang_spills(load: u64, mean: f64) -> bool {
 impl Policy for SglangCacheAware {
     fn pick(&mut self, req: &Incoming, _: &[Engine], _: f64) -> usize {
         let load = self.outstanding.get();
-        let pool = members(req.pool);
+        let pool = self.eligible(&members(req.pool), load);
         let min = pool.iter().map(|s| load[*s]).min().unwrap_or(0);
         let mean = pool.iter().map(|s| load[*s] as f64).sum::<f64>() / pool.len().max(1) as f64;
         let blocks = chunk_hashes(req.canonical, 64);
@@ -156,6 +177,9 @@ impl Policy for SglangCacheAware {
     }
     fn on_finished(&mut self, s: usize, _: &Finished, _: f64) {
         self.outstanding.done(s);
+    }
+    fn on_scrape(&mut self, s: usize, m: &VllmMetrics, _: &str, _: f64) {
+        self.overloaded[s] = m.waiting >= SGLANG_OVERLOAD_WAITING || m.kv_usage >= SGLANG_OVERLOAD_KV;
     }
 }
 

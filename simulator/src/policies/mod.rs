@@ -105,10 +105,12 @@ impl PolicyName {
     /// How often this policy's router reads the servers' metrics: `configured` (the
     /// replay's `--scrape-interval-ms`, kvroute's default 200 ms), but the Gateway API
     /// Inference Extension's endpoint picker refreshes every 50 ms by default
-    /// (`pkg/epp/server/options.go`), and it is judged at its own default.
+    /// (`pkg/epp/server/options.go`) and `smg` polls its workers' load every 10 s
+    /// (`--load-monitor-interval`): each is judged at its own default.
     pub fn scrape_interval_ms(self, configured: f64) -> f64 {
         match self {
             PolicyName::GieWeighted => GIE_REFRESH_MS,
+            PolicyName::SglangCacheAware => SMG_LOAD_POLL_MS,
             _ => configured,
         }
     }
@@ -154,6 +156,8 @@ impl PolicyName {
 
 /// The endpoint picker's default metrics refresh (`gie-weighted`).
 const GIE_REFRESH_MS: f64 = 50.0;
+/// `smg`'s default load poll (`sglang-cache-aware`).
+const SMG_LOAD_POLL_MS: f64 = 10_000.0;
 
 /// A seeded generator for policies that break ties or sample (SplitMix64).
 #[derive(Clone, Debug)]

@@ -135,3 +135,33 @@ fn sglang_spills_a_matched_prompt_once_its_server_runs_well_above_the_pools_mean
     assert_eq!(picks, vec![0, 0, 0, 0, 0, 0, 1]);
     assert!(!sglang_spills(5, 1.25) && sglang_spills(6, 1.5));
 }
+
+#[test]
+fn sglang_leaves_out_a_server_its_last_poll_read_overloaded_unless_every_one_is() {
+    let servers = engines(3);
+    let pool = [true; 3];
+    let mut p = SglangCacheAware::new(3);
+    let shared = vec![b'a'; 64 * 10];
+    let blocks: Vec<u64> = (0..40).collect();
+    let poll = |waiting: u64, kv_usage: f64| VllmMetrics {
+        waiting,
+        kv_usage,
+        ..VllmMetrics::default()
+    };
+    assert_eq!(p.pick(&incoming(0, &shared, &blocks, &pool), &servers, 0.0), 0);
+    // 8 waiting requests: the prompt its tree matches goes to the least loaded other server.
+    p.on_scrape(0, &poll(8, 0.1), "", 10_000.0);
+    assert_eq!(p.pick(&incoming(1, &shared, &blocks, &pool), &servers, 0.0), 1);
+    // Under both thresholds again (7 waiting, 79% KV): back to its tree.
+    p.on_scrape(0, &poll(7, 0.79), "", 20_000.0);
+    assert_eq!(p.pick(&incoming(2, &shared, &blocks, &pool), &servers, 0.0), 0);
+    // 80% KV is as much over as 8 waiting: the other tree that matches it (server 1's).
+    p.on_scrape(0, &poll(0, 0.8), "", 30_000.0);
+    assert_eq!(p.pick(&incoming(3, &shared, &blocks, &pool), &servers, 0.0), 1);
+    // Every server over: the least loaded of them, whatever the trees match (servers 0 and
+    // 1 carry two requests each, server 2 none).
+    p.on_scrape(1, &poll(9, 0.1), "", 30_000.0);
+    p.on_scrape(2, &poll(9, 0.1), "", 30_000.0);
+    assert_eq!(p.pick(&incoming(4, &shared, &blocks, &pool), &servers, 0.0), 2);
+    assert_eq!(PolicyName::SglangCacheAware.scrape_interval_ms(200.0), 10_000.0);
+}
