@@ -2535,6 +2535,28 @@ fn a_requests_servers_are_those_listing_its_model_or_all_of_them() {
     );
 }
 
+/// A cost router over endpoints `0..weights.len()`, each with its speed weight (1 an A100,
+/// 3.4 an H100) and `cost` appended to the `cost` section, every one idle.
+fn idle_unlike_fleet(weights: &[f64], cost: &str) -> Router {
+    let speeds: Vec<String> = weights
+        .iter()
+        .enumerate()
+        .map(|(i, w)| format!(r#""{}": {w}"#, ep(i)))
+        .collect();
+    let json = format!(r#"{{"cost": {{"speed_weights": {{{}}}{cost}}}}}"#, speeds.join(", "));
+    let raw: RawConfig = serde_json::from_str(&json).unwrap();
+    let raw = RawConfig {
+        endpoints: (0..weights.len()).map(|i| ep(i).as_str().into()).collect(),
+        policy: PolicyKind::Cost,
+        ..raw
+    };
+    let mut r = Router::new(Config::try_from(raw).unwrap());
+    for i in 0..weights.len() {
+        r.on_metrics(&ep(i), load(0, 0, 0.0), T0);
+    }
+    r
+}
+
 #[test]
 fn where_the_fast_gpus_caches_fill_first_a_cold_prompt_goes_where_there_is_room() {
     // Two A100s (0, 1) and two H100s (2, 3; speed weight 3.4), all idle, each with room
@@ -2544,23 +2566,7 @@ fn where_the_fast_gpus_caches_fill_first_a_cold_prompt_goes_where_there_is_room(
     // the newest (prompts that stopped coming back). With `done`, A100 0's part of the
     // index is full of prompts that stopped coming back (its last one sent ten times).
     let route_cold_to = |cost: &str, again: &[u64], done: bool| {
-        let raw: RawConfig = serde_json::from_str(&format!(
-            r#"{{"cost": {{"speed_weights": {{"{}": 1, "{}": 1, "{}": 3.4, "{}": 3.4}}{cost}}}}}"#,
-            ep(0),
-            ep(1),
-            ep(2),
-            ep(3)
-        ))
-        .unwrap();
-        let raw = RawConfig {
-            endpoints: (0..4).map(|i| ep(i).as_str().into()).collect(),
-            policy: PolicyKind::Cost,
-            ..raw
-        };
-        let mut r = Router::new(Config::try_from(raw).unwrap());
-        for i in 0..4 {
-            r.on_metrics(&ep(i), load(0, 0, 0.0), T0);
-        }
+        let mut r = idle_unlike_fleet(&[1.0, 1.0, 3.4, 3.4], cost);
         for n in 0..100u64 {
             let server = 2 + (n % 2) as usize;
             let slot = r.endpoints().iter().find(|e| e.id == ep(server)).unwrap().slot;
@@ -2617,24 +2623,7 @@ fn a_fast_server_that_joined_reads_its_class_mates_evictions() {
     // and 4 ran `prompts` prompts each: 150 (3,000 blocks) evict, 100 do not. With
     // `returning`, their first 30 prompts (evicted, with 150) are sent to them again.
     let route_cold = |prompts: u64, returning: bool| {
-        let raw: RawConfig = serde_json::from_str(&format!(
-            r#"{{"cost": {{"speed_weights": {{"{}": 1, "{}": 1, "{}": 3.4, "{}": 3.4, "{}": 3.4}}}}}}"#,
-            ep(0),
-            ep(1),
-            ep(2),
-            ep(3),
-            ep(4)
-        ))
-        .unwrap();
-        let raw = RawConfig {
-            endpoints: (0..5).map(|i| ep(i).as_str().into()).collect(),
-            policy: PolicyKind::Cost,
-            ..raw
-        };
-        let mut r = Router::new(Config::try_from(raw).unwrap());
-        for i in 0..5 {
-            r.on_metrics(&ep(i), load(0, 0, 0.0), T0);
-        }
+        let mut r = idle_unlike_fleet(&[1.0, 1.0, 3.4, 3.4, 3.4], "");
         let slot = |r: &Router, i: usize| r.endpoints().iter().find(|e| e.id == ep(i)).unwrap().slot;
         let joined = slot(&r, 2);
         for n in (0..25u64).chain(0..25) {
