@@ -35,25 +35,46 @@ fn finished(id: u64) -> Finished {
     }
 }
 
+/// Three idle H100s behind `sglang-cache-aware`; every prompt spans the same engine blocks.
+struct Sglang3 {
+    servers: Vec<Engine>,
+    pool: [bool; 3],
+    p: SglangCacheAware,
+    blocks: Vec<u64>,
+}
+
+impl Sglang3 {
+    fn new() -> Sglang3 {
+        Sglang3 {
+            servers: engines(3),
+            pool: [true; 3],
+            p: SglangCacheAware::new(3),
+            blocks: (0..40).collect(),
+        }
+    }
+
+    fn pick(&mut self, id: u64, text: &[u8]) -> usize {
+        self.p
+            .pick(&incoming(id, text, &self.blocks, &self.pool), &self.servers, 0.0)
+    }
+}
+
 #[test]
 fn sglang_sends_a_prompt_matched_past_30_percent_to_its_tree_and_a_miss_to_the_least_loaded() {
-    let servers = engines(3);
-    let pool = [true; 3];
-    let mut p = SglangCacheAware::new(3);
+    let mut f = Sglang3::new();
     let shared = vec![b'a'; 64 * 10];
-    let blocks: Vec<u64> = (0..40).collect();
     // Server 0 gets the first prompt (every load 0: the first), and keeps it outstanding.
-    assert_eq!(p.pick(&incoming(0, &shared, &blocks, &pool), &servers, 0.0), 0);
+    assert_eq!(f.pick(0, &shared), 0);
     // A prompt sharing 4 of its 10 blocks with it (40% > 30%) follows it there.
     let mut partial = shared[..64 * 4].to_vec();
     partial.extend(vec![b'b'; 64 * 6]);
-    assert_eq!(p.pick(&incoming(1, &partial, &blocks, &pool), &servers, 0.0), 0);
+    assert_eq!(f.pick(1, &partial), 0);
     // A prompt sharing 2 of 10 (20%) is a miss: the least loaded server, not the first.
     let mut slight = shared[..64 * 2].to_vec();
     slight.extend(vec![b'c'; 64 * 8]);
-    assert_eq!(p.pick(&incoming(2, &slight, &blocks, &pool), &servers, 0.0), 1);
+    assert_eq!(f.pick(2, &slight), 1);
     let other = vec![b'd'; 64 * 10];
-    assert_eq!(p.pick(&incoming(3, &other, &blocks, &pool), &servers, 0.0), 2);
+    assert_eq!(f.pick(3, &other), 2);
 }
 
 #[test]
@@ -138,30 +159,27 @@ fn sglang_spills_a_matched_prompt_once_its_server_runs_well_above_the_pools_mean
 
 #[test]
 fn sglang_leaves_out_a_server_its_last_poll_read_overloaded_unless_every_one_is() {
-    let servers = engines(3);
-    let pool = [true; 3];
-    let mut p = SglangCacheAware::new(3);
+    let mut f = Sglang3::new();
     let shared = vec![b'a'; 64 * 10];
-    let blocks: Vec<u64> = (0..40).collect();
     let poll = |waiting: u64, kv_usage: f64| VllmMetrics {
         waiting,
         kv_usage,
         ..VllmMetrics::default()
     };
-    assert_eq!(p.pick(&incoming(0, &shared, &blocks, &pool), &servers, 0.0), 0);
+    assert_eq!(f.pick(0, &shared), 0);
     // 8 waiting requests: the prompt its tree matches goes to the least loaded other server.
-    p.on_scrape(0, &poll(8, 0.1), "", 10_000.0);
-    assert_eq!(p.pick(&incoming(1, &shared, &blocks, &pool), &servers, 0.0), 1);
+    f.p.on_scrape(0, &poll(8, 0.1), "", 10_000.0);
+    assert_eq!(f.pick(1, &shared), 1);
     // Under both thresholds again (7 waiting, 79% KV): back to its tree.
-    p.on_scrape(0, &poll(7, 0.79), "", 20_000.0);
-    assert_eq!(p.pick(&incoming(2, &shared, &blocks, &pool), &servers, 0.0), 0);
+    f.p.on_scrape(0, &poll(7, 0.79), "", 20_000.0);
+    assert_eq!(f.pick(2, &shared), 0);
     // 80% KV is as much over as 8 waiting: the other tree that matches it (server 1's).
-    p.on_scrape(0, &poll(0, 0.8), "", 30_000.0);
-    assert_eq!(p.pick(&incoming(3, &shared, &blocks, &pool), &servers, 0.0), 1);
+    f.p.on_scrape(0, &poll(0, 0.8), "", 30_000.0);
+    assert_eq!(f.pick(3, &shared), 1);
     // Every server over: the least loaded of them, whatever the trees match (servers 0 and
     // 1 carry two requests each, server 2 none).
-    p.on_scrape(1, &poll(9, 0.1), "", 30_000.0);
-    p.on_scrape(2, &poll(9, 0.1), "", 30_000.0);
-    assert_eq!(p.pick(&incoming(4, &shared, &blocks, &pool), &servers, 0.0), 2);
+    f.p.on_scrape(1, &poll(9, 0.1), "", 30_000.0);
+    f.p.on_scrape(2, &poll(9, 0.1), "", 30_000.0);
+    assert_eq!(f.pick(4, &shared), 2);
     assert_eq!(PolicyName::SglangCacheAware.scrape_interval_ms(200.0), 10_000.0);
 }
