@@ -17,8 +17,14 @@ SIM=${SIM:-target/release/kvroute-sim}
 OUT=${OUT:-target/overload}
 REPLICAS=${REPLICAS:-3}
 mkdir -p "$OUT"
-HOLD='{"overload": {"hold": {"max_wait_ms": 1000, "wait_limit_ms": 1000}}}'
-echo "$HOLD" > "$OUT/hold.json"
+# Holding as filter/core/README.md tells an operator to set it: max_wait_ms about half the
+# cell's TTFT objective (1000 for the 2 s cells, 5000 for Mooncake's 10 s), wait_limit_ms at its
+# default. hold_config SLO_MS writes the cell's configuration and prints its path.
+hold_config() {
+  local path="$OUT/hold-$1.json"
+  echo "{\"overload\": {\"hold\": {\"max_wait_ms\": $(($1 / 2)), \"wait_limit_ms\": 1000}}}" > "$path"
+  echo "$path"
+}
 CLASSES=(--tenants 0.7,0.1,0.1,0.1 --priorities 1:0.2,0:0.7,-1:0.1 --replicas "$REPLICAS")
 PEERS=round-robin,least-request,gie-weighted,sglang-cache-aware,dynamo-kv,kvroute
 
@@ -26,8 +32,10 @@ cell() { # name, slo_ms, workload args...
   local name=$1 slo=$2; shift 2
   echo "### $name (TTFT objective $slo ms)"
   "$SIM" replay "$@" "${CLASSES[@]}" --ttft-slo-ms "$slo" --policy "$PEERS" --json "$OUT/$name-peers.json" 2>/dev/null
-  echo "kvroute with overload.hold: $HOLD"
-  "$SIM" replay "$@" "${CLASSES[@]}" --ttft-slo-ms "$slo" --policy kvroute --router-config "$OUT/hold.json" \
+  local hold
+  hold=$(hold_config "$slo")
+  echo "kvroute with overload.hold: $(cat "$hold")"
+  "$SIM" replay "$@" "${CLASSES[@]}" --ttft-slo-ms "$slo" --policy kvroute --router-config "$hold" \
     --json "$OUT/$name-hold.json" 2>/dev/null
 }
 
@@ -69,7 +77,7 @@ if [ "${WORKERS:-0}" = 1 ]; then
       local name=$1 slo=$2; shift 2
       echo "### $name on 2 x 8 workers, one hold queue per $queues"
       "$SIM" replay "$@" "${CLASSES[@]}" "${TOPO[@]}" "${per[@]}" --ttft-slo-ms "$slo" --policy kvroute \
-        --router-config "$OUT/hold.json" --json "$OUT/$name-2x8-$queues.json" 2>/dev/null
+        --router-config "$(hold_config "$slo")" --json "$OUT/$name-2x8-$queues.json" 2>/dev/null
     }
     hold28 shared-prefix-400-130 2000 "${SP[@]}" --rate 210
     hold28 mooncake-130 10000 --trace simulator/traces/mooncake_synthetic.jsonl --format mooncake --rate-scale 3.39 --servers 8
