@@ -10,7 +10,7 @@
 # 2 ms and reaches the other replica with the scraping service's batches (every 5 ms).
 # FORWARDING=service gives the model before 2026-11-29 (every event through the scraping
 # service's 5 ms batches), which the figures in BENCHMARKS.md up to then used.
-# ONE_ROUTER=0 skips the one-router cells.
+# ONE_ROUTER=0 skips the one-router cells; OBJECTIVES=0 the cells with an objective per band.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SIM=${SIM:-target/release/kvroute-sim}
@@ -62,6 +62,33 @@ for load in 110:111.6 130:131.9; do
   cell "azure-${load%%:*}" 2000 --trace simulator/traces/azure_code_2023.csv --format azure --prefix-overlay 32 \
     --rate-scale "${load##*:}" --servers 8
 done
+fi
+
+# Each band its own objective (--objectives: the band's requests send it in kvroute's
+# objective header and count as goodput within it): the peers, kvroute with one bound (half
+# the default objective, as above) and kvroute with each request's own (objective_share 0.5,
+# max_wait_ms half the longest objective). OBJECTIVES=0 skips these cells.
+objectives_cell() { # name, default slo_ms, objectives, longest objective ms, workload args...
+  local name=$1 slo=$2 objectives=$3 longest=$4; shift 4
+  local own="$OUT/hold-own-$name.json"
+  echo "{\"overload\": {\"hold\": {\"max_wait_ms\": $((longest / 2)), \"wait_limit_ms\": 1000, \"objective_share\": 0.5}}}" > "$own"
+  echo "### $name, objectives by band $objectives (default $slo ms)"
+  "$SIM" replay "$@" "${CLASSES[@]}" --objectives "$objectives" --ttft-slo-ms "$slo" --policy "$PEERS" \
+    --json "$OUT/$name-objectives-peers.json" 2>/dev/null
+  local one
+  one=$(hold_config "$slo")
+  for config in "$one" "$own"; do
+    echo "kvroute with overload.hold: $(cat "$config")"
+    "$SIM" replay "$@" "${CLASSES[@]}" --objectives "$objectives" --ttft-slo-ms "$slo" --policy kvroute \
+      --router-config "$config" --json "$OUT/$name-objectives-$(basename "$config" .json).json" 2>/dev/null
+  done
+}
+if [ "${OBJECTIVES:-1}" = 1 ]; then
+  objectives_cell shared-prefix-400-130 2000 1:1000,0:2000,-1:10000 10000 "${SP[@]}" --rate 210
+  objectives_cell mooncake-130 10000 1:5000,0:10000,-1:30000 30000 --trace simulator/traces/mooncake_synthetic.jsonl \
+    --format mooncake --rate-scale 3.39 --servers 8
+  objectives_cell azure-130 2000 1:1000,0:2000,-1:10000 10000 --trace simulator/traces/azure_code_2023.csv --format azure \
+    --prefix-overlay 32 --rate-scale 131.9 --servers 8
 fi
 
 if [ "${WORKERS:-0}" = 1 ]; then

@@ -8,7 +8,8 @@
 //! request at its tick when a server has room (with the metrics and placements the tick
 //! just applied), takes the ticket off and resumes the stream. So a request waits only
 //! behind requests that compete for its servers: another model's servers may have room while
-//! this one's are full. Past `max_wait_ms` a request is answered 429 with `Retry-After`.
+//! this one's are full. Past its wait bound (`max_wait_ms`, or its share of the request's own
+//! TTFT objective: `objective_share`) a request is answered 429 with `Retry-After`.
 //!
 //! Why one board and not one queue per worker: with a queue per worker, an arrival at a
 //! worker that holds nothing is routed past requests the other workers hold, and every
@@ -98,6 +99,16 @@ pub struct Waiting {
     pub context_id: u32,
     pub req: RouteRequest,
     pub slot: Slot,
+    /// The longest it may wait (`RawHold::wait_bound_ms`; never past the `max_wait_ms` in
+    /// force).
+    pub bound_ms: u64,
+}
+
+impl Waiting {
+    /// Whether it has waited its bound at `now`, held since `since`.
+    fn expired(&self, since: Millis, now: Millis, max_wait_ms: u64) -> bool {
+        now.since(since) >= self.bound_ms.min(max_wait_ms)
+    }
 }
 
 /// A request this worker holds.

@@ -221,7 +221,9 @@ impl Http {
             }
             Outcome::Hold => {
                 let servers = router.serving_mask(&req);
-                return self.hold(shared, req, servers, now, router.config().overload().retry_after_s);
+                let overload = router.config().overload();
+                let bound_ms = overload.hold.wait_bound_ms(req.ttft_objective_ms);
+                return self.hold(shared, req, servers, bound_ms, now, overload.retry_after_s);
             }
             Outcome::Fallback(_) => {
                 shared.count_outcome(&outcome);

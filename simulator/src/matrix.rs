@@ -129,8 +129,8 @@ pub fn replica_runs(
             .map(|k| {
                 scope.spawn(move || {
                     let reqs = perturbed(requests, k);
+                    // The classes stay: each copy draws its bands with its own seed.
                     let setup = ReplaySetup {
-                        classes: None,
                         seed: setup.seed.wrapping_add(k),
                         ..setup.clone()
                     };

@@ -80,6 +80,12 @@ pub struct ReplayArgs {
     /// `1:0.2,0:0.7,-1:0.1` (negative: sheddable, as kvroute's priority header).
     #[arg(long)]
     priorities: Option<String>,
+    /// Each priority band's TTFT objective, `PRIORITY:MS,…`, e.g. `1:2000,0:10000,-1:30000`:
+    /// its requests send it (kvroute's `tiers.objective_header`, which `overload.hold.
+    /// objective_share` reads) and count as goodput within it; bands not listed send none
+    /// and count within `--ttft-slo-ms`.
+    #[arg(long)]
+    objectives: Option<String>,
     /// The TTFT objective: a completion within it counts as goodput in the per-class table,
     /// and as meeting the objective in the cost lines (`--price`).
     #[arg(long, default_value_t = 2000.0)]
@@ -135,8 +141,8 @@ pub fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
     if let Some(prices) = &prices {
         costs = print_costs(&setup, prices, &replicas, a.ttft_slo_ms);
     }
-    if setup.classes.is_some() || runs.iter().any(|r| !r.rejections.is_empty()) {
-        print_classes(&runs, a.ttft_slo_ms, span_s.max(1e-3));
+    if setup.classes.is_some() || replicas.iter().flatten().any(|r| !r.rejections.is_empty()) {
+        print_classes(&replicas, a.ttft_slo_ms, span_s.max(1e-3));
     }
     let mut phases = serde_json::Value::Null;
     if let Some(cold_s) = a.cold_s {
@@ -258,12 +264,15 @@ fn setup(a: &ReplayArgs) -> anyhow::Result<ReplaySetup> {
         seed: a.workload.seed,
         router_config,
         topology: a.topology.topology()?,
-        classes: match (&a.tenants, &a.priorities) {
-            (None, None) => None,
-            (t, p) => Some(Classes::parse(
-                t.as_deref().unwrap_or("1"),
-                p.as_deref().unwrap_or("0:1"),
-            )?),
+        classes: match (&a.tenants, &a.priorities, &a.objectives) {
+            (None, None, None) => None,
+            (t, p, o) => {
+                let c = Classes::parse(t.as_deref().unwrap_or("1"), p.as_deref().unwrap_or("0:1"))?;
+                Some(match o {
+                    Some(o) => c.with_objectives(o)?,
+                    None => c,
+                })
+            }
         },
         pool_changes,
     })
@@ -331,17 +340,46 @@ fn run_one(setup: &ReplaySetup, policy: PolicyName, requests: &[kvroute_sim::wor
     run
 }
 
-/// The per-class table (tenants, priority bands, 429s) and each policy's goodput.
-fn print_classes(runs: &[RunReport], ttft_slo_ms: f64, span_s: f64) {
-    println!("by class (requests per second of the {span_s:.0} s arrival span):");
-    print!("{}", kvroute_sim::overload::table(runs, ttft_slo_ms, span_s));
-    for r in runs {
+/// The per-class table (tenants, priority bands, 429s) and each policy's goodput: medians
+/// over its replicas, goodput and 429s with their range.
+fn print_classes(replicas: &[Vec<RunReport>], ttft_slo_ms: f64, span_s: f64) {
+    use kvroute_sim::overload::{goodput, median, table};
+    let n = replicas.first().map_or(1, Vec::len);
+    let of = if n > 1 {
+        format!(", medians of {n} replicas")
+    } else {
+        String::new()
+    };
+    println!("by class (requests per second of the {span_s:.0} s arrival span{of}):");
+    print!("{}", table(replicas, ttft_slo_ms, span_s));
+    let own = replicas
+        .iter()
+        .flatten()
+        .any(|r| r.records.iter().any(|x| x.ttft_objective_ms.is_some()));
+    let within = if own {
+        format!("TTFT within its band's objective, else ≤ {ttft_slo_ms} ms")
+    } else {
+        format!("TTFT ≤ {ttft_slo_ms} ms")
+    };
+    for rs in replicas {
+        let Some(first) = rs.first() else { continue };
+        let good: Vec<f64> = rs.iter().map(|r| goodput(r, ttft_slo_ms, span_s)).collect();
+        let refused: Vec<f64> = rs.iter().map(|r| r.rejections.len() as f64).collect();
+        let range = |v: &[f64], digits: usize| match v.len() {
+            1 => String::new(),
+            _ => format!(
+                " ({:.digits$}–{:.digits$})",
+                v.iter().copied().fold(f64::INFINITY, f64::min),
+                v.iter().copied().fold(f64::NEG_INFINITY, f64::max)
+            ),
+        };
         println!(
-            "{}: goodput {:.2} req/s (TTFT ≤ {} ms), 429: {}",
-            r.policy,
-            kvroute_sim::overload::goodput(r, ttft_slo_ms, span_s),
-            ttft_slo_ms,
-            r.rejections.len()
+            "{}: goodput {:.2}{} req/s ({within}), 429: {:.0}{}",
+            first.policy,
+            median(good.clone()),
+            range(&good, 2),
+            median(refused.clone()),
+            range(&refused, 0)
         );
     }
 }

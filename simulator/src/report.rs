@@ -26,6 +26,10 @@ pub struct Record {
     /// Replay with `--classes`: its priority band and tenant.
     pub priority: i64,
     pub tenant: u32,
+    /// Replay with `--objectives`: the TTFT objective it sent (its band's); goodput counts
+    /// it within this instead of `--ttft-slo-ms`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttft_objective_ms: Option<f64>,
 }
 
 /// Replay: a request the gateway answered 429 (shed at once, or held and then refused).

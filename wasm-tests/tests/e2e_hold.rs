@@ -148,6 +148,43 @@ fn past_the_wait_bound_a_held_request_gets_429_with_retry_after() {
 }
 
 #[test]
+fn a_request_that_names_its_objective_waits_only_its_share_of_it() {
+    let (server, envoy) = start_holding(1, 2_500, r#""max_wait_ms": 20000, "objective_share": 0.5"#);
+    let first = send(&envoy, vec![]);
+    reached(&server, &envoy, 1);
+    let hurried = send(&envoy, vec![("x-kvroute-ttft-objective-ms", "600")]);
+    held(&envoy, 1);
+    let patient = send(&envoy, vec![]);
+    held(&envoy, 2);
+    let (status, took, retry) = hurried.join().unwrap();
+    assert_eq!(status, 429, "{}", envoy.log_text());
+    assert_eq!(retry.as_deref(), Some("1"));
+    assert!(
+        (Duration::from_millis(250)..Duration::from_millis(2000)).contains(&took),
+        "answered at half its 600 ms objective (plus Envoy's delayed close), not at 20 s nor after the first: {took:?}"
+    );
+    assert_eq!(first.join().unwrap().0, 200);
+    let (status, took, _) = patient.join().unwrap();
+    assert_eq!(
+        status,
+        200,
+        "without the header it waits up to max_wait_ms: {}",
+        envoy.log_text()
+    );
+    assert!(
+        took >= Duration::from_millis(2500),
+        "it waited for the first's answer: {took:?}"
+    );
+    assert_eq!(envoy.stat("wasmcustom.kvroute.hold.expired"), 1);
+    assert_eq!(envoy.stat("wasmcustom.kvroute.hold.released"), 1);
+    assert_eq!(
+        server.inference_requests(),
+        2,
+        "the refused request never reached the server"
+    );
+}
+
+#[test]
 fn a_higher_priority_leaves_the_queue_first_and_a_sheddable_one_still_gets_its_turn() {
     let (server, envoy) = start(700, 10_000);
     let first = send(&envoy, vec![]);

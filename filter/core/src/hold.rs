@@ -15,7 +15,8 @@
 //!
 //! The queue is bounded twice: by `max_requests` (an arrival finds it full: it displaces the
 //! newest request of the lowest priority held when that priority is lower than its own,
-//! otherwise it is refused) and by `max_wait_ms` (`expire`). Either way the caller answers
+//! otherwise it is refused) and by each request's wait bound (`expire`: `max_wait_ms`, or its
+//! share of the request's own TTFT objective). Either way the caller answers
 //! 429 with `Retry-After`. What decides that a server has room is the router's
 //! (`Router::route` returns `Outcome::Hold` while none has); this file only orders.
 
@@ -272,10 +273,11 @@ impl<T> HoldQueue<T> {
         Some(held)
     }
 
-    /// Takes every request held `max_wait_ms` or longer at `now`.
-    pub fn expire(&mut self, now: Millis, max_wait_ms: u64) -> Vec<Held<T>> {
+    /// Takes every request held as long as its bound (`bound`: each request's own, see
+    /// `RawHold::wait_bound_ms`) or longer at `now`.
+    pub fn expire(&mut self, now: Millis, bound: impl Fn(&T) -> u64) -> Vec<Held<T>> {
         self.now = now;
-        self.remove_where(|h| now.since(h.since) >= max_wait_ms)
+        self.remove_where(|h| now.since(h.since) >= bound(&h.item))
     }
 
     /// Takes every request `gone` says left (a client that hung up while held).

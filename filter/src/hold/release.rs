@@ -26,7 +26,7 @@ impl Shared {
         let overload = router.config().overload().clone();
         let max_wait_ms = overload.hold.max_wait_ms;
         let gone = mine.numbers(|_, m| m.waiting.slot.borrow().gone);
-        let expired = mine.numbers(|s, m| !gone.contains(&s) && now.since(m.since) >= max_wait_ms);
+        let expired = mine.numbers(|s, m| !gone.contains(&s) && m.waiting.expired(m.since, now, max_wait_ms));
         let mut settled = false;
         let mut released = 0;
         for _ in 0..MAX_RELEASES_PER_TICK + CAS_TRIES {
@@ -135,7 +135,7 @@ impl Shared {
             if gone.contains(&seq) {
                 self.stats.hold_gone.inc();
             } else {
-                let expired = now.since(m.since) >= max_wait_ms;
+                let expired = m.waiting.expired(m.since, now, max_wait_ms);
                 self.reject(m, expired, retry_after_s);
             }
         }

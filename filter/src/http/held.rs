@@ -16,6 +16,7 @@ impl Http {
         shared: &Shared,
         req: RouteRequest,
         servers: u64,
+        bound_ms: u64,
         now: Millis,
         retry_after_s: u64,
     ) -> Action {
@@ -23,6 +24,7 @@ impl Http {
             context_id: self.context_id,
             req,
             slot: Slot::default(),
+            bound_ms,
         };
         match shared.hold(waiting, servers, self.priority, &self.tenant, now) {
             Held::Waiting(slot) => {

@@ -59,6 +59,7 @@ impl Policy for Kvroute {
             let mut r = self.router.request(&parsed, "", sheddable);
             // The replay reports each request's real first token, as a stream does.
             r.first_token_timed = true;
+            r.ttft_objective_ms = req.ttft_objective_ms;
             let d = self.router.route(&r, now);
             match d.outcome {
                 Outcome::Hold => held = Some(Pick::Hold),

@@ -28,6 +28,8 @@ pub struct Incoming<'a> {
     /// out): a policy picks only among them. Servers join and leave mid-run in the replay
     /// (`replay::PoolChange`); every router learns of a change at once, as from its discovery.
     pub pool: &'a [bool],
+    /// The TTFT objective it sends (kvroute's objective header), if any.
+    pub ttft_objective_ms: Option<f64>,
 }
 
 /// The indices of the servers in `pool`, in order.

@@ -18,6 +18,7 @@ fn incoming<'a>(id: u64, text: &'a [u8], blocks: &'a [u64], pool: &'a [bool]) ->
         prompt_tokens: blocks.len() as u64 * BLOCK_TOKENS,
         engine_blocks: blocks,
         pool,
+        ttft_objective_ms: None,
     }
 }
 

@@ -1,5 +1,6 @@
-//! Request classes in the replay: which tenant sent a request and its priority band, for
-//! overload runs that check fairness (`--tenants`, `--priorities`).
+//! Request classes in the replay: which tenant sent a request, its priority band and the
+//! band's TTFT objective, for overload runs that check fairness (`--tenants`, `--priorities`,
+//! `--objectives`).
 //!
 //! A tenant owns whole prefix families (a tenant's system prompt or documents): a request's
 //! tenant follows from a hash of its first segment, so every request of one family has one
@@ -15,6 +16,9 @@ pub struct Classes {
     pub tenants: Vec<f64>,
     /// `(priority, share of requests)`, shares summing to 1.
     pub bands: Vec<(i64, f64)>,
+    /// `(priority, TTFT objective in ms)`: the objective the band's requests send (as
+    /// kvroute's objective header); bands not listed send none.
+    pub objectives: Vec<(i64, f64)>,
 }
 
 impl Classes {
@@ -54,7 +58,41 @@ impl Classes {
         Ok(Classes {
             tenants: shares(t, "--tenants")?,
             bands: bands.iter().zip(band_shares).map(|((p, _), s)| (*p, s)).collect(),
+            objectives: Vec::new(),
         })
+    }
+
+    /// Each band's TTFT objective, `PRIORITY:MS,…` such as `1:2000,0:10000,-1:30000`.
+    pub fn with_objectives(mut self, objectives: &str) -> anyhow::Result<Classes> {
+        let usage = "expected PRIORITY:MS,…, e.g. 1:2000,0:10000,-1:30000";
+        for part in objectives.split(',') {
+            let (p, ms) = part
+                .split_once(':')
+                .ok_or_else(|| anyhow::anyhow!("--objectives {objectives:?}: {usage}"))?;
+            let p: i64 = p
+                .trim()
+                .parse()
+                .map_err(|e| anyhow::anyhow!("--objectives {part:?}: {e} ({usage})"))?;
+            let ms: f64 = ms
+                .trim()
+                .parse()
+                .map_err(|e| anyhow::anyhow!("--objectives {part:?}: {e} ({usage})"))?;
+            anyhow::ensure!(
+                ms.is_finite() && ms > 0.0,
+                "--objectives {part:?}: an objective must be a positive number of ms"
+            );
+            anyhow::ensure!(
+                self.objectives.iter().all(|o| o.0 != p),
+                "--objectives {objectives:?}: priority {p} is listed twice"
+            );
+            self.objectives.push((p, ms));
+        }
+        Ok(self)
+    }
+
+    /// The TTFT objective requests of band `priority` send, if any.
+    pub fn objective_of(&self, priority: i64) -> Option<f64> {
+        self.objectives.iter().find(|o| o.0 == priority).map(|o| o.1)
     }
 
     /// Request `i`'s `(priority, tenant)`.
@@ -112,5 +150,22 @@ mod tests {
         assert!((330..470).contains(&high), "{high}");
         assert!(Classes::parse("a", "0:1").is_err());
         assert!(Classes::parse("1", "0").is_err());
+    }
+
+    #[test]
+    fn each_band_sends_its_own_objective() {
+        let c = Classes::parse("1", "1:0.2,0:0.8")
+            .unwrap()
+            .with_objectives("1:2000, 0:10000")
+            .unwrap();
+        assert_eq!(c.objective_of(1), Some(2000.0));
+        assert_eq!(c.objective_of(0), Some(10000.0));
+        assert_eq!(c.objective_of(-1), None, "not listed: no header");
+        for bad in ["1:0", "1", "x:100", "1:100,1:200", "1:inf"] {
+            assert!(
+                Classes::parse("1", "0:1").unwrap().with_objectives(bad).is_err(),
+                "{bad}"
+            );
+        }
     }
 }

@@ -36,6 +36,8 @@ pub(super) struct Driver<'a> {
     gate: Gate,
     /// Each request's priority band and tenant.
     classes: Vec<(i64, u32)>,
+    /// Each request's TTFT objective (`Classes::objective_of` its band).
+    objectives: Vec<Option<f64>>,
     records: Vec<Option<Record>>,
     /// Each request's longest prefix cached on any server in the pool when it arrived.
     reachable: Vec<u64>,
@@ -74,7 +76,11 @@ impl<'a> Driver<'a> {
             .enumerate()
             .map(|(i, r)| setup.classes.as_ref().map_or((0, 0), |c| c.of(r, i, setup.seed)))
             .collect();
-        let gate = Gate::new(&setup.router_config, topo.routers(), requests.len(), &classes);
+        let objectives: Vec<Option<f64>> = classes
+            .iter()
+            .map(|c| setup.classes.as_ref().and_then(|k| k.objective_of(c.0)))
+            .collect();
+        let gate = Gate::new(&setup.router_config, topo.routers(), &classes, &objectives);
         Driver {
             setup,
             policy,
@@ -92,6 +98,7 @@ impl<'a> Driver<'a> {
             mail: Mailbox::default(),
             gate,
             classes,
+            objectives,
             records: vec![None; requests.len()],
             reachable: vec![0; requests.len()],
             eviction_marks: Vec::new(),
@@ -281,6 +288,7 @@ impl<'a> Driver<'a> {
             prompt_tokens: parsed.prompt_tokens.0,
             engine_blocks: blocks,
             pool: &self.pool,
+            ttft_objective_ms: self.objectives[i],
         };
         self.routers.deciding(r, now);
         let pick = self.routers.all[r].admit(&incoming, &self.engines, now, sheddable);
@@ -347,6 +355,7 @@ impl<'a> Driver<'a> {
             e2e_ms: base.e2e_ms + held,
             priority: self.classes[id].0,
             tenant: self.classes[id].1,
+            ttft_objective_ms: self.objectives[id],
             ..base
         };
         self.stopped |= (self.stop)(&record);

@@ -18,15 +18,17 @@ pub(super) struct Gate {
     pub(super) held_ms: Vec<f64>,
     /// `(request, held since, answered 429 at)`.
     pub(super) rejected: Vec<(usize, f64, f64)>,
-    max_wait_ms: u64,
+    /// Each request's wait bound (`RawHold::wait_bound_ms` of its objective).
+    bounds: Vec<u64>,
     tick_ms: f64,
     tenants: Vec<String>,
     priorities: Vec<i64>,
 }
 
 impl Gate {
-    pub(super) fn new(config: &Config, routers: usize, requests: usize, classes: &[(i64, u32)]) -> Gate {
+    pub(super) fn new(config: &Config, routers: usize, classes: &[(i64, u32)], objectives: &[Option<f64>]) -> Gate {
         let hold = &config.overload().hold;
+        let requests = classes.len();
         Gate {
             holds: (0..routers)
                 .map(|_| {
@@ -39,7 +41,7 @@ impl Gate {
             due: vec![false; routers],
             held_ms: vec![0.0; requests],
             rejected: Vec::new(),
-            max_wait_ms: hold.max_wait_ms,
+            bounds: objectives.iter().map(|o| hold.wait_bound_ms(*o)).collect(),
             tick_ms: config.share().tick_ms.max(1) as f64,
             tenants: classes.iter().map(|c| c.1.to_string()).collect(),
             priorities: classes.iter().map(|c| c.0).collect(),
@@ -63,7 +65,8 @@ impl Gate {
 
     /// Answers 429 every request of queue `queue` past the wait bound.
     pub(super) fn expire(&mut self, queue: usize, now: f64) {
-        for h in self.holds[queue].expire(kvroute_core::Millis(now as u64), self.max_wait_ms) {
+        let bounds = &self.bounds;
+        for h in self.holds[queue].expire(kvroute_core::Millis(now as u64), |(i, _)| bounds[*i]) {
             self.owned[h.item.1] -= 1;
             self.reject(h.item.0, h.since.0 as f64, now);
         }

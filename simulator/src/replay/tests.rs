@@ -345,6 +345,41 @@ fn held_requests_are_released_within_the_bound_with_one_queue_per_gateway_or_per
 }
 
 #[test]
+fn a_request_with_an_objective_waits_its_share_of_it_and_no_longer() {
+    // Every request sends a 100 ms objective: with objective_share 0.5 each waits 50 ms at
+    // most (the 1 s bound applies without the share).
+    let run_with = |share: f64| {
+        let hold = format!(
+            r#"{{"overload": {{"hold": {{"max_wait_ms": 1000, "wait_limit_ms": 100, "objective_share": {share}}}}}}}"#
+        );
+        let s = ReplaySetup {
+            router_config: Config::from_json(hold.as_bytes()).unwrap(),
+            classes: Some(Classes::parse("1", "0:1").unwrap().with_objectives("0:100").unwrap()),
+            topology: with_topology(4, true, 2.0).topology,
+            ..setup(2)
+        };
+        run(&s, PolicyName::Kvroute, &small_shared_prefix(400.0), &|_| {})
+    };
+    let whole = run_with(0.0);
+    assert_eq!(
+        (whole.completed, whole.rejections.len()),
+        (64, 0),
+        "1 s: every request released"
+    );
+    let share = run_with(0.5);
+    assert!(share.rejections.len() >= 8, "{} answered 429", share.rejections.len());
+    assert_eq!(share.completed + share.rejections.len(), 64);
+    for r in &share.rejections {
+        // Answered at the first tick (2 ms) past 50 ms.
+        assert!((50.0..=53.0).contains(&r.waited_ms), "waited {} ms", r.waited_ms);
+    }
+    assert!(share
+        .records
+        .iter()
+        .all(|x| x.held_ms < 53.0 && x.ttft_objective_ms == Some(100.0)));
+}
+
+#[test]
 fn one_queue_per_gateway_releases_its_workers_requests_in_arrival_order() {
     // One priority and tenant: the fair order is arrival order. With one queue per worker,
     // each worker releases its own head when it sees room, whatever the others hold.

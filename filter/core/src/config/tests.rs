@@ -361,11 +361,36 @@ fn holding_settings_are_checked_only_when_holding_is_on() {
             r#"{"overload": {"hold": {"max_wait_ms": 1000, "newest_first_after_ms": 1000}}}"#,
             "overload.hold.newest_first_after_ms",
         ),
+        (
+            r#"{"overload": {"hold": {"max_wait_ms": 1000, "objective_share": 1.5}}}"#,
+            "overload.hold.objective_share",
+        ),
+        (
+            r#"{"overload": {"hold": {"max_wait_ms": 1000, "objective_share": -0.5}}}"#,
+            "overload.hold.objective_share",
+        ),
     ] {
         assert_eq!(parse(json).unwrap_err().field, field, "{json}");
     }
     assert!(parse(r#"{"overload": {"hold": {"max_wait_ms": 2000, "wait_limit_ms": 300}}}"#).is_ok());
     assert!(parse(r#"{"overload": {"hold": {"max_wait_ms": 1000, "newest_first_after_ms": 500}}}"#).is_ok());
+}
+
+#[test]
+fn a_request_with_an_objective_waits_its_share_of_it_within_the_bound() {
+    let c = parse(r#"{"overload": {"hold": {"max_wait_ms": 10000, "objective_share": 0.5}}}"#).unwrap();
+    let hold = &c.overload().hold;
+    assert_eq!(hold.wait_bound_ms(None), 10_000, "no header: the bound");
+    assert_eq!(hold.wait_bound_ms(Some(2_000.0)), 1_000);
+    assert_eq!(hold.wait_bound_ms(Some(60_000.0)), 10_000, "never past max_wait_ms");
+    assert_eq!(hold.wait_bound_ms(Some(0.4)), 1, "at least 1 ms");
+    assert_eq!(hold.wait_bound_ms(Some(f64::NAN)), 10_000);
+    let off = parse(r#"{"overload": {"hold": {"max_wait_ms": 10000}}}"#).unwrap();
+    assert_eq!(
+        off.overload().hold.wait_bound_ms(Some(2_000.0)),
+        10_000,
+        "share 0: the bound for all"
+    );
 }
 
 #[test]

@@ -303,6 +303,15 @@ pub(super) fn validate_scoring(raw: &RawConfig) -> Result<(), ConfigError> {
                 ),
             ));
         }
+        if !(h.objective_share.is_finite() && (0.0..=1.0).contains(&h.objective_share)) {
+            return Err(reject(
+                "overload.hold.objective_share",
+                format!(
+                    "({}) must be between 0 (every request waits up to max_wait_ms) and 1",
+                    h.objective_share
+                ),
+            ));
+        }
         if h.max_wait_ms > 600_000 {
             return Err(reject(
                 "overload.hold.max_wait_ms",

@@ -86,11 +86,28 @@ fn requests_past_the_wait_bound_expire_and_the_rest_stay_in_order() {
     q.push(0, 0, "a", Millis(100));
     q.push(1, 0, "a", Millis(200));
     q.push(2, 0, "b", Millis(300));
-    let gone: Vec<_> = q.expire(Millis(1200), 1000).into_iter().map(|h| h.item).collect();
+    let gone: Vec<_> = q.expire(Millis(1200), |_| 1000).into_iter().map(|h| h.item).collect();
     assert_eq!(gone, vec![0, 1]);
     assert_eq!(q.len(), 1);
     assert_eq!(q.peek().map(|h| h.item), Some(2));
-    assert!(q.expire(Millis(1299), 1000).is_empty());
+    assert!(q.expire(Millis(1299), |_| 1000).is_empty());
+}
+
+#[test]
+fn each_request_expires_at_its_own_bound() {
+    let mut q = HoldQueue::new(16, 4.0);
+    // The item is its bound: a short objective's request goes first though held last.
+    q.push(5000, 0, "a", Millis(0));
+    q.push(300, 0, "a", Millis(100));
+    q.push(2000, 0, "b", Millis(100));
+    let at = |q: &mut HoldQueue<u64>, now| -> Vec<u64> {
+        q.expire(Millis(now), |b| *b).into_iter().map(|h| h.item).collect()
+    };
+    assert!(at(&mut q, 399).is_empty());
+    assert_eq!(at(&mut q, 400), vec![300]);
+    assert_eq!(at(&mut q, 2099), Vec::<u64>::new());
+    assert_eq!(at(&mut q, 2100), vec![2000]);
+    assert_eq!(q.peek().map(|h| h.item), Some(5000));
 }
 
 #[test]
