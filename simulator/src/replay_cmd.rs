@@ -110,6 +110,12 @@ pub fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
     let span_s = requests.iter().map(|r| r.arrival_ms).fold(0.0, f64::max) / 1000.0;
     describe(a, &name, &setup, requests.len(), span_s);
     replay::check_restart(&setup.topology, &requests)?;
+    if let Some(cold_s) = a.cold_s {
+        anyhow::ensure!(
+            cold_s < span_s,
+            "--cold-s {cold_s} leaves no steady state: the last request arrives at {span_s:.1} s"
+        );
+    }
     let mut runs: Vec<RunReport> = a.policy.iter().map(|p| run_one(&setup, *p, &requests)).collect();
     let extra = kvroute_sim::matrix::replica_runs(&setup, &a.policy, &requests, 1, a.replicas);
     let replicas: Vec<Vec<RunReport>> = runs
@@ -142,7 +148,9 @@ pub fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
         costs = print_costs(&setup, prices, &replicas, a.ttft_slo_ms);
     }
     if setup.classes.is_some() || replicas.iter().flatten().any(|r| !r.rejections.is_empty()) {
-        print_classes(&replicas, a.ttft_slo_ms, span_s.max(1e-3));
+        // After a restart only the requests arriving from then on are reported.
+        let restart_s = setup.topology.restart_at_ms.unwrap_or(0.0) / 1000.0;
+        print_classes(&replicas, a.ttft_slo_ms, (span_s - restart_s).max(1e-3));
     }
     let mut phases = serde_json::Value::Null;
     if let Some(cold_s) = a.cold_s {
@@ -154,9 +162,11 @@ pub fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
             .map(|rs| rs.iter().map(|r| r.phase(cut, f64::MAX)).collect())
             .collect();
         let steady: Vec<RunReport> = steady_runs.iter().map(|rs| RunReport::median_of(rs)).collect();
-        println!("cold start: requests arriving in the first {cold_s} s (evictions in that time)");
+        println!(
+            "cold start: requests arriving in the first {cold_s} s (evictions in that time; preemptions are not split by phase: 0)"
+        );
         print!("{}", report::table(&cold));
-        println!("steady state: requests arriving after {cold_s} s (evictions from then on)");
+        println!("steady state: requests arriving after {cold_s} s (evictions from then on; preemptions not split: 0)");
         print!("{}", report::table(&steady));
         phases = serde_json::json!({ "cold_s": cold_s, "cold": cold, "steady": steady });
         if let Some(prices) = &prices {
@@ -350,7 +360,7 @@ fn print_classes(replicas: &[Vec<RunReport>], ttft_slo_ms: f64, span_s: f64) {
     } else {
         String::new()
     };
-    println!("by class (requests per second of the {span_s:.0} s arrival span{of}):");
+    println!("by class (requests per second of the {span_s:.0} s of arrivals reported{of}):");
     print!("{}", table(replicas, ttft_slo_ms, span_s));
     let own = replicas
         .iter()

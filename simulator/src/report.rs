@@ -155,8 +155,12 @@ impl RunReport {
         mine as f64 / window.len().max(1) as f64
     }
 
-    /// The first run with every figure of the table (latency percentiles, throughput, hit
-    /// rates, evictions, preemptions) replaced by its median over `runs`.
+    /// The first run with every figure replaced by its median over `runs`: latency
+    /// percentiles, throughput, hit rates, evictions, preemptions, request counts, the TTFT
+    /// CDF point by point and each server's figures server by server (so the table's "max
+    /// share" is the largest of the servers' median shares). The records, refusals and
+    /// eviction marks stay the first run's: what is computed from them (goodput, classes,
+    /// costs, phases) is computed per run and then taken the median of.
     pub fn median_of(runs: &[RunReport]) -> RunReport {
         let Some(first) = runs.first() else {
             return RunReport::default();
@@ -192,6 +196,27 @@ impl RunReport {
             captured_reuse: med(&|r| r.captured_reuse),
             evictions: med(&|r| r.evictions as f64).round() as u64,
             preemptions: med(&|r| r.preemptions as f64).round() as u64,
+            requests: med(&|r| r.requests as f64).round() as usize,
+            completed: med(&|r| r.completed as f64).round() as usize,
+            failed: med(&|r| r.failed as f64).round() as usize,
+            sim_wall_s: med(&|r| r.sim_wall_s),
+            per_server: match runs.iter().all(|r| r.per_server.len() == first.per_server.len()) {
+                true => (0..first.per_server.len())
+                    .map(|k| ServerStats {
+                        requests: med(&|r| r.per_server[k].requests as f64).round() as u64,
+                        share: med(&|r| r.per_server[k].share),
+                        hit_rate: med(&|r| r.per_server[k].hit_rate),
+                        mean_kv_usage: med(&|r| r.per_server[k].mean_kv_usage),
+                    })
+                    .collect(),
+                false => first.per_server.clone(),
+            },
+            ttft_cdf_ms: match runs.iter().all(|r| r.ttft_cdf_ms.len() == first.ttft_cdf_ms.len()) {
+                true => (0..first.ttft_cdf_ms.len())
+                    .map(|k| med(&|r| r.ttft_cdf_ms[k]))
+                    .collect(),
+                false => first.ttft_cdf_ms.clone(),
+            },
             ..first.clone()
         }
     }
@@ -419,6 +444,32 @@ mod steady_tests {
         let m = RunReport::median_of(&runs);
         assert_eq!((m.ttft_ms.p95, m.evictions, m.policy.as_str()), (20.0, 8, "p"));
         assert_eq!(RunReport::median_of(&runs[..1]), runs[0]);
+    }
+
+    #[test]
+    fn the_median_run_takes_counts_shares_and_the_cdf_from_every_run() {
+        let run = |completed, shares: [f64; 2], cdf: [f64; 2]| RunReport {
+            completed,
+            per_server: shares
+                .iter()
+                .map(|s| ServerStats {
+                    share: *s,
+                    ..ServerStats::default()
+                })
+                .collect(),
+            ttft_cdf_ms: cdf.to_vec(),
+            ..RunReport::default()
+        };
+        let runs = [
+            run(90, [0.9, 0.1], [1.0, 50.0]),
+            run(100, [0.5, 0.5], [2.0, 10.0]),
+            run(95, [0.6, 0.4], [3.0, 30.0]),
+        ];
+        let m = RunReport::median_of(&runs);
+        assert_eq!(m.completed, 95, "not the first run's 90");
+        let shares: Vec<f64> = m.per_server.iter().map(|s| s.share).collect();
+        assert_eq!(shares, vec![0.6, 0.4], "each server's median share");
+        assert_eq!(m.ttft_cdf_ms, vec![2.0, 30.0]);
     }
 
     #[test]

@@ -38,7 +38,8 @@ pub fn fleet_usd_per_hour(servers: &[Profile], prices: &Prices) -> f64 {
 }
 
 /// `run` on `servers` (one profile per server, in server order) at `prices`, against a TTFT
-/// objective of `ttft_objective_ms`.
+/// objective of `ttft_objective_ms` (a request that sent its own, `--objectives`, against
+/// that).
 pub fn run_cost(run: &RunReport, servers: &[Profile], prices: &Prices, ttft_objective_ms: f64) -> RunCost {
     let tokens_per_hour = (run.throughput.input_tok_s + run.throughput.output_tok_s) * 3600.0;
     let usd_per_mtok = if tokens_per_hour > 0.0 {
@@ -46,7 +47,11 @@ pub fn run_cost(run: &RunReport, servers: &[Profile], prices: &Prices, ttft_obje
     } else {
         f64::INFINITY
     };
-    let met = run.records.iter().filter(|r| r.ttft_ms <= ttft_objective_ms).count();
+    let met = run
+        .records
+        .iter()
+        .filter(|r| r.ttft_ms <= r.ttft_objective_ms.unwrap_or(ttft_objective_ms))
+        .count();
     let mut share_by_gpu: BTreeMap<String, f64> = servers.iter().map(|p| (gpu_name(p.gpu), 0.0)).collect();
     let completed = run.records.len().max(1) as f64;
     for r in &run.records {
@@ -95,7 +100,7 @@ pub fn table(costs: &[RunCost], prices: &Prices, fleet_usd_per_hour: f64, ttft_o
         .map(|(g, p)| format!("{g} at ${p:.2}"))
         .collect();
     let mut out = format!(
-        "cost: {} per GPU-hour, the fleet {:.2} USD an hour, paid whether busy or idle; objective: TTFT ≤ {} ms\n",
+        "cost: {} per GPU-hour, the fleet {:.2} USD an hour, paid whether busy or idle; objective: TTFT ≤ {} ms (or a request's own)\n",
         priced.join(", "),
         fleet_usd_per_hour,
         ttft_objective_ms
