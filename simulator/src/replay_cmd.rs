@@ -147,10 +147,11 @@ pub fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
     if let Some(prices) = &prices {
         costs = print_costs(&setup, prices, &replicas, a.ttft_slo_ms);
     }
+    let mut classes = serde_json::Value::Null;
     if setup.classes.is_some() || replicas.iter().flatten().any(|r| !r.rejections.is_empty()) {
         // After a restart only the requests arriving from then on are reported.
         let restart_s = setup.topology.restart_at_ms.unwrap_or(0.0) / 1000.0;
-        print_classes(&replicas, a.ttft_slo_ms, (span_s - restart_s).max(1e-3));
+        classes = print_classes(&replicas, a.ttft_slo_ms, (span_s - restart_s).max(1e-3));
     }
     let mut phases = serde_json::Value::Null;
     if let Some(cold_s) = a.cold_s {
@@ -180,6 +181,9 @@ pub fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
         let mut doc = serde_json::json!({ "workload": name, "runs": runs, "phases": phases });
         if !costs.is_null() {
             doc["cost"] = costs;
+        }
+        if !classes.is_null() {
+            doc["classes"] = classes;
         }
         if a.replicas > 1 {
             doc["replicas"] = serde_json::json!(a.replicas);
@@ -351,9 +355,11 @@ fn run_one(setup: &ReplaySetup, policy: PolicyName, requests: &[kvroute_sim::wor
 }
 
 /// The per-class table (tenants, priority bands, 429s) and each policy's goodput: medians
-/// over its replicas, goodput and 429s with their range.
-fn print_classes(replicas: &[Vec<RunReport>], ttft_slo_ms: f64, span_s: f64) {
-    use kvroute_sim::overload::{goodput, median, table};
+/// over its replicas, goodput and 429s with their range; returned as JSON, one entry per
+/// policy.
+fn print_classes(replicas: &[Vec<RunReport>], ttft_slo_ms: f64, span_s: f64) -> serde_json::Value {
+    use kvroute_sim::overload::{goodput, median, median_by_class, table, Class};
+    let mut json = Vec::new();
     let n = replicas.first().map_or(1, Vec::len);
     let of = if n > 1 {
         format!(", medians of {n} replicas")
@@ -391,7 +397,32 @@ fn print_classes(replicas: &[Vec<RunReport>], ttft_slo_ms: f64, span_s: f64) {
             median(refused.clone()),
             range(&refused, 0)
         );
+        let spread = |v: &[f64]| {
+            serde_json::json!({
+                "median": median(v.to_vec()),
+                "min": v.iter().copied().fold(f64::INFINITY, f64::min),
+                "max": v.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+            })
+        };
+        let by_class: Vec<serde_json::Value> = median_by_class(rs, ttft_slo_ms, span_s)
+            .into_iter()
+            .map(|(c, s)| {
+                let (kind, id) = match c {
+                    Class::Band(p) => ("priority", p),
+                    Class::Tenant(t) => ("tenant", i64::from(t)),
+                };
+                serde_json::json!({ "class": kind, "id": id, "stats": s })
+            })
+            .collect();
+        json.push(serde_json::json!({
+            "policy": first.policy,
+            "span_s": span_s,
+            "goodput_req_s": spread(&good),
+            "rejected": spread(&refused),
+            "by_class": by_class,
+        }));
     }
+    serde_json::Value::Array(json)
 }
 
 /// `SERVER@SECONDS`.

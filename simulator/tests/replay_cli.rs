@@ -132,6 +132,57 @@ fn records_list_every_completed_request_of_each_run_and_of_each_replica() {
 }
 
 #[test]
+fn every_replica_keeps_the_classes_and_their_goodput_is_a_median_in_the_json() {
+    let json = std::env::temp_dir().join(format!("kvroute-replay-classes-{}.json", std::process::id()));
+    let out = replay(&[
+        "--tenants",
+        "0.5,0.5",
+        "--priorities",
+        "1:0.5,-1:0.5",
+        "--objectives",
+        "1:400",
+        "--replicas",
+        "3",
+        "--records",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&json);
+    for policy in doc["replica_runs"].as_array().unwrap() {
+        for run in policy.as_array().unwrap() {
+            let records = run["records"].as_array().unwrap();
+            let band = |p: i64| records.iter().filter(|r| r["priority"].as_i64() == Some(p)).count();
+            assert!(band(1) > 0 && band(-1) > 0, "each replica draws both bands");
+            // Band 1 sends its 400 ms objective; band -1 none.
+            for r in records {
+                let own = r.get("ttft_objective_ms").and_then(|o| o.as_f64());
+                assert_eq!(own, (r["priority"].as_i64() == Some(1)).then_some(400.0));
+            }
+        }
+    }
+    let classes = doc["classes"].as_array().unwrap();
+    assert_eq!(classes.len(), 2, "one entry per policy");
+    for c in classes {
+        let g = &c["goodput_req_s"];
+        let (lo, mid, hi) = (
+            g["min"].as_f64().unwrap(),
+            g["median"].as_f64().unwrap(),
+            g["max"].as_f64().unwrap(),
+        );
+        assert!(lo <= mid && mid <= hi && mid > 0.0, "{g}");
+        let kinds: Vec<&str> = c["by_class"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x["class"].as_str().unwrap())
+            .collect();
+        assert_eq!(kinds, vec!["priority", "priority", "tenant", "tenant"]);
+    }
+}
+
+#[test]
 fn a_matrix_with_an_unknown_workload_is_refused_before_any_replay() {
     let out = Command::new(env!("CARGO_BIN_EXE_kvroute-sim"))
         .args([
