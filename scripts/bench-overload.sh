@@ -66,12 +66,12 @@ fi
 
 # Each band its own objective (--objectives: the band's requests send it in kvroute's
 # objective header and count as goodput within it): the peers, kvroute with one bound (half
-# the default objective, as above) and kvroute with each request's own (objective_share 0.5,
+# the default objective, as above) and kvroute with each request's own (objective_wait_share 0.5,
 # max_wait_ms half the longest objective). OBJECTIVES=0 skips these cells.
 objectives_cell() { # name, default slo_ms, objectives, longest objective ms, workload args...
   local name=$1 slo=$2 objectives=$3 longest=$4; shift 4
   local own="$OUT/hold-own-$name.json"
-  echo "{\"overload\": {\"hold\": {\"max_wait_ms\": $((longest / 2)), \"wait_limit_ms\": 1000, \"objective_share\": 0.5}}}" > "$own"
+  echo "{\"overload\": {\"hold\": {\"max_wait_ms\": $((longest / 2)), \"wait_limit_ms\": 1000, \"objective_wait_share\": 0.5}}}" > "$own"
   echo "### $name, objectives by band $objectives (default $slo ms)"
   "$SIM" replay "$@" "${CLASSES[@]}" --objectives "$objectives" --ttft-slo-ms "$slo" --policy "$PEERS" \
     --json "$OUT/$name-objectives-peers.json" 2>/dev/null

@@ -9,7 +9,7 @@
 //! just applied), takes the ticket off and resumes the stream. So a request waits only
 //! behind requests that compete for its servers: another model's servers may have room while
 //! this one's are full. Past its wait bound (`max_wait_ms`, or its share of the request's own
-//! TTFT objective: `objective_share`) a request is answered 429 with `Retry-After`.
+//! TTFT objective: `objective_wait_share`) a request is answered 429 with `Retry-After`.
 //!
 //! Why one board and not one queue per worker: with a queue per worker, an arrival at a
 //! worker that holds nothing is routed past requests the other workers hold, and every
@@ -30,7 +30,8 @@
 //! `HoldQueue::push`) is answered 429 by the owner when it sees the ticket gone. A worker
 //! that holds tickets writes a heartbeat on the board every `BEAT_MS`; the tickets of one
 //! silent for `SILENT_MS` (its VM failed, or its tick stopped) are dropped by whoever reads
-//! the board, as are tickets `STALE_GRACE_MS` past their wait bound, so a dead worker holds
+//! the board, as are tickets `STALE_GRACE_MS` past the reader's `max_wait_ms` (a request's own
+//! bound is its owner's alone and never longer), so a dead worker holds
 //! back the requests behind it for `SILENT_MS` at most. A worker whose own tick stopped or
 //! has not run yet (Envoy reloads a crashed VM without one) holds nothing new, since no one
 //! could release it. When shared data cannot be used, a request that would be held is left
@@ -59,8 +60,9 @@ pub use board::Ticket;
 const BOARD_KEY: &str = "kvroute.hold.board.v2";
 /// The counter that names worker VMs on the board.
 const IDS_KEY: &str = "kvroute.hold.ids";
-/// Another worker's ticket this long past its wait bound is dropped by whoever sees it:
-/// its owner answers its own at the bound, from a tick of at most `HOLD_TICK_MS`.
+/// Another worker's ticket this long past `max_wait_ms` is dropped by whoever sees it: its
+/// owner answers its own at its bound (never past `max_wait_ms`), from a tick of at most
+/// `HOLD_TICK_MS`.
 const STALE_GRACE_MS: u64 = 250;
 /// A worker with tickets on the board writes its heartbeat this often.
 const BEAT_MS: u64 = 100;

@@ -16,6 +16,11 @@
 //!   `kvroute-sim compare` reads the file). These are environment variables because the
 //!   command line belongs to `main.rs`.
 //!
+//! With request classes (`bench --tenants/--priorities/--objectives`, as the replay draws
+//! them) each request carries kvroute's headers: `x-kvroute-priority`, `x-kvroute-tenant`
+//! and, where its band has one, `x-kvroute-ttft-objective-ms`; an answer 429 from the
+//! gateway is then a refusal of that class (`RunReport::rejections`), not a failure.
+//!
 //! `Api::Messages` sends each prompt as Anthropic's `/v1/messages` does as Claude Code
 //! sends it: the prompt as the user message, and a `system` block of Claude Code's
 //! attribution (`x-anthropic-billing-header: …; cch=…;`) whose hash differs on every
@@ -35,7 +40,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-use crate::report::{Record, RunReport};
+use crate::report::{Record, Rejection, RunReport};
 use crate::workload::SimRequest;
 
 struct Outcome {
@@ -49,6 +54,38 @@ struct Outcome {
     tokens: u64,
     prompt_tokens: u64,
     cached_tokens: u64,
+}
+
+/// What a request says of itself in kvroute's headers.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RequestClass {
+    pub priority: i64,
+    pub tenant: u32,
+    pub ttft_objective_ms: Option<f64>,
+}
+
+impl RequestClass {
+    fn headers(&self) -> Vec<(&'static str, String)> {
+        let mut h = vec![
+            ("x-kvroute-priority", self.priority.to_string()),
+            ("x-kvroute-tenant", format!("tenant-{}", self.tenant)),
+        ];
+        if let Some(o) = self.ttft_objective_ms {
+            h.push(("x-kvroute-ttft-objective-ms", format!("{o}")));
+        }
+        h
+    }
+}
+
+/// What became of one request sent.
+enum Sent {
+    Done(Outcome),
+    /// Answered 429 (by the gateway), after `waited_ms`.
+    Refused {
+        index: usize,
+        start_ms: f64,
+        waited_ms: f64,
+    },
 }
 
 /// The seed of the spread across several `--url`s (any constant: it only has to be fixed).
@@ -127,12 +164,15 @@ pub fn spread(index: usize, n: usize) -> usize {
 
 /// Sends `requests` (arrival times in ms from now) to `url` (one gateway or a comma-separated
 /// list, see `targets`) through `api` and reports. Requests arriving after `duration_s` are
-/// not sent.
+/// not sent. `classes` (one per request, or empty for none) adds kvroute's headers and
+/// counts 429s as refusals.
+#[allow(clippy::too_many_arguments)]
 pub async fn bench(
     url: &str,
     api: Api,
     model: &str,
     requests: &[SimRequest],
+    classes: &[RequestClass],
     duration_s: f64,
     label: &str,
     progress: impl Fn(u64) + Send + Sync + 'static,
@@ -143,7 +183,7 @@ pub async fn bench(
         .pool_idle_timeout(Duration::from_secs(30))
         .build_http();
     let start = Instant::now();
-    let outcomes: Arc<Mutex<Vec<Outcome>>> = Arc::new(Mutex::new(Vec::new()));
+    let outcomes: Arc<Mutex<Vec<Sent>>> = Arc::new(Mutex::new(Vec::new()));
     let progress = Arc::new(progress);
     let mut tasks = tokio::task::JoinSet::new();
     let chosen: Vec<&SimRequest> = requests
@@ -159,10 +199,12 @@ pub async fn bench(
             Arc::clone(&progress),
         );
         let at = Duration::from_secs_f64(r.arrival_ms / 1000.0);
+        let headers = classes.get(index).map(RequestClass::headers).unwrap_or_default();
+        let classed = !classes.is_empty();
         tasks.spawn(async move {
             tokio::time::sleep_until(tokio::time::Instant::from_std(start + at)).await;
-            let res =
-                tokio::time::timeout(Duration::from_secs(600), one(&client, target, body, start, index, api)).await;
+            let sent = one(&client, target, body, headers, classed, start, index, api);
+            let res = tokio::time::timeout(Duration::from_secs(600), sent).await;
             if let (Ok(Some(o)), Ok(mut all)) = (res, outcomes.lock()) {
                 all.push(o);
                 progress(all.len() as u64);
@@ -170,7 +212,27 @@ pub async fn bench(
         });
     }
     while tasks.join_next().await.is_some() {}
-    let outcomes = outcomes.lock().map(|mut o| std::mem::take(&mut *o)).unwrap_or_default();
+    let sent = outcomes.lock().map(|mut o| std::mem::take(&mut *o)).unwrap_or_default();
+    let mut outcomes = Vec::new();
+    let mut rejections = Vec::new();
+    for s in sent {
+        match s {
+            Sent::Done(o) => outcomes.push(o),
+            Sent::Refused {
+                index,
+                start_ms,
+                waited_ms,
+            } => {
+                let c = classes.get(index).copied().unwrap_or_default();
+                rejections.push(Rejection {
+                    arrival_ms: start_ms,
+                    waited_ms,
+                    priority: c.priority,
+                    tenant: c.tenant,
+                });
+            }
+        }
+    }
     let servers: Vec<String> = outcomes
         .iter()
         .map(|o| o.server.clone())
@@ -180,7 +242,16 @@ pub async fn bench(
     let index: BTreeMap<&str, usize> = servers.iter().enumerate().map(|(i, s)| (s.as_str(), i)).collect();
     let records: Vec<(usize, Record)> = outcomes
         .iter()
-        .map(|o| (o.index, record(o, index.get(o.server.as_str()).copied().unwrap_or(0))))
+        .map(|o| {
+            let c = classes.get(o.index).copied().unwrap_or_default();
+            let r = Record {
+                priority: c.priority,
+                tenant: c.tenant,
+                ttft_objective_ms: c.ttft_objective_ms,
+                ..record(o, index.get(o.server.as_str()).copied().unwrap_or(0))
+            };
+            (o.index, r)
+        })
         .collect();
     let arrivals: Vec<f64> = chosen.iter().map(|r| r.arrival_ms).collect();
     if let Some(p) = phases {
@@ -191,10 +262,11 @@ pub async fn bench(
             .with_context(|| format!("cannot write {} (KVROUTE_BENCH_PHASES_JSON)", p.path))?;
     }
     let all: Vec<Record> = records.into_iter().map(|(_, r)| r).collect();
-    Ok((
-        RunReport::from_records(label, chosen.len(), &all, &[], servers.len()),
-        servers,
-    ))
+    let mut run = RunReport::from_records(label, chosen.len(), &all, &[], servers.len());
+    // A refusal is an answer: not a failure.
+    run.failed = run.failed.saturating_sub(rejections.len());
+    run.rejections = rejections;
+    Ok((run, servers))
 }
 
 /// `bench` as the tests and the soak drive it: to servers that answer to the short model
@@ -206,7 +278,7 @@ pub async fn quiet(
     duration_s: f64,
     label: &str,
 ) -> anyhow::Result<(RunReport, Vec<String>)> {
-    bench(url, api, "m", requests, duration_s, label, |_| {}).await
+    bench(url, api, "m", requests, &[], duration_s, label, |_| {}).await
 }
 
 fn record(o: &Outcome, server: usize) -> Record {
@@ -288,21 +360,33 @@ pub fn split_phases(
     ]
 }
 
+/// Sends one request; `None` when it failed. With `classed`, a 429 is a refusal.
+#[allow(clippy::too_many_arguments)]
 async fn one(
     client: &Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
     target: hyper::Uri,
     body: String,
+    headers: Vec<(&'static str, String)>,
+    classed: bool,
     start: Instant,
     index: usize,
     api: Api,
-) -> Option<Outcome> {
+) -> Option<Sent> {
     let ms = || start.elapsed().as_secs_f64() * 1000.0;
     let start_ms = ms();
-    let req = hyper::Request::post(target)
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body)))
-        .ok()?;
+    let mut req = hyper::Request::post(target).header("content-type", "application/json");
+    for (name, value) in headers {
+        req = req.header(name, value);
+    }
+    let req = req.body(Full::new(Bytes::from(body))).ok()?;
     let resp = client.request(req).await.ok()?;
+    if classed && resp.status() == hyper::StatusCode::TOO_MANY_REQUESTS {
+        return Some(Sent::Refused {
+            index,
+            start_ms,
+            waited_ms: ms() - start_ms,
+        });
+    }
     if !resp.status().is_success() {
         return None;
     }
@@ -373,16 +457,18 @@ async fn one(
             }
         }
     }
-    (done && tokens > 0).then(|| Outcome {
-        index,
-        server,
-        start_ms,
-        first_ms: first,
-        last_ms: last,
-        end_ms: ms(),
-        tokens,
-        prompt_tokens: prompt,
-        cached_tokens: cached,
+    (done && tokens > 0).then(|| {
+        Sent::Done(Outcome {
+            index,
+            server,
+            start_ms,
+            first_ms: first,
+            last_ms: last,
+            end_ms: ms(),
+            tokens,
+            prompt_tokens: prompt,
+            cached_tokens: cached,
+        })
     })
 }
 

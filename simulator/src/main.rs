@@ -115,6 +115,21 @@ struct BenchArgs {
     /// divided) so figures are in simulated GPU time.
     #[arg(long, default_value_t = 1.0)]
     time_scale: f64,
+    /// Tenants' shares of the prefix families, as `replay --tenants`: each request carries
+    /// `x-kvroute-tenant`, and a per-class table follows (429s from the gateway count as
+    /// refusals, not failures).
+    #[arg(long)]
+    tenants: Option<String>,
+    /// Priority bands, as `replay --priorities`: each request carries `x-kvroute-priority`.
+    #[arg(long)]
+    priorities: Option<String>,
+    /// Each band's TTFT objective, as `replay --objectives`: its requests carry
+    /// `x-kvroute-ttft-objective-ms` and count as goodput within it.
+    #[arg(long)]
+    objectives: Option<String>,
+    /// The TTFT objective of goodput for requests without their own.
+    #[arg(long, default_value_t = 2000.0)]
+    ttft_slo_ms: f64,
     #[arg(long)]
     json: Option<PathBuf>,
 }
@@ -162,6 +177,34 @@ fn bench_cmd(a: &BenchArgs) -> anyhow::Result<()> {
     );
     bar.set_prefix(a.label.clone());
     let b = bar.clone();
+    let classes = match (&a.tenants, &a.priorities, &a.objectives) {
+        (None, None, None) => None,
+        (t, p, o) => {
+            anyhow::ensure!(
+                a.time_scale == 1.0,
+                "--tenants/--priorities/--objectives need --time-scale 1: the gateway judges objectives in wall time"
+            );
+            let c = kvroute_sim::replay::Classes::parse(t.as_deref().unwrap_or("1"), p.as_deref().unwrap_or("0:1"))?;
+            Some(match o {
+                Some(o) => c.with_objectives(o)?,
+                None => c,
+            })
+        }
+    };
+    let per_request: Vec<kvroute_sim::bench::RequestClass> = classes.as_ref().map_or(Vec::new(), |c| {
+        requests
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let (priority, tenant) = c.of(r, i, a.workload.seed);
+                kvroute_sim::bench::RequestClass {
+                    priority,
+                    tenant,
+                    ttft_objective_ms: c.objective_of(priority),
+                }
+            })
+            .collect()
+    });
     let rt = tokio::runtime::Runtime::new()?;
     let started = Instant::now();
     let (mut run, servers) = rt.block_on(kvroute_sim::bench::bench(
@@ -169,6 +212,7 @@ fn bench_cmd(a: &BenchArgs) -> anyhow::Result<()> {
         a.api,
         a.model.served_name(),
         &requests,
+        &per_request,
         a.duration,
         &a.label,
         move |n| b.set_position(n),
@@ -186,8 +230,23 @@ fn bench_cmd(a: &BenchArgs) -> anyhow::Result<()> {
             st.hit_rate * 100.0
         );
     }
+    let mut class_json = serde_json::Value::Null;
+    if classes.is_some() {
+        let span_s = requests
+            .iter()
+            .map(|r| r.arrival_ms)
+            .filter(|at| *at <= a.duration * 1000.0)
+            .fold(0.0, f64::max)
+            / 1000.0;
+        let (text, json) = kvroute_sim::overload::summary(&[vec![run.clone()]], a.ttft_slo_ms, span_s.max(1e-3));
+        print!("{text}");
+        class_json = json;
+    }
     if let Some(path) = &a.json {
-        let doc = serde_json::json!({ "workload": name, "url": a.url, "servers": servers, "runs": [run] });
+        let mut doc = serde_json::json!({ "workload": name, "url": a.url, "servers": servers, "runs": [run] });
+        if !class_json.is_null() {
+            doc["classes"] = class_json;
+        }
         std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
             .with_context(|| format!("cannot write {}", path.display()))?;
     }

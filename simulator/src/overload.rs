@@ -164,6 +164,81 @@ fn in_time(r: &crate::report::Record, slo_ms: f64) -> bool {
     r.ttft_ms <= r.ttft_objective_ms.unwrap_or(slo_ms)
 }
 
+/// The per-class table (tenants, priority bands, 429s) and each policy's goodput, as text:
+/// medians over each policy's replicas (`replicas[i]`: policy i's runs), goodput and 429s
+/// with their range; and the same as JSON, one entry per policy.
+pub fn summary(replicas: &[Vec<RunReport>], ttft_slo_ms: f64, span_s: f64) -> (String, serde_json::Value) {
+    let mut out = String::new();
+    let mut json = Vec::new();
+    let n = replicas.first().map_or(1, Vec::len);
+    let of = if n > 1 {
+        format!(", medians of {n} replicas")
+    } else {
+        String::new()
+    };
+    let _ = writeln!(
+        out,
+        "by class (requests per second of the {span_s:.0} s of arrivals reported{of}):"
+    );
+    out.push_str(&table(replicas, ttft_slo_ms, span_s));
+    let own = replicas
+        .iter()
+        .flatten()
+        .any(|r| r.records.iter().any(|x| x.ttft_objective_ms.is_some()));
+    let within = if own {
+        format!("TTFT within its band's objective, else ≤ {ttft_slo_ms} ms")
+    } else {
+        format!("TTFT ≤ {ttft_slo_ms} ms")
+    };
+    for rs in replicas {
+        let Some(first) = rs.first() else { continue };
+        let good: Vec<f64> = rs.iter().map(|r| goodput(r, ttft_slo_ms, span_s)).collect();
+        let refused: Vec<f64> = rs.iter().map(|r| r.rejections.len() as f64).collect();
+        let range = |v: &[f64], digits: usize| match v.len() {
+            1 => String::new(),
+            _ => format!(
+                " ({:.digits$}–{:.digits$})",
+                v.iter().copied().fold(f64::INFINITY, f64::min),
+                v.iter().copied().fold(f64::NEG_INFINITY, f64::max)
+            ),
+        };
+        let _ = writeln!(
+            out,
+            "{}: goodput {:.2}{} req/s ({within}), 429: {:.0}{}",
+            first.policy,
+            median(good.clone()),
+            range(&good, 2),
+            median(refused.clone()),
+            range(&refused, 0)
+        );
+        let spread = |v: &[f64]| {
+            serde_json::json!({
+                "median": median(v.to_vec()),
+                "min": v.iter().copied().fold(f64::INFINITY, f64::min),
+                "max": v.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+            })
+        };
+        let by_class: Vec<serde_json::Value> = median_by_class(rs, ttft_slo_ms, span_s)
+            .into_iter()
+            .map(|(c, s)| {
+                let (kind, id) = match c {
+                    Class::Band(p) => ("priority", p),
+                    Class::Tenant(t) => ("tenant", i64::from(t)),
+                };
+                serde_json::json!({ "class": kind, "id": id, "stats": s })
+            })
+            .collect();
+        json.push(serde_json::json!({
+            "policy": first.policy,
+            "span_s": span_s,
+            "goodput_req_s": spread(&good),
+            "rejected": spread(&refused),
+            "by_class": by_class,
+        }));
+    }
+    (out, serde_json::Value::Array(json))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -123,3 +123,115 @@ fn live_servers_answer_like_vllm_and_take_faults() {
         "error_rate 1.0 still applies"
     );
 }
+
+/// A gateway stand-in that answers 429 to every request of priority -1 and streams one
+/// token to the others, noting each request's kvroute headers.
+fn refusing_gateway() -> (u16, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = std::sync::Arc::clone(&seen);
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut s) = conn else { continue };
+            let log = std::sync::Arc::clone(&log);
+            std::thread::spawn(move || {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                // One request per connection is enough here: read its head and body.
+                loop {
+                    let Ok(n) = s.read(&mut chunk) else { return };
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    let text = String::from_utf8_lossy(&buf).to_lowercase();
+                    let Some((head, body)) = text.split_once("\r\n\r\n") else {
+                        continue;
+                    };
+                    let len: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length: "))
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    if body.len() < len {
+                        continue;
+                    }
+                    let kv: Vec<&str> = head.lines().filter(|l| l.starts_with("x-kvroute-")).collect();
+                    log.lock().unwrap().push(kv.join("; "));
+                    let reply = if head.contains("x-kvroute-priority: -1") {
+                        "HTTP/1.1 429 Too Many Requests\r\nretry-after: 1\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_string()
+                    } else {
+                        let events = "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n";
+                        format!("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nx-served-by: a\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{events}", events.len())
+                    };
+                    let _ = s.write_all(reply.as_bytes());
+                    return;
+                }
+            });
+        }
+    });
+    (port, seen)
+}
+
+#[test]
+fn classed_requests_carry_kvroute_headers_and_a_429_is_a_refusal_not_a_failure() {
+    use kvroute_sim::bench::RequestClass;
+    let (port, seen) = refusing_gateway();
+    let p = GenParams {
+        rate: 100.0,
+        groups: 2,
+        prompts_per_group: 4,
+        output_tokens: 1,
+        ..GenParams::defaults(Generator::SharedPrefix)
+    };
+    let reqs = generate(Generator::SharedPrefix, &p);
+    let classes: Vec<RequestClass> = (0..reqs.len())
+        .map(|i| RequestClass {
+            priority: if i % 2 == 0 { 0 } else { -1 },
+            tenant: (i % 3) as u32,
+            ttft_objective_ms: (i % 2 == 0).then_some(750.0),
+        })
+        .collect();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let url = format!("http://127.0.0.1:{port}");
+    let (run, _) = rt
+        .block_on(kvroute_sim::bench::bench(
+            &url,
+            Api::Chat,
+            "m",
+            &reqs,
+            &classes,
+            60.0,
+            "classed",
+            |_| {},
+        ))
+        .unwrap();
+    assert_eq!((run.completed, run.rejections.len(), run.failed), (4, 4, 0));
+    assert!(run.rejections.iter().all(|r| r.priority == -1));
+    assert!(run
+        .records
+        .iter()
+        .all(|r| r.priority == 0 && r.ttft_objective_ms == Some(750.0)));
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 8);
+    assert!(
+        seen.iter().any(|h| h.contains("x-kvroute-ttft-objective-ms: 750")),
+        "{seen:?}"
+    );
+    assert!(seen.iter().all(|h| h.contains("x-kvroute-tenant: tenant-")), "{seen:?}");
+    // Without classes a 429 is a failure, and nothing is added to the request.
+    let (run, _) = rt
+        .block_on(kvroute_sim::bench::bench(
+            &url,
+            Api::Chat,
+            "m",
+            &reqs,
+            &[],
+            60.0,
+            "plain",
+            |_| {},
+        ))
+        .unwrap();
+    assert_eq!((run.completed, run.rejections.len()), (8, 0));
+}

@@ -149,7 +149,7 @@ fn past_the_wait_bound_a_held_request_gets_429_with_retry_after() {
 
 #[test]
 fn a_request_that_names_its_objective_waits_only_its_share_of_it() {
-    let (server, envoy) = start_holding(1, 2_500, r#""max_wait_ms": 20000, "objective_share": 0.5"#);
+    let (server, envoy) = start_holding(1, 2_500, r#""max_wait_ms": 20000, "objective_wait_share": 0.5"#);
     let first = send(&envoy, vec![]);
     reached(&server, &envoy, 1);
     let hurried = send(&envoy, vec![("x-kvroute-ttft-objective-ms", "600")]);

@@ -74,8 +74,9 @@ impl Board {
     }
 
     /// Drops other workers' tickets when their worker went silent or they are well past
-    /// the wait bound (their owner answers its own at the bound), and the heartbeats of
-    /// workers without tickets; whether anything changed.
+    /// `max_wait_ms` (their owner answers its own at its bound, never longer; a request's
+    /// own shorter bound is not on the board), and the heartbeats of workers without
+    /// tickets; whether anything changed.
     pub(super) fn drop_stale(&mut self, me: u64, now: Millis, max_wait_ms: u64) -> bool {
         let beats = &self.beats;
         let silent = |vm: u64| {

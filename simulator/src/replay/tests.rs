@@ -346,11 +346,11 @@ fn held_requests_are_released_within_the_bound_with_one_queue_per_gateway_or_per
 
 #[test]
 fn a_request_with_an_objective_waits_its_share_of_it_and_no_longer() {
-    // Every request sends a 100 ms objective: with objective_share 0.5 each waits 50 ms at
+    // Every request sends a 100 ms objective: with objective_wait_share 0.5 each waits 50 ms at
     // most (the 1 s bound applies without the share).
     let run_with = |share: f64| {
         let hold = format!(
-            r#"{{"overload": {{"hold": {{"max_wait_ms": 1000, "wait_limit_ms": 100, "objective_share": {share}}}}}}}"#
+            r#"{{"overload": {{"hold": {{"max_wait_ms": 1000, "wait_limit_ms": 100, "objective_wait_share": {share}}}}}}}"#
         );
         let s = ReplaySetup {
             router_config: Config::from_json(hold.as_bytes()).unwrap(),

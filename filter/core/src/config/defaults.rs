@@ -233,7 +233,7 @@ impl Default for RawHold {
             max_requests: 1024,
             priority_weight: 4.0,
             newest_first_after_ms: 0,
-            objective_share: 0.0,
+            objective_wait_share: 0.0,
         }
     }
 }

@@ -328,15 +328,17 @@ pub struct RawHold {
     /// this share of it (within `max_wait_ms`): one held past its objective is served late
     /// anyway, and one with a long objective may wait longer than a short one's bound. 0
     /// (the default): every request waits up to `max_wait_ms`.
-    pub objective_share: f64,
+    pub objective_wait_share: f64,
 }
 
 impl RawHold {
     /// How long a request whose objective header says `objective_ms` may wait.
     pub fn wait_bound_ms(&self, objective_ms: Option<f64>) -> u64 {
         match objective_ms {
-            Some(o) if self.objective_share > 0.0 && o.is_finite() && o > 0.0 => {
-                ((o * self.objective_share).round() as u64).clamp(1, self.max_wait_ms.max(1))
+            // Holding off: nothing waits.
+            _ if self.max_wait_ms == 0 => 0,
+            Some(o) if self.objective_wait_share > 0.0 && o.is_finite() && o > 0.0 => {
+                ((o * self.objective_wait_share).round() as u64).clamp(1, self.max_wait_ms.max(1))
             }
             _ => self.max_wait_ms,
         }

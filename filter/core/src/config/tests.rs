@@ -362,12 +362,12 @@ fn holding_settings_are_checked_only_when_holding_is_on() {
             "overload.hold.newest_first_after_ms",
         ),
         (
-            r#"{"overload": {"hold": {"max_wait_ms": 1000, "objective_share": 1.5}}}"#,
-            "overload.hold.objective_share",
+            r#"{"overload": {"hold": {"max_wait_ms": 1000, "objective_wait_share": 1.5}}}"#,
+            "overload.hold.objective_wait_share",
         ),
         (
-            r#"{"overload": {"hold": {"max_wait_ms": 1000, "objective_share": -0.5}}}"#,
-            "overload.hold.objective_share",
+            r#"{"overload": {"hold": {"max_wait_ms": 1000, "objective_wait_share": -0.5}}}"#,
+            "overload.hold.objective_wait_share",
         ),
     ] {
         assert_eq!(parse(json).unwrap_err().field, field, "{json}");
@@ -378,7 +378,7 @@ fn holding_settings_are_checked_only_when_holding_is_on() {
 
 #[test]
 fn a_request_with_an_objective_waits_its_share_of_it_within_the_bound() {
-    let c = parse(r#"{"overload": {"hold": {"max_wait_ms": 10000, "objective_share": 0.5}}}"#).unwrap();
+    let c = parse(r#"{"overload": {"hold": {"max_wait_ms": 10000, "objective_wait_share": 0.5}}}"#).unwrap();
     let hold = &c.overload().hold;
     assert_eq!(hold.wait_bound_ms(None), 10_000, "no header: the bound");
     assert_eq!(hold.wait_bound_ms(Some(2_000.0)), 1_000);
@@ -391,6 +391,8 @@ fn a_request_with_an_objective_waits_its_share_of_it_within_the_bound() {
         10_000,
         "share 0: the bound for all"
     );
+    let none = parse(r#"{"overload": {"hold": {"max_wait_ms": 0, "objective_wait_share": 0.5}}}"#).unwrap();
+    assert_eq!(none.overload().hold.wait_bound_ms(Some(2_000.0)), 0, "holding off");
 }
 
 #[test]

@@ -303,12 +303,12 @@ pub(super) fn validate_scoring(raw: &RawConfig) -> Result<(), ConfigError> {
                 ),
             ));
         }
-        if !(h.objective_share.is_finite() && (0.0..=1.0).contains(&h.objective_share)) {
+        if !(h.objective_wait_share.is_finite() && (0.0..=1.0).contains(&h.objective_wait_share)) {
             return Err(reject(
-                "overload.hold.objective_share",
+                "overload.hold.objective_wait_share",
                 format!(
-                    "({}) must be between 0 (every request waits up to max_wait_ms) and 1",
-                    h.objective_share
+                    "({}) must be in [0, 1] (0: every request waits up to max_wait_ms)",
+                    h.objective_wait_share
                 ),
             ));
         }
