@@ -7,7 +7,7 @@
 #   retry-avoid:     plus overload.refused_ms 1000 (a refusing server goes last for 1 s)
 #   retry-avoid-200: the same with 200 ms
 #   hold-no-retry, hold-retry: no-retry and retry with overload.hold on (max_wait_ms HOLD_WAIT_MS or 1000,
-#                    newest_first_after_ms HOLD_NEWEST_MS or 0,
+#                    newest_first_after_ms HOLD_NEWEST_MS or 0, objective_wait_share HOLD_SHARE or 0,
 #                    wait_limit_ms 100)
 #   smg:             SGLang's model gateway (PyPI `smg`, cache_aware; `make setup-smg`) instead
 #                    of Envoy, the single-process peer
@@ -36,7 +36,8 @@ assert shipped in s
 overload = {}
 if "hold" in mode:
     overload["hold"] = {"max_wait_ms": int(os.environ.get("HOLD_WAIT_MS", "1000")), "wait_limit_ms": 100,
-                        "newest_first_after_ms": int(os.environ.get("HOLD_NEWEST_MS", "0"))}
+                        "newest_first_after_ms": int(os.environ.get("HOLD_NEWEST_MS", "0")),
+                        "objective_wait_share": float(os.environ.get("HOLD_SHARE", "0"))}
 if "avoid" in mode:
     overload["refused_ms"] = 200 if mode.endswith("-200") else 1000
 if overload:
