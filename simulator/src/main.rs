@@ -115,23 +115,54 @@ struct BenchArgs {
     /// divided) so figures are in simulated GPU time.
     #[arg(long, default_value_t = 1.0)]
     time_scale: f64,
-    /// Tenants' shares of the prefix families, as `replay --tenants`: each request carries
-    /// `x-kvroute-tenant`, and a per-class table follows (429s from the gateway count as
-    /// refusals, not failures).
-    #[arg(long)]
-    tenants: Option<String>,
-    /// Priority bands, as `replay --priorities`: each request carries `x-kvroute-priority`.
-    #[arg(long)]
-    priorities: Option<String>,
-    /// Each band's TTFT objective, as `replay --objectives`: its requests carry
-    /// `x-kvroute-ttft-objective-ms` and count as goodput within it.
-    #[arg(long)]
-    objectives: Option<String>,
-    /// The TTFT objective of goodput for requests without their own.
-    #[arg(long, default_value_t = 2000.0)]
-    ttft_slo_ms: f64,
+    /// Live, each request carries its class in kvroute's headers (`x-kvroute-tenant`,
+    /// `x-kvroute-priority`, `x-kvroute-ttft-objective-ms`), and a 429 from the gateway
+    /// counts as a refusal, not a failure.
+    #[command(flatten)]
+    classes: ClassArgs,
     #[arg(long)]
     json: Option<PathBuf>,
+}
+
+/// Request classes for overload runs (`replay`, `bench`): which tenant sent each request, its
+/// priority band and the band's TTFT objective (`kvroute_sim::replay::Classes`).
+#[derive(Args)]
+pub struct ClassArgs {
+    /// Tenants' shares of the prefix families, e.g. `0.7,0.1,0.1,0.1` (a tenant owns whole
+    /// families); a per-class table follows (see `overload`).
+    #[arg(long)]
+    tenants: Option<String>,
+    /// Priority bands and their shares of the requests, `PRIORITY:SHARE,…`, e.g.
+    /// `1:0.2,0:0.7,-1:0.1` (negative: sheddable, as kvroute's priority header).
+    #[arg(long)]
+    priorities: Option<String>,
+    /// Each priority band's TTFT objective, `PRIORITY:MS,…`, e.g. `1:2000,0:10000,-1:30000`:
+    /// its requests send it (kvroute's `tiers.objective_header`, which `overload.hold.
+    /// objective_wait_share` reads) and count as goodput within it; bands not listed send none
+    /// and count within `--ttft-slo-ms`.
+    #[arg(long)]
+    objectives: Option<String>,
+    /// The TTFT objective: a completion within it counts as goodput in the per-class table,
+    /// and as meeting the objective in `replay`'s cost lines (`--price`).
+    #[arg(long, default_value_t = 2000.0)]
+    pub ttft_slo_ms: f64,
+}
+
+impl ClassArgs {
+    /// The classes asked for, if any.
+    pub fn classes(&self) -> anyhow::Result<Option<kvroute_sim::replay::Classes>> {
+        if (&self.tenants, &self.priorities, &self.objectives) == (&None, &None, &None) {
+            return Ok(None);
+        }
+        let c = kvroute_sim::replay::Classes::parse(
+            self.tenants.as_deref().unwrap_or("1"),
+            self.priorities.as_deref().unwrap_or("0:1"),
+        )?;
+        Ok(Some(match &self.objectives {
+            Some(o) => c.with_objectives(o)?,
+            None => c,
+        }))
+    }
 }
 
 fn serve_cmd(a: &ServeArgs) -> anyhow::Result<()> {
@@ -177,20 +208,11 @@ fn bench_cmd(a: &BenchArgs) -> anyhow::Result<()> {
     );
     bar.set_prefix(a.label.clone());
     let b = bar.clone();
-    let classes = match (&a.tenants, &a.priorities, &a.objectives) {
-        (None, None, None) => None,
-        (t, p, o) => {
-            anyhow::ensure!(
-                a.time_scale == 1.0,
-                "--tenants/--priorities/--objectives need --time-scale 1: the gateway judges objectives in wall time"
-            );
-            let c = kvroute_sim::replay::Classes::parse(t.as_deref().unwrap_or("1"), p.as_deref().unwrap_or("0:1"))?;
-            Some(match o {
-                Some(o) => c.with_objectives(o)?,
-                None => c,
-            })
-        }
-    };
+    let classes = a.classes.classes()?;
+    anyhow::ensure!(
+        classes.is_none() || a.time_scale == 1.0,
+        "--tenants/--priorities/--objectives need --time-scale 1: the gateway judges objectives in wall time"
+    );
     let per_request: Vec<kvroute_sim::bench::RequestClass> = classes.as_ref().map_or(Vec::new(), |c| {
         requests
             .iter()
@@ -238,7 +260,8 @@ fn bench_cmd(a: &BenchArgs) -> anyhow::Result<()> {
             .filter(|at| *at <= a.duration * 1000.0)
             .fold(0.0, f64::max)
             / 1000.0;
-        let (text, json) = kvroute_sim::overload::summary(&[vec![run.clone()]], a.ttft_slo_ms, span_s.max(1e-3));
+        let (text, json) =
+            kvroute_sim::overload::summary(&[vec![run.clone()]], a.classes.ttft_slo_ms, span_s.max(1e-3));
         print!("{text}");
         class_json = json;
     }

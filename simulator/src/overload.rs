@@ -94,12 +94,7 @@ pub fn median_by_class(replicas: &[RunReport], slo_ms: f64, span_s: f64) -> BTre
                 rejected: count(&|s| s.rejected),
                 held: count(&|s| s.held),
                 wait_p99_ms: med(&|s| s.wait_p99_ms),
-                ttft_ms: Percentiles {
-                    p50: med(&|s| s.ttft_ms.p50),
-                    p95: med(&|s| s.ttft_ms.p95),
-                    p99: med(&|s| s.ttft_ms.p99),
-                    mean: med(&|s| s.ttft_ms.mean),
-                },
+                ttft_ms: Percentiles::median_of(&stats, |s| &s.ttft_ms),
                 goodput: med(&|s| s.goodput),
             };
             (c, s)
@@ -107,16 +102,7 @@ pub fn median_by_class(replicas: &[RunReport], slo_ms: f64, span_s: f64) -> BTre
         .collect()
 }
 
-/// The median of `v` (the mean of the middle two for an even count; 0 when empty).
-pub fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    match n {
-        0 => 0.0,
-        _ if n % 2 == 1 => v[n / 2],
-        _ => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
+pub use crate::report::median;
 
 /// The side-by-side table of `median_by_class` for every policy's replicas (requests that
 /// never completed nor were answered 429 — still running when a run was cut short — are not

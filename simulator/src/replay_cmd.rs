@@ -11,11 +11,11 @@ use kvroute_core::Config;
 use kvroute_sim::plan::Prices;
 use kvroute_sim::policies::PolicyName;
 use kvroute_sim::profile::{Gpu, Profile};
-use kvroute_sim::replay::{self, Classes, ReplaySetup};
+use kvroute_sim::replay::{self, ReplaySetup};
 use kvroute_sim::report::cost::{self, RunCost};
 use kvroute_sim::report::{self, RunReport};
 
-use crate::{FleetArgs, TopologyArgs, WorkloadArgs};
+use crate::{ClassArgs, FleetArgs, TopologyArgs, WorkloadArgs};
 
 #[derive(Args)]
 pub struct ReplayArgs {
@@ -72,24 +72,8 @@ pub struct ReplayArgs {
     /// router seed + k, as in `matrix`); the tables show medians.
     #[arg(long, default_value_t = 1)]
     replicas: u64,
-    /// Tenants' shares of the prefix families, e.g. `0.7,0.1,0.1,0.1` (a tenant owns whole
-    /// families); with `--priorities`, a per-class table follows (see `overload`).
-    #[arg(long)]
-    tenants: Option<String>,
-    /// Priority bands and their shares of the requests, `PRIORITY:SHARE,…`, e.g.
-    /// `1:0.2,0:0.7,-1:0.1` (negative: sheddable, as kvroute's priority header).
-    #[arg(long)]
-    priorities: Option<String>,
-    /// Each priority band's TTFT objective, `PRIORITY:MS,…`, e.g. `1:2000,0:10000,-1:30000`:
-    /// its requests send it (kvroute's `tiers.objective_header`, which `overload.hold.
-    /// objective_wait_share` reads) and count as goodput within it; bands not listed send none
-    /// and count within `--ttft-slo-ms`.
-    #[arg(long)]
-    objectives: Option<String>,
-    /// The TTFT objective: a completion within it counts as goodput in the per-class table,
-    /// and as meeting the objective in the cost lines (`--price`).
-    #[arg(long, default_value_t = 2000.0)]
-    ttft_slo_ms: f64,
+    #[command(flatten)]
+    classes: ClassArgs,
     /// USD per GPU-hour of each GPU type in the fleet, e.g. `h100-80g=3.00,a100-80g=1.30`:
     /// adds each policy's cost per million tokens (input + output), the share of requests
     /// that met `--ttft-slo-ms` and each GPU type's share of the requests.
@@ -145,13 +129,13 @@ pub fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
     print!("{}", report::table(&runs));
     let mut costs = serde_json::Value::Null;
     if let Some(prices) = &prices {
-        costs = print_costs(&setup, prices, &replicas, a.ttft_slo_ms);
+        costs = print_costs(&setup, prices, &replicas, a.classes.ttft_slo_ms);
     }
     let mut classes = serde_json::Value::Null;
     if setup.classes.is_some() || replicas.iter().flatten().any(|r| !r.rejections.is_empty()) {
         // After a restart only the requests arriving from then on are reported.
         let restart_s = setup.topology.restart_at_ms.unwrap_or(0.0) / 1000.0;
-        classes = print_classes(&replicas, a.ttft_slo_ms, (span_s - restart_s).max(1e-3));
+        classes = print_classes(&replicas, a.classes.ttft_slo_ms, (span_s - restart_s).max(1e-3));
     }
     let mut phases = serde_json::Value::Null;
     if let Some(cold_s) = a.cold_s {
@@ -174,7 +158,7 @@ pub fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
             // The cost of the steady state alone: its tokens over its own span (its first
             // arrival to its last finish), its requests' objective.
             println!("steady state's cost:");
-            phases["steady_cost"] = print_costs(&setup, prices, &steady_runs, a.ttft_slo_ms);
+            phases["steady_cost"] = print_costs(&setup, prices, &steady_runs, a.classes.ttft_slo_ms);
         }
     }
     if let Some(path) = &a.json {
@@ -278,16 +262,7 @@ fn setup(a: &ReplayArgs) -> anyhow::Result<ReplaySetup> {
         seed: a.workload.seed,
         router_config,
         topology: a.topology.topology()?,
-        classes: match (&a.tenants, &a.priorities, &a.objectives) {
-            (None, None, None) => None,
-            (t, p, o) => {
-                let c = Classes::parse(t.as_deref().unwrap_or("1"), p.as_deref().unwrap_or("0:1"))?;
-                Some(match o {
-                    Some(o) => c.with_objectives(o)?,
-                    None => c,
-                })
-            }
-        },
+        classes: a.classes.classes()?,
         pool_changes,
     })
 }

@@ -66,7 +66,29 @@ pub struct Percentiles {
     pub mean: f64,
 }
 
+/// The median of `v` (the mean of the middle two for an even count; 0 when empty).
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => 0.0,
+        _ if n % 2 == 1 => v[n / 2],
+        _ => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
 impl Percentiles {
+    /// Each percentile's median over `items` (`of` picks an item's percentiles).
+    pub fn median_of<T>(items: &[T], of: impl Fn(&T) -> &Percentiles) -> Percentiles {
+        let med = |f: &dyn Fn(&Percentiles) -> f64| median(items.iter().map(|i| f(of(i))).collect());
+        Percentiles {
+            p50: med(&|p| p.p50),
+            p95: med(&|p| p.p95),
+            p99: med(&|p| p.p99),
+            mean: med(&|p| p.mean),
+        }
+    }
+
     pub fn of(values: &mut [f64]) -> Percentiles {
         if values.is_empty() {
             return Percentiles::default();
@@ -165,22 +187,8 @@ impl RunReport {
         let Some(first) = runs.first() else {
             return RunReport::default();
         };
-        let med = |f: &dyn Fn(&RunReport) -> f64| {
-            let mut v: Vec<f64> = runs.iter().map(f).collect();
-            v.sort_by(f64::total_cmp);
-            let n = v.len();
-            if n % 2 == 1 {
-                v[n / 2]
-            } else {
-                (v[n / 2 - 1] + v[n / 2]) / 2.0
-            }
-        };
-        let pct = |f: &dyn Fn(&RunReport) -> &Percentiles| Percentiles {
-            p50: med(&|r| f(r).p50),
-            p95: med(&|r| f(r).p95),
-            p99: med(&|r| f(r).p99),
-            mean: med(&|r| f(r).mean),
-        };
+        let med = |f: &dyn Fn(&RunReport) -> f64| median(runs.iter().map(f).collect());
+        let pct = |f: &dyn Fn(&RunReport) -> &Percentiles| Percentiles::median_of(runs, f);
         RunReport {
             ttft_ms: pct(&|r| &r.ttft_ms),
             itl_ms: pct(&|r| &r.itl_ms),
