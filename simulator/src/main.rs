@@ -50,8 +50,9 @@ enum Command {
     /// Fleet sizing: per policy and GPU type, the smallest homogeneous fleet whose replay of
     /// the workload meets a latency objective, with $/month and $/million tokens.
     ///
-    /// Each GPU type is sized as a fleet of its own (`--tp` GPUs per server, all alike); mixed
-    /// fleets (tiers, `replay --fleet`) are not sized yet.
+    /// Each GPU type is sized as a fleet of its own (`--tp` GPUs per server, all alike), or,
+    /// with `--mix CHEAP,PREMIUM`, the cheapest fleet of two types (`--tiered`: kvroute with
+    /// the premium servers as its price tier).
     Plan(PlanArgs),
 }
 

@@ -11,8 +11,8 @@
 //!   when most of its replicas do; its figures are medians over the replicas that ran to the
 //!   end. A replica stops early once more requests have missed a threshold than a p95 allows:
 //!   its attainment is then estimated from the requests it completed.
-//! - Fleets are homogeneous: `tp` GPUs of one type per server, every server alike. Mixed
-//!   fleets (tiers) are not sized yet.
+//! - Fleets are homogeneous: `tp` GPUs of one type per server, every server alike; `mix`
+//!   sizes fleets of two GPU types (a cheap one and a premium one, tiered or not).
 //! - Cost: the fleet is assumed busy with this workload only. $/month = GPUs × $/GPU-hour ×
 //!   730 h. $/million tokens = GPUs × $/GPU-hour × the replayed span (first arrival to last
 //!   completion) ÷ the tokens processed in it (prompt + output tokens of completed
@@ -31,6 +31,7 @@ use crate::report::{Record, RunReport};
 use crate::workload::SimRequest;
 
 pub mod chart;
+pub mod mix;
 pub mod search;
 mod spec;
 
@@ -84,14 +85,24 @@ pub struct Planner<'a> {
 impl Planner<'_> {
     /// Replays `servers` servers of `profile` under `policy`, every replica.
     pub fn evaluate(&self, policy: PolicyName, profile: &Profile, servers: usize) -> Point {
+        let fleet = ReplaySetup {
+            classes: None,
+            profile: profile.clone(),
+            servers,
+            mixed: Vec::new(),
+            ..self.base.clone()
+        };
+        self.evaluate_fleet(policy, &fleet)
+    }
+
+    /// Replays `fleet` (the base setup with its servers, and its router configuration, set)
+    /// under `policy`, every replica.
+    pub fn evaluate_fleet(&self, policy: PolicyName, fleet: &ReplaySetup) -> Point {
+        let servers = fleet.servers;
         let replica = |k: u64| {
             let setup = ReplaySetup {
-                classes: None,
-                profile: profile.clone(),
-                servers,
-                mixed: Vec::new(),
-                seed: self.base.seed.wrapping_add(k),
-                ..self.base.clone()
+                seed: fleet.seed.wrapping_add(k),
+                ..fleet.clone()
             };
             self.trial(&setup, policy, &perturbed(self.requests, k))
         };
@@ -244,21 +255,9 @@ impl Planner<'_> {
             .iter()
             .flat_map(|p| policies.iter().map(move |pol| (*pol, p)))
             .collect();
-        let next = AtomicUsize::new(0);
-        let results: Mutex<Vec<Option<Sizing>>> = Mutex::new(vec![None; tasks.len()]);
-        std::thread::scope(|scope| {
-            for _ in 0..jobs.clamp(1, tasks.len().max(1)) {
-                scope.spawn(|| loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some((policy, profile)) = tasks.get(i) else { break };
-                    let sizing = self.size(*policy, profile, max_servers, progress);
-                    if let Ok(mut r) = results.lock() {
-                        r[i] = Some(sizing);
-                    }
-                });
-            }
-        });
-        results.into_inner().unwrap_or_default().into_iter().flatten().collect()
+        in_parallel(&tasks, jobs, &|(policy, profile)| {
+            self.size(*policy, profile, max_servers, progress)
+        })
     }
 
     /// One search: the smallest confirmed size of `profile` servers for `policy`.
@@ -293,6 +292,25 @@ impl Planner<'_> {
             cost: None,
         }
     }
+}
+
+/// `run` on every task, `jobs` at a time, the results in the tasks' order.
+fn in_parallel<T: Sync, R: Send>(tasks: &[T], jobs: usize, run: &(dyn Fn(&T) -> R + Sync)) -> Vec<R> {
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<R>>> = Mutex::new((0..tasks.len()).map(|_| None).collect());
+    std::thread::scope(|scope| {
+        for _ in 0..jobs.clamp(1, tasks.len().max(1)) {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(task) = tasks.get(i) else { break };
+                let result = run(task);
+                if let Ok(mut r) = results.lock() {
+                    r[i] = Some(result);
+                }
+            });
+        }
+    });
+    results.into_inner().unwrap_or_default().into_iter().flatten().collect()
 }
 
 #[cfg(test)]

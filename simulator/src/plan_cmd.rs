@@ -7,6 +7,7 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::Args;
 use kvroute_core::Config;
+use kvroute_sim::plan::mix::{self, Mix, MixTask};
 use kvroute_sim::plan::{self, chart, Objective, Planner, Prices, Sizing};
 use kvroute_sim::policies::PolicyName;
 use kvroute_sim::profile::{Gpu, Model, Profile};
@@ -15,7 +16,7 @@ use kvroute_sim::replay::ReplaySetup;
 use crate::{TopologyArgs, WorkloadArgs};
 
 /// Fleets are homogeneous: each GPU type is sized on its own (`--tp` GPUs per server, every
-/// server alike). Mixed fleets (tiers, `--fleet` in `replay`) are not sized yet.
+/// server alike); `--mix` sizes fleets of two GPU types instead.
 #[derive(Args)]
 pub struct PlanArgs {
     #[command(flatten)]
@@ -25,10 +26,23 @@ pub struct PlanArgs {
     /// do not complete.
     #[arg(long)]
     objective: Objective,
-    /// GPU types to size, comma-separated; each is sized as a fleet of its own (mixed
-    /// fleets, tiers, are not sized yet).
+    /// GPU types to size, comma-separated; each is sized as a fleet of its own.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "h100-80g")]
     gpu: Vec<Gpu>,
+    /// Size fleets of two GPU types instead, `CHEAP,PREMIUM` (e.g. `a100-80g,h100-80g`): for
+    /// each count of the cheap type (0, 1, 2, …), the fewest servers of the premium type with
+    /// which the fleet meets the objective, and the cheapest such fleet per hour. Only fleets
+    /// cheaper than the best found so far are replayed.
+    #[arg(long, value_enum, value_delimiter = ',', conflicts_with = "gpu")]
+    mix: Vec<Gpu>,
+    /// With `--mix`: also size kvroute with the premium servers as its price tier 1 (`tiers`:
+    /// the objective's TTFT as the tiers' objective and each type's sequence slots, unless
+    /// `--router-config` sets them), next to the policies.
+    #[arg(long, requires = "mix")]
+    tiered: bool,
+    /// With `--mix`: the most servers of the cheap type tried (default: --max-servers).
+    #[arg(long, requires = "mix")]
+    max_cheap: Option<usize>,
     /// USD per GPU-hour of every GPU in --gpu: `h100-80g=2.49,a100-80g=1.29`.
     #[arg(long)]
     price: String,
@@ -49,7 +63,7 @@ pub struct PlanArgs {
         default_value = "round-robin,least-request,kvroute"
     )]
     policy: Vec<PolicyName>,
-    /// The largest fleet (servers) tried.
+    /// The largest fleet (servers) tried; with `--mix`, the most servers of the premium type.
     #[arg(long, default_value_t = 64)]
     max_servers: usize,
     /// Replays per fleet size: the workload plus perturbed copies (jittered arrivals); a
@@ -87,18 +101,19 @@ pub fn plan_cmd(a: &PlanArgs) -> anyhow::Result<()> {
         "give at least one --policy and one --gpu"
     );
     anyhow::ensure!(a.scrape_interval_ms > 0.0, "--scrape-interval-ms must be positive");
-    let prices = Prices::parse(&a.price, &a.gpu).map_err(anyhow::Error::msg)?;
-    let profiles = a
-        .gpu
+    let gpus = if a.mix.is_empty() { &a.gpu } else { &a.mix };
+    let prices = Prices::parse(&a.price, gpus).map_err(anyhow::Error::msg)?;
+    let profiles = gpus
         .iter()
         .map(|g| Ok(Profile::new(*g, a.model, a.tp)?.with_cache_at_schedule(!a.cache_at_finish)))
         .collect::<anyhow::Result<Vec<Profile>>>()?;
     let (name, requests) = a.workload.load()?;
     anyhow::ensure!(!requests.is_empty(), "the workload has no requests");
-    let router_config = match &a.router_config {
-        Some(p) => Config::from_json(&std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))?)?,
-        None => Config::from_json(b"")?,
+    let config_bytes = match &a.router_config {
+        Some(p) => std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))?,
+        None => Vec::new(),
     };
+    let router_config = Config::from_json(&config_bytes)?;
     let jobs = a
         .jobs
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
@@ -125,8 +140,11 @@ pub fn plan_cmd(a: &PlanArgs) -> anyhow::Result<()> {
         replicas: a.replicas,
         early_stop: !a.no_early_stop,
         // Searches first (each is sequential); spare cores replay a size's replicas at once.
-        parallel_replicas: jobs > a.policy.len() * a.gpu.len(),
+        parallel_replicas: jobs > searches(a),
     };
+    if !a.mix.is_empty() {
+        return mix_cmd(a, &name, &planner, &profiles, &prices, &config_bytes, jobs);
+    }
     let span_s = requests.iter().map(|r| r.arrival_ms).fold(0.0, f64::max) / 1000.0;
     eprintln!(
         "{name}: {} requests over {span_s:.0} s; {}; {} servers at most, {} replica(s) per size, {} searches at once",
@@ -134,7 +152,7 @@ pub fn plan_cmd(a: &PlanArgs) -> anyhow::Result<()> {
         chart::objective_text(&a.objective),
         a.max_servers,
         a.replicas,
-        jobs.min(a.policy.len() * a.gpu.len())
+        jobs.min(searches(a))
     );
     let started = Instant::now();
     let sizings: Vec<_> = planner
@@ -149,6 +167,118 @@ pub fn plan_cmd(a: &PlanArgs) -> anyhow::Result<()> {
     let evaluated: usize = sizings.iter().map(|s| s.points.len()).sum();
     eprintln!("{evaluated} fleet sizes evaluated in {wall_s:.0} s");
     print_and_write(a, &name, requests.len(), &prices, &sizings, wall_s)
+}
+
+/// How many searches the command runs: each policy on each GPU type, or on the mix (and
+/// kvroute tiered).
+fn searches(a: &PlanArgs) -> usize {
+    if a.mix.is_empty() {
+        a.policy.len() * a.gpu.len()
+    } else {
+        a.policy.len() + usize::from(a.tiered)
+    }
+}
+
+/// `--mix`: each policy's cheapest fleet of the two GPU types (`plan::mix`).
+fn mix_cmd(
+    a: &PlanArgs,
+    name: &str,
+    planner: &Planner,
+    profiles: &[Profile],
+    prices: &Prices,
+    config_bytes: &[u8],
+    jobs: usize,
+) -> anyhow::Result<()> {
+    let [cheap, premium] = profiles else {
+        anyhow::bail!("--mix takes two GPU types, the cheap one first: e.g. --mix a100-80g,h100-80g");
+    };
+    anyhow::ensure!(
+        cheap.gpu != premium.gpu,
+        "--mix takes two different GPU types (one type is sized without --mix)"
+    );
+    anyhow::ensure!(
+        a.plot.is_none(),
+        "--plot draws homogeneous sizings: leave it out with --mix"
+    );
+    let config_json: serde_json::Value = if config_bytes.iter().all(u8::is_ascii_whitespace) {
+        serde_json::json!({})
+    } else {
+        serde_json::from_slice(config_bytes)?
+    };
+    if a.tiered {
+        // Only the tier's endpoints change from fleet to fleet: a configuration that fails
+        // here fails for all of them.
+        mix::tiered_config(&config_json, cheap, premium, 1, 1, &a.objective).map_err(anyhow::Error::msg)?;
+    }
+    let mut tasks: Vec<MixTask> = a
+        .policy
+        .iter()
+        .map(|p| MixTask {
+            policy: *p,
+            tiered: false,
+        })
+        .collect();
+    if a.tiered {
+        tasks.push(MixTask {
+            policy: PolicyName::Kvroute,
+            tiered: true,
+        });
+    }
+    let mix = Mix {
+        cheap,
+        premium,
+        cheap_usd_per_gpu_hour: prices.of(cheap.gpu),
+        premium_usd_per_gpu_hour: prices.of(premium.gpu),
+        max_premium: a.max_servers,
+        max_cheap: a.max_cheap.unwrap_or(a.max_servers),
+        config_json: &config_json,
+    };
+    let (cn, pn) = (plan::gpu_name(cheap.gpu), plan::gpu_name(premium.gpu));
+    eprintln!(
+        "{name}: {} requests; {}; {cn} + {pn}, up to {} and {} servers, {} replica(s) per fleet, {} searches at once",
+        planner.requests.len(),
+        chart::objective_text(&a.objective),
+        mix.max_cheap,
+        mix.max_premium,
+        a.replicas,
+        jobs.min(tasks.len())
+    );
+    let started = Instant::now();
+    let sizings = planner.size_mixes(&tasks, &mix, jobs, &|m| eprintln!("  {m}"));
+    let wall_s = started.elapsed().as_secs_f64();
+    let evaluated: usize = sizings.iter().map(|s| s.evaluated.len()).sum();
+    eprintln!("{evaluated} fleets evaluated in {wall_s:.0} s");
+    println!(
+        "{name}: the cheapest fleet of {cn} and {pn} servers meeting {} ({}, tp {}); for each count of {cn}, the fewest {pn} that meet it",
+        chart::objective_text(&a.objective),
+        a.model.served_name(),
+        a.tp
+    );
+    print!("{}", mix::table(&sizings, cheap, premium));
+    println!(
+        "($/hour: servers × tp × $/GPU-hour; $/month: × 730 h. $/Mtok: $/hour × the replayed span, first arrival to last completion, ÷ millions of prompt + output tokens processed. within: the share of requests within the objective.)"
+    );
+    if let Some(path) = &a.json {
+        let doc = serde_json::json!({
+            "workload": name,
+            "requests": planner.requests.len(),
+            "objective": a.objective,
+            "max_failed_fraction": plan::MAX_FAILED,
+            "model": clap::ValueEnum::to_possible_value(&a.model).map(|v| v.get_name().to_string()),
+            "tp": a.tp,
+            "mix": [cn, pn],
+            "prices_usd_per_gpu_hour": prices.iter().map(|(g, p)| (plan::gpu_name(*g), *p)).collect::<std::collections::BTreeMap<_, _>>(),
+            "max_cheap": mix.max_cheap,
+            "max_premium": mix.max_premium,
+            "replicas": a.replicas,
+            "early_stop": !a.no_early_stop,
+            "wall_s": (wall_s * 10.0).round() / 10.0,
+            "sizings": sizings,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(())
 }
 
 /// The table, the chart, and the JSON and SVG when asked for.

@@ -11,7 +11,7 @@ use std::fmt;
 
 pub use baselines::{LeastRequest, PowerOfTwo, Random, RoundRobin};
 pub use cache_aware::{DynamoKv, GieWeighted, Oracle, SglangCacheAware};
-pub use kvroute::Kvroute;
+pub use kvroute::{endpoint_id, Kvroute};
 
 use kvroute_core::{Config, PeerEvent, VllmMetrics};
 
