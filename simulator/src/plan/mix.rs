@@ -337,6 +337,11 @@ pub fn table(sizings: &[MixSizing], cheap: &Profile, premium: &Profile) -> Strin
                 counts.join(", ")
             );
         }
+        let fleet = |c: usize, q: usize| match (c, q) {
+            (0, q) => format!("{q} {pn} alone"),
+            (c, 0) => format!("{c} {cn} alone"),
+            (c, q) => format!("{c} {cn} + {q} {pn}"),
+        };
         let all_premium = s.rows.iter().find(|r| r.cheap == 0);
         match (s.cheapest.map(|i| &s.rows[i]), all_premium) {
             (None, _) => {
@@ -345,21 +350,15 @@ pub fn table(sizings: &[MixSizing], cheap: &Profile, premium: &Profile) -> Strin
             (Some(best), Some(base)) if best.cheap > 0 => {
                 let _ = writeln!(
                     out,
-                    "  cheapest: {} {cn} + {} {pn}, {:.2}× the $/hour and {:.2}× the $/Mtok of {} {pn} alone",
-                    best.cheap,
-                    best.premium,
+                    "  cheapest: {}, {:.2}× the $/hour and {:.2}× the $/Mtok of {}",
+                    fleet(best.cheap, best.premium),
                     best.usd_per_hour / base.usd_per_hour,
                     best.cost.usd_per_mtok / base.cost.usd_per_mtok,
-                    base.premium
+                    fleet(0, base.premium)
                 );
             }
             (Some(best), _) => {
-                let fleet = match (best.cheap, best.premium) {
-                    (0, q) => format!("{q} {pn} alone"),
-                    (c, 0) => format!("{c} {cn} alone"),
-                    (c, q) => format!("{c} {cn} + {q} {pn}"),
-                };
-                let _ = writeln!(out, "  cheapest: {fleet}");
+                let _ = writeln!(out, "  cheapest: {}", fleet(best.cheap, best.premium));
             }
         }
     }
