@@ -65,8 +65,6 @@ pub struct ScoreContext {
     pub fleet_backlog: f64,
     /// The candidates are scored at rates at least `UNLIKE` times apart (`unlike_rates`).
     pub unlike: bool,
-    /// The most requests running on any candidate at its last scrape (`admission_ms`).
-    pub most_running: u64,
     pub mean_uncached_tokens: f64,
     pub rotation: u64,
     pub seed: u64,
@@ -168,12 +166,10 @@ pub fn predicted_ttft(config: &Config, c: &Candidate, ctx: &ScoreContext) -> Ter
     let kv_ms = full_ms * over * over;
     // Where requests wait for a sequence slot, the queue moves as running ones finish,
     // however little prefill it holds: the admission wait counts as far as it exceeds the
-    // queued prefill's time. Only in untiered routing, on a fleet of unlike GPUs or where
-    // another candidate runs twice the most requests this one ever ran, and while some
-    // candidate has nothing queued (`admission_ms`).
+    // queued prefill's time. Only in untiered routing, and while some candidate has nothing
+    // queued (`admission_ms`).
     let queued_ms = queued_tokens * 1000.0 / rate;
-    let room = ctx.most_running >= 2 * c.endpoint.completions.most_running().max(1);
-    let admit_ms = if (ctx.unlike || room) && !config.tiers().on() && ctx.fleet_backlog < ADMISSION_BACKLOG {
+    let admit_ms = if !config.tiers().on() && ctx.fleet_backlog < ADMISSION_BACKLOG {
         (p.admission_weight * admission_ms(c) - queued_ms).max(0.0)
     } else {
         0.0
@@ -210,20 +206,18 @@ pub fn predicted_ttft(config: &Config, c: &Candidate, ctx: &ScoreContext) -> Ter
 /// seconds for a slot (replay, chat at 100 req/s on 4 A100 + 4 H100: the A100s' 256 slots
 /// full, their TTFT median 0.6–0.9 s against the H100s' 50 ms).
 ///
-/// The cost charges it only without tiers, on a fleet of unlike GPUs (`unlike_rates`) or
-/// where another candidate runs at least twice the most requests `c` ever ran
-/// (`ScoreContext::most_running`): servers of fewer slots beside servers of more, whose
-/// smaller slots fill first. There untiered attainment of a 500 ms objective went 81.8 →
-/// 96.7% (steady state, seeds 3–5). On that decode-heavy workload every server's prefill
-/// rate is learned near 4k tokens/s (a short prompt's first token waits for a decode step,
-/// about as long on either GPU), so the fleet reads as like on 94% of those decisions;
-/// with the unlike test alone, 88.0%. Charged on every fleet, it ranked like servers, all
-/// slot-bound at overload, by the noise of their completion rates (4 H100s, shared-prefix
-/// at 110% with holding: TTFT p99 +55%; 5 H100s, chat at 100 req/s: attainment 45 → 32%).
-/// With tiers, whose sequence slots (`tiers.max_num_seqs`) already keep a full server from
-/// meeting the objective, it cost attainment (rag at 40 req/s on 4 A100 + 3 H100: two
-/// seeds of six 97.5 / 95.7 → 91.9 / 90.1%). Nor is it charged where every candidate has
-/// requests queued (`ADMISSION_BACKLOG`).
+/// There untiered attainment of a 500 ms objective went 81.8 → 96.7% (steady state, seeds
+/// 3–5). On a fleet of like servers the same: 8 A100s at chat 60 req/s (slot-bound, not
+/// overloaded), steady TTFT p95 635 → 71 ms, where round-robin reads 63. The cost charges
+/// it only without tiers, whose sequence slots (`tiers.max_num_seqs`) already keep a full
+/// server from meeting the objective (with tiers it cost attainment: rag at 40 req/s on 4
+/// A100 + 3 H100, two seeds of six 97.5 / 95.7 → 91.9 / 90.1%), and not where every
+/// candidate has requests queued (`ADMISSION_BACKLOG`). Until that gate it was charged only
+/// on unlike fleets or beside a server running twice as many: on like ones it ranked
+/// servers, all slot-bound at overload, by the noise of their completion rates (4 H100s,
+/// shared-prefix at 110% with holding: TTFT p99 +55%; 5 H100s, chat at 100 req/s:
+/// attainment 45 → 32%). With the gate those cells read p99 3,081 → 3,017 ms and p95
+/// 17.5 → 12.9 s (BENCHMARKS.md, "The admission wait on every fleet").
 pub fn admission_ms(c: &Candidate) -> f64 {
     if c.metrics.waiting == 0 || !c.endpoint.completions.pinned() {
         return 0.0;
@@ -243,12 +237,6 @@ pub fn admission_ms(c: &Candidate) -> f64 {
 /// 3–5: TTFT p99 17.6 s not charged, 30.4 s charged there too, 17.0 s with this gate; a
 /// 500 ms objective met 44.4 / 43.1 / 56.9%).
 pub const ADMISSION_BACKLOG: f64 = 0.5;
-
-/// The most requests running on any candidate at its last scrape
-/// (`ScoreContext::most_running`).
-pub fn most_running(cands: &[Candidate]) -> u64 {
-    cands.iter().map(|c| c.metrics.running).max().unwrap_or(0)
-}
 
 /// How many requests queue at the least-loaded candidate: how overloaded the whole fleet
 /// is (`ScoreContext::fleet_backlog`). A candidate's queue is the larger of its scraped

@@ -33,7 +33,7 @@
 
 use kvroute_core::endpoint::{EndpointTable, Prefill};
 use kvroute_core::policy::{
-    fleet_backlog, most_running, predicted_ttft, rate_classes, unlike_rates, with_steps, Candidate, ScoreContext,
+    fleet_backlog, predicted_ttft, rate_classes, unlike_rates, with_steps, Candidate, ScoreContext,
 };
 use kvroute_core::speed::{Speed, StepTime};
 use kvroute_core::{Config, EndpointId, Millis, Tokens, VllmMetrics};
@@ -355,7 +355,6 @@ impl Policy for Oracle {
             total_blocks: req.engine_blocks.len(),
             fleet_backlog: fleet_backlog(&self.config, &cands, self.mean_uncached, now),
             unlike: false,
-            most_running: most_running(&cands),
             // The true queued prefill is in `pending_prefill_tokens`; the scraped estimate
             // (waiting × mean) must not add to it.
             mean_uncached_tokens: 0.0,

@@ -196,9 +196,8 @@ pub struct RawCost {
     /// Weight of the admission wait (`policy::admission_ms`): where a server's sequence
     /// slots are all taken and requests wait, a new request waits for one more running
     /// request than wait there to finish, at the server's recent completion rate. Charged
-    /// in untiered routing only, on a fleet of unlike GPUs or where another candidate runs
-    /// twice the most requests the server ever ran, and only while some candidate has
-    /// nothing queued (`policy::ADMISSION_BACKLOG`). 0 leaves it out.
+    /// in untiered routing only, and only while some candidate has nothing queued
+    /// (`policy::ADMISSION_BACKLOG`). 0 leaves it out.
     pub admission_weight: f64,
     pub cold_tolerance: f64,
     /// A cold prefix's owner among the candidates within `cold_tolerance` is drawn by

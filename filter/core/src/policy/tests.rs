@@ -28,7 +28,6 @@ fn ctx_at_zero(rates: RateClasses, typical_pace: Option<f64>) -> ScoreContext {
         total_blocks: 0,
         fleet_backlog: 0.0,
         unlike: false,
-        most_running: 0,
         mean_uncached_tokens: 0.0,
         rotation: 0,
         seed: 0,
@@ -509,7 +508,7 @@ fn a_server_whose_slots_hold_long_decodes_is_charged_the_wait_for_one_to_finish(
     let cands = cands_of(&table, [&slot_bound, &free], 128);
     let mut ctx = ctx_at_zero(rate_classes(&config, &cands, Millis(0)), None);
     ctx.mean_uncached_tokens = 128.0;
-    // Charged on a fleet of unlike GPUs (these two stand for its slower ones).
+    // Charged on a fleet of unlike GPUs (these two stand for its slower ones) as on a like one.
     ctx.unlike = true;
     let terms: Vec<Terms> = cands.iter().map(|c| predicted_ttft(&config, c, &ctx)).collect();
     // Admitted after 9 completions at 5 a second: 1.8 s, of which the 8 queued prompts'
@@ -541,25 +540,21 @@ fn a_server_whose_slots_hold_long_decodes_is_charged_the_wait_for_one_to_finish(
         Config::from_json(br#"{"cost": {"first_token_steps": 0}, "tiers": {"endpoints": {"10.0.0.2:8000": 1}}}"#)
             .unwrap();
     assert!(without(&tiered, &ctx));
-    // On a like fleet, charged only where another candidate runs at least twice the most
-    // this one ever ran (256).
-    let like = ScoreContext {
-        unlike: false,
-        most_running: 511,
-        ..ctx
-    };
-    assert!(without(&config, &like));
-    let roomy = ScoreContext {
-        most_running: 512,
-        ..like
-    };
-    assert!(!without(&config, &roomy));
-    // Nor where every candidate has requests queued: the fleet is past what it serves.
+    // On a like fleet too (servers of one kind fill their slots alike: 8 A100s at chat 60
+    // req/s).
+    let like = ScoreContext { unlike: false, ..ctx };
+    assert!(!without(&config, &like));
+    // But not where every candidate has requests queued: the fleet is past what it serves.
     let backlogged = ScoreContext {
         fleet_backlog: ADMISSION_BACKLOG,
-        ..roomy
+        ..like
     };
     assert!(without(&config, &backlogged));
+    let under = ScoreContext {
+        fleet_backlog: ADMISSION_BACKLOG - 0.01,
+        ..backlogged
+    };
+    assert!(!without(&config, &under));
     table.rows_mut()[0].completions = crate::speed::Completions::default();
     let cands = cands_of(&table, [&slot_bound, &free], 128);
     assert_eq!(admission_ms(&cands[0]), 0.0, "no rate yet");

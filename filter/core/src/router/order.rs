@@ -18,7 +18,6 @@ impl Router {
             total_blocks: req.blocks.len(),
             fleet_backlog: policy::fleet_backlog(&self.config, cands, self.mean_uncached, now),
             unlike: false,
-            most_running: policy::most_running(cands),
             mean_uncached_tokens: self.mean_uncached,
             rotation: self.rotation,
             seed: self.config.seed(),

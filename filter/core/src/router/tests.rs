@@ -2340,7 +2340,7 @@ fn a_slower_gpu_whose_waiting_requests_move_slowly_loses_the_next_request() {
         Some(ep(0)),
         "without the admission wait, 2 prompts queued read as little"
     );
-    // Like GPUs, where another server runs twice the most server 0 ever ran: charged.
+    // Like GPUs: charged as well.
     assert_eq!(route_with(1.0, ""), Some(ep(1)));
 }
 

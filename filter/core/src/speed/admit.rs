@@ -95,12 +95,6 @@ impl Completions {
         self.pinned || self.exact.is_some()
     }
 
-    /// The most requests seen running at once since the server (re)started: its slots as
-    /// far as they are known.
-    pub fn most_running(&self) -> u64 {
-        self.most_running
-    }
-
     /// A rate known exactly, in completions per second.
     pub fn exact(per_s: f64) -> Completions {
         Completions {
