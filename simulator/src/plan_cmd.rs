@@ -258,26 +258,19 @@ fn mix_cmd(
     println!(
         "($/hour: servers × tp × $/GPU-hour; $/month: × 730 h. $/Mtok: $/hour × the replayed span, first arrival to last completion, ÷ millions of prompt + output tokens processed. within: the share of requests within the objective.)"
     );
-    if let Some(path) = &a.json {
-        let doc = serde_json::json!({
-            "workload": name,
-            "requests": planner.requests.len(),
-            "objective": a.objective,
-            "max_failed_fraction": plan::MAX_FAILED,
-            "model": clap::ValueEnum::to_possible_value(&a.model).map(|v| v.get_name().to_string()),
-            "tp": a.tp,
+    write_json(
+        a,
+        name,
+        planner.requests.len(),
+        prices,
+        wall_s,
+        serde_json::json!({
             "mix": [cn, pn],
-            "prices_usd_per_gpu_hour": prices.iter().map(|(g, p)| (plan::gpu_name(*g), *p)).collect::<std::collections::BTreeMap<_, _>>(),
             "max_cheap": mix.max_cheap,
             "max_premium": mix.max_premium,
-            "replicas": a.replicas,
-            "early_stop": !a.no_early_stop,
-            "wall_s": (wall_s * 10.0).round() / 10.0,
             "sizings": sizings,
-        });
-        std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
-            .with_context(|| format!("cannot write {}", path.display()))?;
-    }
+        }),
+    )?;
     Ok(())
 }
 
@@ -301,28 +294,50 @@ fn print_and_write(
         "($/month: GPUs × $/GPU-hour × 730 h. $/Mtok: GPUs × $/GPU-hour × the replayed span, first arrival to last completion, ÷ millions of prompt + output tokens processed; the fleet is assumed busy with this workload only.)\n"
     );
     print!("{}", chart::text_chart(sizings, &a.objective));
-    if let Some(path) = &a.json {
-        let doc = serde_json::json!({
-            "workload": name,
-            "requests": requests,
-            "objective": a.objective,
-            "max_failed_fraction": plan::MAX_FAILED,
-            "model": clap::ValueEnum::to_possible_value(&a.model).map(|v| v.get_name().to_string()),
-            "tp": a.tp,
-            "prices_usd_per_gpu_hour": prices.iter().map(|(g, p)| (plan::gpu_name(*g), *p)).collect::<std::collections::BTreeMap<_, _>>(),
-            "max_servers": a.max_servers,
-            "replicas": a.replicas,
-            "early_stop": !a.no_early_stop,
-            "wall_s": (wall_s * 10.0).round() / 10.0,
-            "sizings": sizings,
-        });
-        std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
-            .with_context(|| format!("cannot write {}", path.display()))?;
-    }
+    write_json(
+        a,
+        name,
+        requests,
+        prices,
+        wall_s,
+        serde_json::json!({"max_servers": a.max_servers, "sizings": sizings}),
+    )?;
     if let Some(path) = &a.plot {
         let title = format!("{name}: {}", chart::objective_text(&a.objective));
         std::fs::write(path, chart::svg(&title, sizings, &a.objective))
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
     Ok(())
+}
+
+/// `--json`, when asked for: the run's workload, objective and settings, and `found` (what
+/// the search found and its own bounds).
+fn write_json(
+    a: &PlanArgs,
+    name: &str,
+    requests: usize,
+    prices: &Prices,
+    wall_s: f64,
+    found: serde_json::Value,
+) -> anyhow::Result<()> {
+    let Some(path) = &a.json else {
+        return Ok(());
+    };
+    let mut doc = serde_json::json!({
+        "workload": name,
+        "requests": requests,
+        "objective": a.objective,
+        "max_failed_fraction": plan::MAX_FAILED,
+        "model": clap::ValueEnum::to_possible_value(&a.model).map(|v| v.get_name().to_string()),
+        "tp": a.tp,
+        "prices_usd_per_gpu_hour": prices.iter().map(|(g, p)| (plan::gpu_name(*g), *p)).collect::<std::collections::BTreeMap<_, _>>(),
+        "replicas": a.replicas,
+        "early_stop": !a.no_early_stop,
+        "wall_s": (wall_s * 10.0).round() / 10.0,
+    });
+    if let (Some(doc), serde_json::Value::Object(found)) = (doc.as_object_mut(), found) {
+        doc.extend(found);
+    }
+    std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
+        .with_context(|| format!("cannot write {}", path.display()))
 }

@@ -119,7 +119,7 @@ fn the_misses_a_p95_allows_match_the_percentile_and_never_fall() {
     }
 }
 
-fn planner(requests: &[SimRequest], ttft_ms: f64, early_stop: bool) -> Planner<'_> {
+pub(super) fn planner(requests: &[SimRequest], ttft_ms: f64, early_stop: bool) -> Planner<'_> {
     let profile = Profile::new(Gpu::H100_80g, Model::Llama31_8b, 1).unwrap();
     Planner {
         base: ReplaySetup {

@@ -1,9 +1,10 @@
 use kvroute_core::{Config, EndpointId};
 
+use super::super::tests::planner;
+
 use super::*;
 use crate::profile::{Gpu, Model};
-use crate::replay::Topology;
-use crate::workload::{generate, GenParams, Generator, SimRequest};
+use crate::workload::{generate, GenParams, Generator};
 
 /// The cheapest fleet of the grid (c ≤ max_cheap, q ≤ max_premium, not empty) that `meets`.
 fn brute_force(
@@ -120,32 +121,6 @@ fn tiered_configs_put_the_premium_servers_in_tier_one_and_keep_the_operators_set
     }
 }
 
-fn planner(requests: &[SimRequest], ttft_ms: f64) -> Planner<'_> {
-    let profile = Profile::new(Gpu::H100_80g, Model::Llama31_8b, 1).unwrap();
-    Planner {
-        base: ReplaySetup {
-            classes: None,
-            pool_changes: Vec::new(),
-            profile,
-            servers: 1,
-            mixed: Vec::new(),
-            slowdown: None,
-            scrape_interval_ms: 200.0,
-            seed: 0,
-            router_config: Config::from_json(b"").unwrap(),
-            topology: Topology::default(),
-        },
-        requests,
-        objective: Objective {
-            ttft_p95_ms: ttft_ms,
-            itl_p95_ms: None,
-        },
-        replicas: 1,
-        early_stop: true,
-        parallel_replicas: false,
-    }
-}
-
 #[test]
 fn a_mixed_search_replays_the_fleets_it_names_and_prices_them() {
     let a100 = Profile::new(Gpu::A100_80g, Model::Llama31_8b, 1).unwrap();
@@ -157,7 +132,7 @@ fn a_mixed_search_replays_the_fleets_it_names_and_prices_them() {
         ..GenParams::defaults(Generator::SharedPrefix)
     };
     let reqs = generate(Generator::SharedPrefix, &p);
-    let plan = planner(&reqs, 400.0);
+    let plan = planner(&reqs, 400.0, true);
     let config_json = serde_json::json!({});
     let mix = Mix {
         cheap: &a100,
@@ -203,8 +178,7 @@ fn a_mixed_search_replays_the_fleets_it_names_and_prices_them() {
     }
     // A fleet with cheap servers replays them: the A100s' slower prefill shows in the
     // TTFT of one A100 against one H100 (every other setting alike).
-    let mut whole = planner(&reqs, 400.0);
-    whole.early_stop = false;
+    let whole = planner(&reqs, 400.0, false);
     let one = |c: usize, q: usize| {
         whole.evaluate_fleet(
             PolicyName::Kvroute,
