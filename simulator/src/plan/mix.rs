@@ -89,15 +89,12 @@ pub fn staircase(
 
 /// The index of the step with the cheapest fleet (the fewest cheap servers among equals).
 pub fn cheapest(steps: &[Step], cheap_price: f64, premium_price: f64) -> Option<usize> {
-    let cost = |s: &Step| {
-        s.premium
-            .map(|q| s.cheap as f64 * cheap_price + q as f64 * premium_price)
-    };
-    (0..steps.len()).filter(|i| cost(&steps[*i]).is_some()).min_by(|a, b| {
-        cost(&steps[*a])
-            .unwrap_or(f64::MAX)
-            .total_cmp(&cost(&steps[*b]).unwrap_or(f64::MAX))
-    })
+    steps
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| Some((i, s.cheap as f64 * cheap_price + s.premium? as f64 * premium_price)))
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(i, _)| i)
 }
 
 /// kvroute's configuration for `cheap` servers of `cheap_profile` then `premium` of
@@ -276,18 +273,14 @@ impl Planner<'_> {
                 point: point.clone(),
             });
         }
-        let met: Vec<Step> = rows
-            .iter()
-            .map(|r| Step {
-                cheap: r.cheap,
-                premium: Some(r.premium),
-                larger_needed: r.larger_needed,
-            })
-            .collect();
         MixSizing {
             policy: task.label(),
             tiered: task.tiered,
-            cheapest: cheapest(&met, pc, pp),
+            cheapest: rows
+                .iter()
+                .enumerate()
+                .min_by(|a, b| a.1.usd_per_hour.total_cmp(&b.1.usd_per_hour))
+                .map(|(i, _)| i),
             rows,
             not_met,
             evaluated,
