@@ -85,7 +85,7 @@ for name in ("without", "with"):
         hit = met(r, objective)
         cheap = share_of(doc, r, 25001, lambda i: i < len(gpus) and gpus[i].startswith("a100"))
         rows.append((hit, r["ttft_ms"]["p50"], r["ttft_ms"]["p95"], cheap, r["requests"]))
-        print(f"  {name} run {n}: {r['requests']} requests, {r['failed']} failed, met {100 * hit:.1f}%, "
+        print(f"  {name} run {n}: {r['requests']} requests, {r['failed']} failed{' ' + str(r['failures']) if r.get('failures') else ''}, met {100 * hit:.1f}%, "
               f"TTFT p50 {r['ttft_ms']['p50']:.0f} p95 {r['ttft_ms']['p95']:.0f} ms, A100s {100 * cheap:.0f}%", file=sys.stderr)
     if not rows:
         continue

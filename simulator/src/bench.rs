@@ -2,7 +2,9 @@
 //! server) in wall time, streaming every request, and measures what a client sees: TTFT
 //! (first content chunk), mean inter-token latency, end-to-end latency, errors, the server
 //! that answered (`x-served-by`) and the cached tokens vLLM reported. The JSON has the same
-//! shape as a replay run.
+//! shape as a replay run, plus why the failed requests failed (`failures`: the HTTP
+//! status, no answer, a stream cut short or malformed, counted by cause; also printed as a
+//! `failed:` line after the table).
 //!
 //! Two things a live comparison of gateways needs, and how to ask for them:
 //! - **Several gateways** (replicas behind a Service): `--url` takes a comma-separated list;
@@ -87,6 +89,9 @@ enum Sent {
         waited_ms: f64,
     },
 }
+
+/// How long one request may take, first byte to last, before it counts as failed.
+const REQUEST_TIMEOUT_S: u64 = 600;
 
 /// The seed of the spread across several `--url`s (any constant: it only has to be fixed).
 const SPREAD_SEED: u64 = 0x6b76_726f_7574_6531;
@@ -183,7 +188,7 @@ pub async fn bench(
         .pool_idle_timeout(Duration::from_secs(30))
         .build_http();
     let start = Instant::now();
-    let outcomes: Arc<Mutex<Vec<Sent>>> = Arc::new(Mutex::new(Vec::new()));
+    let outcomes: Arc<Mutex<Vec<Result<Sent, String>>>> = Arc::new(Mutex::new(Vec::new()));
     let progress = Arc::new(progress);
     let mut tasks = tokio::task::JoinSet::new();
     let chosen: Vec<&SimRequest> = requests
@@ -204,9 +209,11 @@ pub async fn bench(
         tasks.spawn(async move {
             tokio::time::sleep_until(tokio::time::Instant::from_std(start + at)).await;
             let sent = one(&client, target, body, headers, classed, start, index, api);
-            let res = tokio::time::timeout(Duration::from_secs(600), sent).await;
-            if let (Ok(Some(o)), Ok(mut all)) = (res, outcomes.lock()) {
-                all.push(o);
+            let res = tokio::time::timeout(Duration::from_secs(REQUEST_TIMEOUT_S), sent)
+                .await
+                .unwrap_or_else(|_| Err(format!("no end within {REQUEST_TIMEOUT_S} s")));
+            if let Ok(mut all) = outcomes.lock() {
+                all.push(res);
                 progress(all.len() as u64);
             }
         });
@@ -215,14 +222,16 @@ pub async fn bench(
     let sent = outcomes.lock().map(|mut o| std::mem::take(&mut *o)).unwrap_or_default();
     let mut outcomes = Vec::new();
     let mut rejections = Vec::new();
+    let mut failures = BTreeMap::new();
     for s in sent {
         match s {
-            Sent::Done(o) => outcomes.push(o),
-            Sent::Refused {
+            Err(why) => *failures.entry(why).or_insert(0) += 1,
+            Ok(Sent::Done(o)) => outcomes.push(o),
+            Ok(Sent::Refused {
                 index,
                 start_ms,
                 waited_ms,
-            } => {
+            }) => {
                 let c = classes.get(index).copied().unwrap_or_default();
                 rejections.push(Rejection {
                     arrival_ms: start_ms,
@@ -266,6 +275,7 @@ pub async fn bench(
     // A refusal is an answer: not a failure.
     run.failed = run.failed.saturating_sub(rejections.len());
     run.rejections = rejections;
+    run.failures = failures;
     Ok((run, servers))
 }
 
@@ -360,7 +370,17 @@ pub fn split_phases(
     ]
 }
 
-/// Sends one request; `None` when it failed. With `classed`, a 429 is a refusal.
+/// Why a request failed, in a few words an operator can count: the HTTP status, or what
+/// broke and where (the innermost error of the chain, which names the cause).
+fn cause(what: &str, e: &(dyn std::error::Error + 'static)) -> String {
+    let mut inner = e;
+    while let Some(next) = inner.source() {
+        inner = next;
+    }
+    format!("{what}: {inner}")
+}
+
+/// Sends one request; `Err` says why it failed. With `classed`, a 429 is a refusal.
 #[allow(clippy::too_many_arguments)]
 async fn one(
     client: &Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
@@ -371,24 +391,26 @@ async fn one(
     start: Instant,
     index: usize,
     api: Api,
-) -> Option<Sent> {
+) -> Result<Sent, String> {
     let ms = || start.elapsed().as_secs_f64() * 1000.0;
     let start_ms = ms();
     let mut req = hyper::Request::post(target).header("content-type", "application/json");
     for (name, value) in headers {
         req = req.header(name, value);
     }
-    let req = req.body(Full::new(Bytes::from(body))).ok()?;
-    let resp = client.request(req).await.ok()?;
+    let req = req
+        .body(Full::new(Bytes::from(body)))
+        .map_err(|e| cause("request not built", &e))?;
+    let resp = client.request(req).await.map_err(|e| cause("no answer", &e))?;
     if classed && resp.status() == hyper::StatusCode::TOO_MANY_REQUESTS {
-        return Some(Sent::Refused {
+        return Ok(Sent::Refused {
             index,
             start_ms,
             waited_ms: ms() - start_ms,
         });
     }
     if !resp.status().is_success() {
-        return None;
+        return Err(format!("HTTP {}", resp.status().as_u16()));
     }
     let server = resp
         .headers()
@@ -400,7 +422,8 @@ async fn one(
     let (mut buf, mut tokens, mut first, mut last, mut prompt, mut cached, mut done) =
         (Vec::new(), 0u64, 0.0, 0.0, 0, 0, false);
     while let Some(frame) = body.frame().await {
-        let Ok(data) = frame.ok()?.into_data() else { continue };
+        let frame = frame.map_err(|e| cause("stream broken", &e))?;
+        let Ok(data) = frame.into_data() else { continue };
         buf.extend_from_slice(&data);
         while let Some(end) = buf.windows(2).position(|w| w == b"\n\n") {
             let event: Vec<u8> = buf.drain(..end + 2).collect();
@@ -413,7 +436,8 @@ async fn one(
                 done = true;
                 continue;
             }
-            let v: serde_json::Value = serde_json::from_str(payload).ok()?;
+            let v: serde_json::Value =
+                serde_json::from_str(payload).map_err(|_| "stream: an event that is not JSON".to_string())?;
             let non_empty = |t: &serde_json::Value| t.as_str().is_some_and(|t| !t.is_empty());
             // A token is an event with text (vLLM opens a chat stream with a role-only delta);
             // the usage read is the last one.
@@ -457,19 +481,22 @@ async fn one(
             }
         }
     }
-    (done && tokens > 0).then(|| {
-        Sent::Done(Outcome {
-            index,
-            server,
-            start_ms,
-            first_ms: first,
-            last_ms: last,
-            end_ms: ms(),
-            tokens,
-            prompt_tokens: prompt,
-            cached_tokens: cached,
-        })
-    })
+    match (done, tokens) {
+        (false, _) => return Err("stream ended before its last event".into()),
+        (true, 0) => return Err("stream without a token".into()),
+        _ => {}
+    }
+    Ok(Sent::Done(Outcome {
+        index,
+        server,
+        start_ms,
+        first_ms: first,
+        last_ms: last,
+        end_ms: ms(),
+        tokens,
+        prompt_tokens: prompt,
+        cached_tokens: cached,
+    }))
 }
 
 #[cfg(test)]

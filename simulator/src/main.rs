@@ -253,6 +253,10 @@ fn bench_cmd(a: &BenchArgs) -> anyhow::Result<()> {
             st.hit_rate * 100.0
         );
     }
+    if !run.failures.is_empty() {
+        let why: Vec<String> = run.failures.iter().map(|(c, n)| format!("{n} × {c}")).collect();
+        println!("  failed: {}", why.join("; "));
+    }
     let mut class_json = serde_json::Value::Null;
     if classes.is_some() {
         let span_s = requests

@@ -2,6 +2,8 @@
 //! side-by-side table, JSON (`{"runs": [...]}`) and an SVG plot (TTFT CDF per policy and
 //! requests per server).
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::engine::{Engine, Finished};
@@ -163,6 +165,10 @@ pub struct RunReport {
     /// of the run can report its own (not in the JSON).
     #[serde(skip)]
     pub eviction_marks: Vec<(f64, u64)>,
+    /// Live bench: why the failed requests failed, cause → count (the first run's in a
+    /// median; absent from the JSON when none failed).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub failures: BTreeMap<String, usize>,
 }
 
 impl RunReport {
@@ -340,6 +346,7 @@ impl RunReport {
             records: done.to_vec(),
             rejections: Vec::new(),
             eviction_marks: Vec::new(),
+            failures: BTreeMap::new(),
         }
     }
 }
