@@ -11,6 +11,9 @@
 //!   when most of its replicas do; its figures are medians over the replicas that ran to the
 //!   end. A replica stops early once more requests have missed a threshold than a p95 allows:
 //!   its attainment is then estimated from the requests it completed.
+//! - Steady state: with `cold_ms` > 0 the objective is judged on the requests that arrive
+//!   after it (the first fill of the caches left out, as `replay --cold-s` splits a run);
+//!   failed requests still count against it, and the cost stays the whole run's.
 //! - Fleets are homogeneous: `tp` GPUs of one type per server, every server alike; `mix`
 //!   sizes fleets of two GPU types (a cheap one and a premium one, tiered or not).
 //! - Cost: the fleet is assumed busy with this workload only. $/month = GPUs × $/GPU-hour ×
@@ -44,7 +47,10 @@ struct Trial {
     meets: bool,
     stopped_early: bool,
     attainment: f64,
+    /// The whole run (its tokens and span price the fleet).
     report: RunReport,
+    /// The requests the objective is judged on: the whole run, or its steady state.
+    judged: RunReport,
 }
 
 /// One evaluated fleet size: medians over the replicas that ran to the end (`None` when
@@ -57,7 +63,9 @@ pub struct Point {
     pub stopped_early: usize,
     /// Fraction of requests whose TTFT (and ITL, when the objective has one) met the
     /// objective's threshold; failed requests count as missed. A replica that stopped early
-    /// counts only the requests it completed (an estimate, from the first ones).
+    /// counts only the requests it completed (an estimate, from the first ones). This, the
+    /// percentiles and the hit rate are of the judged requests (the steady state with
+    /// `Planner::cold_ms`); evictions, failures, tokens and span are the whole run's.
     pub attainment: f64,
     pub ttft_p95_ms: Option<f64>,
     pub itl_p95_ms: Option<f64>,
@@ -80,6 +88,8 @@ pub struct Planner<'a> {
     pub early_stop: bool,
     /// Replay a size's replicas in threads of their own (when cores outnumber searches).
     pub parallel_replicas: bool,
+    /// Judge the objective on the requests arriving from this many ms on (0: all of them).
+    pub cold_ms: f64,
 }
 
 impl Planner<'_> {
@@ -124,33 +134,46 @@ impl Planner<'_> {
 
     fn trial(&self, setup: &ReplaySetup, policy: PolicyName, requests: &[SimRequest]) -> Trial {
         let obj = self.objective;
-        let ttft_allowed = misses_allowed(requests.len());
-        let itl_allowed = misses_allowed(requests.iter().filter(|r| r.output_tokens > 1).count());
+        let cold_ms = self.cold_ms;
+        let judged: Vec<&SimRequest> = requests.iter().filter(|r| r.arrival_ms >= cold_ms).collect();
+        let ttft_allowed = misses_allowed(judged.len());
+        let itl_allowed = misses_allowed(judged.iter().filter(|r| r.output_tokens > 1).count());
         let (mut ttft_misses, mut itl_misses) = (0, 0);
         let mut stop = |r: &Record| {
+            if r.arrival_ms < cold_ms {
+                return false;
+            }
             ttft_misses += usize::from(r.ttft_ms > obj.ttft_p95_ms);
             itl_misses += usize::from(obj.itl_p95_ms.is_some_and(|y| r.output_tokens > 1 && r.itl_ms > y));
             self.early_stop && (ttft_misses > ttft_allowed || itl_misses > itl_allowed)
         };
         let (report, stopped_early) = run_until(setup, policy, requests, &|_| {}, &mut stop);
-        let missed = report.records.iter().filter(|r| !obj.met_by(r)).count();
-        let n = requests.len().max(1) as f64;
-        // A replay stopped early has completed only its first requests: its share is an
-        // estimate from those (a bound would sit at the target by construction).
-        let attainment = if stopped_early {
-            1.0 - missed as f64 / report.records.len().max(1) as f64
+        let steady = if cold_ms > 0.0 {
+            report.phase(cold_ms, f64::INFINITY)
         } else {
-            1.0 - (missed + report.failed) as f64 / n
+            report.clone()
+        };
+        let missed = steady.records.iter().filter(|r| !obj.met_by(r)).count();
+        let n = judged.len().max(1) as f64;
+        // A replay stopped early has completed only its first requests: its share is an
+        // estimate from those (a bound would sit at the target by construction). A failed
+        // request counts as missed in the judged window whenever it arrived.
+        let attainment = if stopped_early {
+            1.0 - missed as f64 / steady.records.len().max(1) as f64
+        } else {
+            (1.0 - (missed + report.failed) as f64 / n).max(0.0)
         };
         let meets = !stopped_early
-            && report.failed as f64 <= MAX_FAILED * n
-            && report.ttft_ms.p95 <= obj.ttft_p95_ms
-            && obj.itl_p95_ms.is_none_or(|y| report.itl_ms.p95 <= y);
+            && report.failed as f64 <= MAX_FAILED * requests.len().max(1) as f64
+            && !steady.records.is_empty()
+            && steady.ttft_ms.p95 <= obj.ttft_p95_ms
+            && obj.itl_p95_ms.is_none_or(|y| steady.itl_ms.p95 <= y);
         Trial {
             meets,
             stopped_early,
             attainment,
             report,
+            judged: steady,
         }
     }
 }
@@ -165,7 +188,10 @@ fn misses_allowed(n: usize) -> usize {
 
 fn summarise(servers: usize, trials: &[Trial]) -> Point {
     let full: Vec<&RunReport> = trials.iter().filter(|t| !t.stopped_early).map(|t| &t.report).collect();
+    let judged: Vec<&RunReport> = trials.iter().filter(|t| !t.stopped_early).map(|t| &t.judged).collect();
     let med = |f: &dyn Fn(&RunReport) -> f64| (!full.is_empty()).then(|| median(full.iter().map(|r| f(r)).collect()));
+    let med_judged =
+        |f: &dyn Fn(&RunReport) -> f64| (!judged.is_empty()).then(|| median(judged.iter().map(|r| f(r)).collect()));
     let tokens = |r: &RunReport| r.records.iter().map(|x| x.prompt_tokens + x.output_tokens).sum::<u64>() as f64;
     Point {
         servers,
@@ -173,9 +199,9 @@ fn summarise(servers: usize, trials: &[Trial]) -> Point {
         replicas: trials.len(),
         stopped_early: trials.len() - full.len(),
         attainment: median(trials.iter().map(|t| t.attainment).collect()),
-        ttft_p95_ms: med(&|r| r.ttft_ms.p95),
-        itl_p95_ms: med(&|r| r.itl_ms.p95),
-        hit_rate: med(&|r| r.prefix_hit_rate),
+        ttft_p95_ms: med_judged(&|r| r.ttft_ms.p95),
+        itl_p95_ms: med_judged(&|r| r.itl_ms.p95),
+        hit_rate: med_judged(&|r| r.prefix_hit_rate),
         evictions: med(&|r| r.evictions as f64).map(|e| e.round() as u64),
         failed: med(&|r| r.failed as f64).map_or(0, |f| f.round() as usize),
         tokens: med(&tokens).map_or(0, |t| t.round() as u64),

@@ -26,6 +26,12 @@ pub struct PlanArgs {
     /// do not complete.
     #[arg(long)]
     objective: Objective,
+    /// Judge the objective on the requests arriving after this many seconds: the steady
+    /// state, the first fill of the caches left out (as `replay --cold-s` splits a run).
+    /// Failed requests still count against it; the cost stays the whole run's. Default:
+    /// the whole run, cold start included.
+    #[arg(long)]
+    cold_s: Option<f64>,
     /// GPU types to size, comma-separated; each is sized as a fleet of its own.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "h100-80g")]
     gpu: Vec<Gpu>,
@@ -109,6 +115,17 @@ pub fn plan_cmd(a: &PlanArgs) -> anyhow::Result<()> {
         .collect::<anyhow::Result<Vec<Profile>>>()?;
     let (name, requests) = a.workload.load()?;
     anyhow::ensure!(!requests.is_empty(), "the workload has no requests");
+    let last_s = requests.iter().map(|r| r.arrival_ms).fold(0.0, f64::max) / 1000.0;
+    if let Some(c) = a.cold_s {
+        anyhow::ensure!(
+            c.is_finite() && c > 0.0,
+            "--cold-s must be a positive number of seconds"
+        );
+        anyhow::ensure!(
+            c < last_s,
+            "--cold-s {c} leaves no steady state: the last request arrives at {last_s:.1} s"
+        );
+    }
     let config_bytes = match &a.router_config {
         Some(p) => std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))?,
         None => Vec::new(),
@@ -141,15 +158,15 @@ pub fn plan_cmd(a: &PlanArgs) -> anyhow::Result<()> {
         early_stop: !a.no_early_stop,
         // Searches first (each is sequential); spare cores replay a size's replicas at once.
         parallel_replicas: jobs > searches(a),
+        cold_ms: a.cold_s.map_or(0.0, |c| c * 1000.0),
     };
     if !a.mix.is_empty() {
         return mix_cmd(a, &name, &planner, &profiles, &prices, &config_bytes, jobs);
     }
-    let span_s = requests.iter().map(|r| r.arrival_ms).fold(0.0, f64::max) / 1000.0;
     eprintln!(
-        "{name}: {} requests over {span_s:.0} s; {}; {} servers at most, {} replica(s) per size, {} searches at once",
+        "{name}: {} requests over {last_s:.0} s; {}; {} servers at most, {} replica(s) per size, {} searches at once",
         requests.len(),
-        chart::objective_text(&a.objective),
+        objective_text(a),
         a.max_servers,
         a.replicas,
         jobs.min(searches(a))
@@ -167,6 +184,15 @@ pub fn plan_cmd(a: &PlanArgs) -> anyhow::Result<()> {
     let evaluated: usize = sizings.iter().map(|s| s.points.len()).sum();
     eprintln!("{evaluated} fleet sizes evaluated in {wall_s:.0} s");
     print_and_write(a, &name, requests.len(), &prices, &sizings, wall_s)
+}
+
+/// The objective and the requests it is judged on.
+fn objective_text(a: &PlanArgs) -> String {
+    let judged = match a.cold_s {
+        Some(c) => format!("in steady state (requests arriving after {c} s)"),
+        None => "over the whole run (cold start included)".to_string(),
+    };
+    format!("{} {judged}", chart::objective_text(&a.objective))
 }
 
 /// How many searches the command runs: each policy on each GPU type, or on the mix (and
@@ -237,7 +263,7 @@ fn mix_cmd(
     eprintln!(
         "{name}: {} requests; {}; {cn} + {pn}, up to {} and {} servers, {} replica(s) per fleet, {} searches at once",
         planner.requests.len(),
-        chart::objective_text(&a.objective),
+        objective_text(a),
         mix.max_cheap,
         mix.max_premium,
         a.replicas,
@@ -250,7 +276,7 @@ fn mix_cmd(
     eprintln!("{evaluated} fleets evaluated in {wall_s:.0} s");
     println!(
         "{name}: the cheapest fleet of {cn} and {pn} servers meeting {} ({}, tp {}); for each count of {cn}, the fewest {pn} that meet it",
-        chart::objective_text(&a.objective),
+        objective_text(a),
         a.model.served_name(),
         a.tp
     );
@@ -285,7 +311,7 @@ fn print_and_write(
 ) -> anyhow::Result<()> {
     println!(
         "{name}: the smallest fleet meeting {} ({}, tp {}; homogeneous fleets)",
-        chart::objective_text(&a.objective),
+        objective_text(a),
         a.model.served_name(),
         a.tp
     );
@@ -303,7 +329,7 @@ fn print_and_write(
         serde_json::json!({"max_servers": a.max_servers, "sizings": sizings}),
     )?;
     if let Some(path) = &a.plot {
-        let title = format!("{name}: {}", chart::objective_text(&a.objective));
+        let title = format!("{name}: {}", objective_text(a));
         std::fs::write(path, chart::svg(&title, sizings, &a.objective))
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
@@ -327,6 +353,7 @@ fn write_json(
         "workload": name,
         "requests": requests,
         "objective": a.objective,
+        "cold_s": a.cold_s,
         "max_failed_fraction": plan::MAX_FAILED,
         "model": clap::ValueEnum::to_possible_value(&a.model).map(|v| v.get_name().to_string()),
         "tp": a.tp,

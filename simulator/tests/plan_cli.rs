@@ -61,6 +61,28 @@ fn bad_plan_arguments_fail_with_a_message_that_says_what_to_write() {
             ],
             "--max-servers must be at least 1",
         ),
+        (
+            vec![
+                "--objective",
+                "ttft_p95=500ms",
+                "--price",
+                "h100-80g=2",
+                "--cold-s",
+                "0",
+            ],
+            "--cold-s must be a positive number of seconds",
+        ),
+        (
+            vec![
+                "--objective",
+                "ttft_p95=500ms",
+                "--price",
+                "h100-80g=2",
+                "--cold-s",
+                "60",
+            ],
+            "--cold-s 60 leaves no steady state",
+        ),
     ] {
         let out = plan(&[&SMALL[..], &extra].concat());
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -101,6 +123,7 @@ fn a_small_plan_prints_a_size_per_policy_and_writes_json_and_svg() {
         assert!(row.contains("h100-80g"), "{row}");
     }
     assert!(stdout.contains("Share of requests within the objective"), "{stdout}");
+    assert!(stdout.contains("over the whole run (cold start included)"), "{stdout}");
     let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let sizings = doc["sizings"].as_array().unwrap();
     assert_eq!(sizings.len(), 2);
@@ -183,6 +206,8 @@ fn a_mixed_plan_prints_each_policys_staircase_and_its_cheapest_fleet() {
                 "4",
                 "--max-cheap",
                 "4",
+                "--cold-s",
+                "0.5",
                 "--json",
                 json.to_str().unwrap(),
             ],
@@ -196,8 +221,13 @@ fn a_mixed_plan_prints_each_policys_staircase_and_its_cheapest_fleet() {
         "{stdout}"
     );
     assert_eq!(stdout.matches("← cheapest").count(), 2, "{stdout}");
+    assert!(
+        stdout.contains("in steady state (requests arriving after 0.5 s)"),
+        "{stdout}"
+    );
     let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     assert_eq!(doc["mix"], serde_json::json!(["a100-80g", "h100-80g"]));
+    assert_eq!(doc["cold_s"], 0.5);
     for s in doc["sizings"].as_array().unwrap() {
         let rows = s["rows"].as_array().unwrap();
         let best = &rows[s["cheapest"].as_u64().unwrap() as usize];

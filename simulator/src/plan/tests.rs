@@ -142,6 +142,7 @@ pub(super) fn planner(requests: &[SimRequest], ttft_ms: f64, early_stop: bool) -
         replicas: 1,
         early_stop,
         parallel_replicas: false,
+        cold_ms: 0.0,
     }
 }
 
@@ -299,4 +300,50 @@ fn replicas_in_threads_give_the_same_point_as_one_after_another() {
     plan.parallel_replicas = true;
     assert_eq!(plan.evaluate(PolicyName::Kvroute, &profile, 4), serial);
     assert_eq!(serial.replicas, 3);
+}
+
+/// A burst of 64 cold prompts at once, then 40 more 200 ms apart from 20 s on.
+fn burst_then_light() -> Vec<SimRequest> {
+    let cold = |rate: f64, seed: u64, n: u64| {
+        generate(
+            Generator::SharedPrefix,
+            &GenParams {
+                rate,
+                seed,
+                groups: n,
+                prompts_per_group: 1,
+                ..GenParams::defaults(Generator::SharedPrefix)
+            },
+        )
+    };
+    let mut reqs = cold(100_000.0, 1, 64);
+    reqs.extend(cold(5.0, 2, 40).into_iter().map(|r| SimRequest {
+        arrival_ms: r.arrival_ms + 20_000.0,
+        ..r
+    }));
+    reqs
+}
+
+#[test]
+fn in_steady_state_the_objective_is_judged_after_the_cold_start() {
+    let reqs = burst_then_light();
+    let profile = Profile::new(Gpu::H100_80g, Model::Llama31_8b, 1).unwrap();
+    for early_stop in [false, true] {
+        let whole = planner(&reqs, 150.0, early_stop).evaluate(PolicyName::RoundRobin, &profile, 1);
+        assert!(!whole.meets, "the burst queues seconds of prefill: {whole:?}");
+        let steady = Planner {
+            cold_ms: 10_000.0,
+            ..planner(&reqs, 150.0, early_stop)
+        }
+        .evaluate(PolicyName::RoundRobin, &profile, 1);
+        assert!(steady.meets, "the light traffic after it meets 150 ms: {steady:?}");
+        assert_eq!(steady.stopped_early, 0, "the burst's misses do not stop it");
+        assert!(steady.attainment > 0.99, "{steady:?}");
+        let p95 = steady.ttft_p95_ms.unwrap();
+        assert!(p95 < 150.0, "the judged p95 is the steady state's: {p95}");
+        // The cost stays the whole run's: every request's tokens, the burst's included.
+        if !early_stop {
+            assert_eq!((steady.tokens, steady.busy_s), (whole.tokens, whole.busy_s));
+        }
+    }
 }
