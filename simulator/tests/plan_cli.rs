@@ -26,6 +26,7 @@ const SMALL: [&str; 8] = [
 
 #[test]
 fn bad_plan_arguments_fail_with_a_message_that_says_what_to_write() {
+    let cold_s = |s: &'static str| vec!["--objective", "ttft_p95=500ms", "--price", "h100-80g=2", "--cold-s", s];
     for (extra, says) in [
         (
             vec!["--objective", "ttft_p95=500", "--price", "h100-80g=2"],
@@ -61,28 +62,8 @@ fn bad_plan_arguments_fail_with_a_message_that_says_what_to_write() {
             ],
             "--max-servers must be at least 1",
         ),
-        (
-            vec![
-                "--objective",
-                "ttft_p95=500ms",
-                "--price",
-                "h100-80g=2",
-                "--cold-s",
-                "0",
-            ],
-            "--cold-s must be a positive number of seconds",
-        ),
-        (
-            vec![
-                "--objective",
-                "ttft_p95=500ms",
-                "--price",
-                "h100-80g=2",
-                "--cold-s",
-                "60",
-            ],
-            "--cold-s 60 leaves no steady state",
-        ),
+        (cold_s("0"), "--cold-s must be a positive number of seconds"),
+        (cold_s("60"), "--cold-s 60 leaves no steady state"),
     ] {
         let out = plan(&[&SMALL[..], &extra].concat());
         let stderr = String::from_utf8_lossy(&out.stderr);
