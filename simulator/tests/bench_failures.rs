@@ -29,7 +29,7 @@ fn read_request(s: &TcpStream) {
 
 /// Sends one request to a server that answers its first connection with `reply` and
 /// closes; returns the bench's failure causes.
-fn failures_for(reply: &'static str) -> (usize, Vec<(String, usize)>) {
+fn failures_for(reply: String) -> (usize, Vec<(String, usize)>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     std::thread::spawn(move || {
@@ -56,34 +56,27 @@ fn bench_one(port: u16) -> (usize, Vec<(String, usize)>) {
     (run.failed, run.failures.into_iter().collect())
 }
 
-#[test]
-fn a_status_that_is_not_success_is_named() {
-    let (failed, why) =
-        failures_for("HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
-    assert_eq!(failed, 1);
-    assert_eq!(why, [("HTTP 503".to_string(), 1)]);
-}
+/// A chat stream's head.
+const STREAM: &str = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n";
 
 #[test]
-fn a_stream_cut_before_its_end_is_named() {
-    // Two events of a chat stream, then the connection closes: no `[DONE]`.
-    let (failed, why) = failures_for(concat!(
-        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n",
-        "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n",
-        "data: {\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\n\n",
-    ));
-    assert_eq!(failed, 1);
-    assert_eq!(why, [("stream ended before its last event".to_string(), 1)]);
-}
-
-#[test]
-fn a_stream_with_an_event_that_is_not_json_is_named() {
-    let (failed, why) = failures_for(concat!(
-        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n",
-        "data: {\"choices\n\ndata: [DONE]\n\n",
-    ));
-    assert_eq!(failed, 1);
-    assert_eq!(why, [("stream: an event that is not JSON".to_string(), 1)]);
+fn a_status_a_cut_stream_and_a_malformed_event_are_named() {
+    let token = "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n";
+    for (reply, says) in [
+        (
+            "HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_string(),
+            "HTTP 503",
+        ),
+        // Two tokens, then the connection closes: no `[DONE]`.
+        (format!("{STREAM}{token}{token}"), "stream ended before its last event"),
+        (
+            format!("{STREAM}data: {{\"choices\n\ndata: [DONE]\n\n"),
+            "stream: an event that is not JSON",
+        ),
+    ] {
+        let (failed, why) = failures_for(reply);
+        assert_eq!((failed, why), (1, vec![(says.to_string(), 1)]));
+    }
 }
 
 #[test]
@@ -99,10 +92,6 @@ fn a_server_that_refuses_the_connection_is_named() {
 
 #[test]
 fn a_complete_stream_is_no_failure() {
-    let (failed, why) = failures_for(concat!(
-        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n",
-        "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n",
-        "data: [DONE]\n\n",
-    ));
-    assert_eq!((failed, why), (0, vec![]));
+    let reply = format!("{STREAM}data: {{\"choices\":[{{\"delta\":{{\"content\":\"a\"}}}}]}}\n\ndata: [DONE]\n\n");
+    assert_eq!(failures_for(reply), (0, vec![]));
 }
