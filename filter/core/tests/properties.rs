@@ -214,13 +214,15 @@ proptest! {
         other_waiting in 1..50u64, kv in 0.0..0.9f64, len in 1..100usize,
     ) {
         // Server 0's slots are full (`slots` running at every scrape, requests waiting) and
-        // it finishes `per_s` requests a second; server 1 runs twice as many with
+        // it finishes `per_s` requests a second, read long enough to have finished a full
+        // set of slots (before that it is still filling); server 1 runs twice as many with
         // `other_waiting` waiting there. Server 0's predicted TTFT and cost, for a config's
         // `cost` and `tiers` settings and `waiting` at the last scrape.
         let score = |settings: &str, waiting: u64, other_waiting: u64| {
             let json = format!(r#"{{"endpoints": ["10.0.0.1:1", "10.0.0.2:1"], "policy": "cost"{settings}}}"#);
             let mut r = Router::new(Config::from_json(json.as_bytes()).unwrap());
-            for second in 0..=10u64 {
+            let span = slots.div_ceil(per_s).max(10);
+            for second in 0..=span {
                 let at = Millis(1_000_000 + second * 1000);
                 let finished = Some(100.0 + (per_s * second) as f64);
                 for (i, (running, waiting)) in [(slots, waiting), (2 * slots, other_waiting)].into_iter().enumerate() {
@@ -228,7 +230,7 @@ proptest! {
                     r.on_metrics(&EndpointId::new(format!("10.0.0.{}:1", i + 1)), m, at);
                 }
             }
-            let d = r.route(&request(1, len, false), Millis(1_010_050));
+            let d = r.route(&request(1, len, false), Millis(1_000_050 + span * 1000));
             let s = d.breakdown.iter().find(|s| s.endpoint.as_str() == "10.0.0.1:1").unwrap();
             (s.ttft_ms, s.cost.0)
         };

@@ -2296,8 +2296,9 @@ fn a_cold_fleet_places_new_prefixes_by_envoys_weights() {
 fn a_slower_gpu_whose_waiting_requests_move_slowly_loses_the_next_request() {
     // Two A100s and an H100 (speed weights 1, 1, 3.4: a fleet of unlike GPUs). A100 0's
     // sequence slots are full and 2 requests wait; its counter of finished requests grows
-    // by 5 a second. A100 1 runs more (900, more slots) and nothing waits there. The
-    // H100 is deep in queued prefill.
+    // by 5 a second, read for a minute (it has finished more than it ever ran at once).
+    // A100 1 runs more (900, more slots) and nothing waits there. The H100 is deep in
+    // queued prefill.
     let route_with = |h100: f64, cost: &str| {
         let raw: RawConfig = serde_json::from_str(&format!(
             r#"{{"cost": {{"speed_weights": {{"{}": 1, "{}": 1, "{}": {h100}}}{cost}}}}}"#,
@@ -2312,7 +2313,7 @@ fn a_slower_gpu_whose_waiting_requests_move_slowly_loses_the_next_request() {
             ..raw
         };
         let mut r = Router::new(Config::try_from(raw).unwrap());
-        for second in 0..=10u64 {
+        for second in 0..=60u64 {
             let at = Millis(T0.0 + second * 1000);
             let finished = Some(100.0 + 5.0 * second as f64);
             for (i, queue) in [(256, 2), (900, 0), (300, 50)].into_iter().enumerate() {
@@ -2331,7 +2332,7 @@ fn a_slower_gpu_whose_waiting_requests_move_slowly_loses_the_next_request() {
             .completions
             .per_s();
         assert!(per_s.is_some_and(|p| (p - 5.0).abs() < 1e-9), "{per_s:?}");
-        r.route(&req(1, 8), Millis(T0.0 + 10_050)).best().cloned()
+        r.route(&req(1, 8), Millis(T0.0 + 60_050)).best().cloned()
     };
     assert_eq!(route_with(3.4, ""), Some(ep(1)), "3 completions away: 0.6 s");
     let off = r#", "admission_weight": 0"#;
