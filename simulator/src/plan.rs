@@ -49,8 +49,15 @@ struct Trial {
     attainment: f64,
     /// The whole run (its tokens and span price the fleet).
     report: RunReport,
-    /// The requests the objective is judged on: the whole run, or its steady state.
-    judged: RunReport,
+    /// The steady state the objective is judged on (`Planner::cold_ms`); none: the whole run.
+    steady: Option<RunReport>,
+}
+
+impl Trial {
+    /// The requests the objective is judged on.
+    fn judged(&self) -> &RunReport {
+        self.steady.as_ref().unwrap_or(&self.report)
+    }
 }
 
 /// One evaluated fleet size: medians over the replicas that ran to the end (`None` when
@@ -148,11 +155,8 @@ impl Planner<'_> {
             self.early_stop && (ttft_misses > ttft_allowed || itl_misses > itl_allowed)
         };
         let (report, stopped_early) = run_until(setup, policy, requests, &|_| {}, &mut stop);
-        let steady = if cold_ms > 0.0 {
-            report.phase(cold_ms, f64::INFINITY)
-        } else {
-            report.clone()
-        };
+        let steady_run = (cold_ms > 0.0).then(|| report.phase(cold_ms, f64::INFINITY));
+        let steady = steady_run.as_ref().unwrap_or(&report);
         let missed = steady.records.iter().filter(|r| !obj.met_by(r)).count();
         let n = judged.len().max(1) as f64;
         // A replay stopped early has completed only its first requests: its share is an
@@ -173,7 +177,7 @@ impl Planner<'_> {
             stopped_early,
             attainment,
             report,
-            judged: steady,
+            steady: steady_run,
         }
     }
 }
@@ -188,7 +192,7 @@ fn misses_allowed(n: usize) -> usize {
 
 fn summarise(servers: usize, trials: &[Trial]) -> Point {
     let full: Vec<&RunReport> = trials.iter().filter(|t| !t.stopped_early).map(|t| &t.report).collect();
-    let judged: Vec<&RunReport> = trials.iter().filter(|t| !t.stopped_early).map(|t| &t.judged).collect();
+    let judged: Vec<&RunReport> = trials.iter().filter(|t| !t.stopped_early).map(Trial::judged).collect();
     let med = |f: &dyn Fn(&RunReport) -> f64| (!full.is_empty()).then(|| median(full.iter().map(|r| f(r)).collect()));
     let med_judged =
         |f: &dyn Fn(&RunReport) -> f64| (!judged.is_empty()).then(|| median(judged.iter().map(|r| f(r)).collect()));
