@@ -52,6 +52,10 @@ pub struct MatrixArgs {
     steady_from: Option<f64>,
     #[arg(long)]
     router_config: Option<PathBuf>,
+    /// How often routers read the servers' metrics (gie-weighted always every 50 ms, the
+    /// endpoint picker's default refresh; sglang-cache-aware every 10 s).
+    #[arg(long, default_value_t = 200.0)]
+    scrape_interval_ms: f64,
     #[arg(long)]
     json: Option<PathBuf>,
     #[arg(long)]
@@ -76,6 +80,10 @@ pub fn matrix_cmd(a: &MatrixArgs) -> anyhow::Result<()> {
             "--steady-from must be a share of the run between 0 and 1 (got {f})"
         );
     }
+    anyhow::ensure!(
+        a.scrape_interval_ms.is_finite() && a.scrape_interval_ms > 0.0,
+        "--scrape-interval-ms must be positive"
+    );
     let (profile, servers, mixed) = a.fleet.fleet()?;
     let setup = ReplaySetup {
         classes: None,
@@ -84,7 +92,7 @@ pub fn matrix_cmd(a: &MatrixArgs) -> anyhow::Result<()> {
         servers,
         mixed,
         slowdown: None,
-        scrape_interval_ms: 200.0,
+        scrape_interval_ms: a.scrape_interval_ms,
         seed: 0,
         router_config,
         topology: a.topology.topology()?,

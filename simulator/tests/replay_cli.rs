@@ -203,3 +203,29 @@ fn a_matrix_with_an_unknown_workload_is_refused_before_any_replay() {
     // Refused before shared-prefix ran: its capacity line never printed.
     assert!(!stderr.contains("capacity"), "{stderr}");
 }
+
+#[test]
+fn a_matrix_with_a_scrape_interval_of_zero_is_refused() {
+    for interval in ["0", "-5"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_kvroute-sim"))
+            .args([
+                "matrix",
+                "--workloads",
+                "shared-prefix",
+                "--loads",
+                "50",
+                "--replicas",
+                "1",
+                &format!("--scrape-interval-ms={interval}"),
+            ])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{interval}");
+        assert!(
+            stderr.contains("--scrape-interval-ms must be positive"),
+            "{interval}: {stderr}"
+        );
+        assert!(!stderr.contains("capacity"), "refused before any replay: {stderr}");
+    }
+}
