@@ -130,10 +130,11 @@ fn replicas_that_do_not_share_read_the_others_traffic_as_unseen() {
         let unseen = unseen_permille(envoy);
         assert!(unseen.len() >= 3, "unseen share of too few servers: {unseen:?}");
         // Each server's figure is a few seconds of a 96-request run: one read 776 of 13 runs
-        // with the other test beside it. Their mean says "about half"; a replica that shared
-        // would read near 0, one that missed every placement near 1000.
+        // with the other test beside it, and one 845 in a fresh-clone CI run (the others 445–
+        // 533). Their mean says "about half"; a replica that shared would read near 0, one
+        // that missed every placement near 1000. Each server only has to be clear of both.
         let mean = unseen.iter().sum::<u64>() / unseen.len() as u64;
         assert!((350..=650).contains(&mean), "mean {mean}: {unseen:?}");
-        assert!(unseen.iter().all(|u| (200..=800).contains(u)), "{unseen:?}");
+        assert!(unseen.iter().all(|u| (100..=900).contains(u)), "{unseen:?}");
     }
 }
