@@ -5,14 +5,13 @@ use std::time::Instant;
 
 use anyhow::Context;
 use clap::Args;
-use kvroute_core::Config;
 use kvroute_sim::policies::PolicyName;
 use kvroute_sim::profile::{Gpu, Model, Profile};
 use kvroute_sim::replay::ReplaySetup;
 use kvroute_sim::report::{self, RunReport};
 use kvroute_sim::workload::{self, GenParams, Generator};
 
-use crate::{FleetArgs, TopologyArgs};
+use crate::{FleetArgs, RouterArgs, TopologyArgs};
 
 #[derive(Args)]
 pub struct MatrixArgs {
@@ -50,12 +49,8 @@ pub struct MatrixArgs {
     /// cell's arrival span (e.g. 0.25; the rest is the cold start, while caches fill).
     #[arg(long)]
     steady_from: Option<f64>,
-    #[arg(long)]
-    router_config: Option<PathBuf>,
-    /// How often routers read the servers' metrics (gie-weighted always every 50 ms, the
-    /// endpoint picker's default refresh; sglang-cache-aware every 10 s).
-    #[arg(long, default_value_t = 200.0)]
-    scrape_interval_ms: f64,
+    #[command(flatten)]
+    router: RouterArgs,
     #[arg(long)]
     json: Option<PathBuf>,
     #[arg(long)]
@@ -70,20 +65,14 @@ pub struct MatrixArgs {
 }
 
 pub fn matrix_cmd(a: &MatrixArgs) -> anyhow::Result<()> {
-    let router_config = match &a.router_config {
-        Some(p) => Config::from_json(&std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))?)?,
-        None => Config::from_json(b"")?,
-    };
+    let router_config = a.router.config()?;
+    let scrape_interval_ms = a.router.scrape_interval_ms()?;
     if let Some(f) = a.steady_from {
         anyhow::ensure!(
             f > 0.0 && f < 1.0,
             "--steady-from must be a share of the run between 0 and 1 (got {f})"
         );
     }
-    anyhow::ensure!(
-        a.scrape_interval_ms.is_finite() && a.scrape_interval_ms > 0.0,
-        "--scrape-interval-ms must be positive"
-    );
     let (profile, servers, mixed) = a.fleet.fleet()?;
     let setup = ReplaySetup {
         classes: None,
@@ -92,7 +81,7 @@ pub fn matrix_cmd(a: &MatrixArgs) -> anyhow::Result<()> {
         servers,
         mixed,
         slowdown: None,
-        scrape_interval_ms: a.scrape_interval_ms,
+        scrape_interval_ms,
         seed: 0,
         router_config,
         topology: a.topology.topology()?,

@@ -125,6 +125,44 @@ struct BenchArgs {
     json: Option<PathBuf>,
 }
 
+/// The router under test (`replay`, `matrix`, `plan`): kvroute's configuration and how often
+/// the routers read the servers' metrics.
+#[derive(Args)]
+pub struct RouterArgs {
+    /// kvroute's JSON config (the filter's plugin configuration); defaults otherwise.
+    #[arg(long)]
+    router_config: Option<PathBuf>,
+    /// How often routers read the servers' metrics, in ms (gie-weighted always every 50 ms,
+    /// the endpoint picker's default refresh; sglang-cache-aware every 10 s).
+    #[arg(long, default_value_t = 200.0)]
+    scrape_interval_ms: f64,
+}
+
+impl RouterArgs {
+    /// The config file's bytes, empty without `--router-config`.
+    pub fn config_bytes(&self) -> anyhow::Result<Vec<u8>> {
+        match &self.router_config {
+            Some(p) => std::fs::read(p).with_context(|| format!("cannot read {}", p.display())),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// kvroute's configuration: the file's, or the defaults.
+    pub fn config(&self) -> anyhow::Result<kvroute_core::Config> {
+        Ok(kvroute_core::Config::from_json(&self.config_bytes()?)?)
+    }
+
+    /// The scrape interval, refused unless positive and finite.
+    pub fn scrape_interval_ms(&self) -> anyhow::Result<f64> {
+        let ms = self.scrape_interval_ms;
+        anyhow::ensure!(
+            ms.is_finite() && ms > 0.0,
+            "--scrape-interval-ms must be positive (got {ms})"
+        );
+        Ok(ms)
+    }
+}
+
 /// Request classes for overload runs (`replay`, `bench`): which tenant sent each request, its
 /// priority band and the band's TTFT objective (`kvroute_sim::replay::Classes`).
 #[derive(Args)]

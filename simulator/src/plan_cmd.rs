@@ -13,7 +13,7 @@ use kvroute_sim::policies::PolicyName;
 use kvroute_sim::profile::{Gpu, Model, Profile};
 use kvroute_sim::replay::ReplaySetup;
 
-use crate::{TopologyArgs, WorkloadArgs};
+use crate::{RouterArgs, TopologyArgs, WorkloadArgs};
 
 /// Fleets are homogeneous: each GPU type is sized on its own (`--tp` GPUs per server, every
 /// server alike); `--mix` sizes fleets of two GPU types instead.
@@ -84,11 +84,8 @@ pub struct PlanArgs {
     /// more than searches, each size's replicas also run in parallel.
     #[arg(long)]
     jobs: Option<usize>,
-    /// kvroute's JSON config (the filter's plugin configuration); defaults otherwise.
-    #[arg(long)]
-    router_config: Option<PathBuf>,
-    #[arg(long, default_value_t = 200.0)]
-    scrape_interval_ms: f64,
+    #[command(flatten)]
+    router: RouterArgs,
     #[command(flatten)]
     topology: TopologyArgs,
     /// Write every evaluated point as JSON.
@@ -106,7 +103,7 @@ pub fn plan_cmd(a: &PlanArgs) -> anyhow::Result<()> {
         !a.policy.is_empty() && !a.gpu.is_empty(),
         "give at least one --policy and one --gpu"
     );
-    anyhow::ensure!(a.scrape_interval_ms > 0.0, "--scrape-interval-ms must be positive");
+    let scrape_interval_ms = a.router.scrape_interval_ms()?;
     let gpus = if a.mix.is_empty() { &a.gpu } else { &a.mix };
     let prices = Prices::parse(&a.price, gpus).map_err(anyhow::Error::msg)?;
     let profiles = gpus
@@ -126,10 +123,7 @@ pub fn plan_cmd(a: &PlanArgs) -> anyhow::Result<()> {
             "--cold-s {c} leaves no steady state: the last request arrives at {last_s:.1} s"
         );
     }
-    let config_bytes = match &a.router_config {
-        Some(p) => std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))?,
-        None => Vec::new(),
-    };
+    let config_bytes = a.router.config_bytes()?;
     let router_config = Config::from_json(&config_bytes)?;
     let jobs = a
         .jobs
@@ -143,7 +137,7 @@ pub fn plan_cmd(a: &PlanArgs) -> anyhow::Result<()> {
             servers: 1,
             mixed: Vec::new(),
             slowdown: None,
-            scrape_interval_ms: a.scrape_interval_ms,
+            scrape_interval_ms,
             seed: a.workload.seed,
             router_config,
             topology: {

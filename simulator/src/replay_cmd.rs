@@ -7,7 +7,6 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use kvroute_core::Config;
 use kvroute_sim::plan::Prices;
 use kvroute_sim::policies::PolicyName;
 use kvroute_sim::profile::{Gpu, Profile};
@@ -15,7 +14,7 @@ use kvroute_sim::replay::{self, ReplaySetup};
 use kvroute_sim::report::cost::{self, RunCost};
 use kvroute_sim::report::{self, RunReport};
 
-use crate::{ClassArgs, FleetArgs, TopologyArgs, WorkloadArgs};
+use crate::{ClassArgs, FleetArgs, RouterArgs, TopologyArgs, WorkloadArgs};
 
 #[derive(Args)]
 pub struct ReplayArgs {
@@ -33,13 +32,8 @@ pub struct ReplayArgs {
         default_value = "round-robin,least-request,kvroute"
     )]
     policy: Vec<PolicyName>,
-    /// kvroute's JSON config (the filter's plugin configuration); defaults otherwise.
-    #[arg(long)]
-    router_config: Option<PathBuf>,
-    #[arg(long, default_value_t = 200.0)]
-    /// How often routers read the servers' metrics (gie-weighted always every 50 ms, the
-    /// endpoint picker's default refresh).
-    scrape_interval_ms: f64,
+    #[command(flatten)]
+    router: RouterArgs,
     /// One server slows down mid-run: `SERVER:FACTOR@SECONDS`, e.g. `0:3@60` (server 0's
     /// steps take 3× as long from 60 s on).
     #[arg(long)]
@@ -84,7 +78,6 @@ pub struct ReplayArgs {
 pub fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
     let (name, requests) = a.workload.load()?;
     anyhow::ensure!(!requests.is_empty(), "the workload has no requests");
-    anyhow::ensure!(a.scrape_interval_ms > 0.0, "--scrape-interval-ms must be positive");
     anyhow::ensure!(a.replicas >= 1, "--replicas must be at least 1");
     if let Some(cold_s) = a.cold_s {
         anyhow::ensure!(cold_s > 0.0, "--cold-s must be positive");
@@ -241,10 +234,7 @@ fn print_costs(
 
 /// The fleet, router, topology, classes and pool changes the arguments describe.
 fn setup(a: &ReplayArgs) -> anyhow::Result<ReplaySetup> {
-    let router_config = match &a.router_config {
-        Some(p) => Config::from_json(&std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))?)?,
-        None => Config::from_json(b"")?,
-    };
+    let router_config = a.router.config()?;
     let (profile, servers, mixed) = a.fleet.fleet()?;
     let pool_changes: Vec<replay::PoolChange> = a
         .join
@@ -258,7 +248,7 @@ fn setup(a: &ReplayArgs) -> anyhow::Result<ReplaySetup> {
         servers,
         mixed,
         slowdown: a.slow.as_deref().map(parse_slowdown).transpose()?,
-        scrape_interval_ms: a.scrape_interval_ms,
+        scrape_interval_ms: a.router.scrape_interval_ms()?,
         seed: a.workload.seed,
         router_config,
         topology: a.topology.topology()?,

@@ -205,27 +205,47 @@ fn a_matrix_with_an_unknown_workload_is_refused_before_any_replay() {
 }
 
 #[test]
-fn a_matrix_with_a_scrape_interval_of_zero_is_refused() {
-    for interval in ["0", "-5"] {
-        let out = Command::new(env!("CARGO_BIN_EXE_kvroute-sim"))
-            .args([
-                "matrix",
-                "--workloads",
-                "shared-prefix",
-                "--loads",
-                "50",
-                "--replicas",
-                "1",
-                &format!("--scrape-interval-ms={interval}"),
-            ])
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{interval}");
-        assert!(
-            stderr.contains("--scrape-interval-ms must be positive"),
-            "{interval}: {stderr}"
-        );
-        assert!(!stderr.contains("capacity"), "refused before any replay: {stderr}");
+fn a_scrape_interval_that_is_not_positive_is_refused_by_every_command() {
+    // One flag, one check (`RouterArgs`), in each command that replays.
+    let commands: [&[&str]; 3] = [
+        &[
+            "matrix",
+            "--workloads",
+            "shared-prefix",
+            "--loads",
+            "50",
+            "--replicas",
+            "1",
+        ],
+        &["replay", "--workload", "shared-prefix", "--policy", "kvroute"],
+        &[
+            "plan",
+            "--workload",
+            "shared-prefix",
+            "--objective",
+            "ttft_p95=500ms",
+            "--price",
+            "h100-80g=2",
+        ],
+    ];
+    for command in commands {
+        for interval in ["0", "-5", "NaN", "inf"] {
+            let out = Command::new(env!("CARGO_BIN_EXE_kvroute-sim"))
+                .args(command)
+                .arg(format!("--scrape-interval-ms={interval}"))
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let what = format!("{} {interval}", command[0]);
+            assert!(!out.status.success(), "{what}");
+            assert!(
+                stderr.contains("--scrape-interval-ms must be positive"),
+                "{what}: {stderr}"
+            );
+            assert!(
+                !stderr.contains("capacity") && !stderr.contains("p95"),
+                "{what}: refused before any replay: {stderr}"
+            );
+        }
     }
 }
